@@ -1,0 +1,5 @@
+"""Online regression of per-iteration engine wall time on ForwardPassMetrics, and the TTFT/ITL
+estimators built on it for load-based scaling.
+
+It imports nothing from the other project packages.
+"""
