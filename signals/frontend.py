@@ -1,0 +1,101 @@
+"""Names of the traffic metrics Dynamo's frontend (and router) export, and their labels.
+
+This is the one table of metric names: the simulator emits them, the Prometheus observer
+queries them, tests serve them. Histograms expose ``<name>_sum``, ``<name>_count`` and
+``<name>_bucket``; counters end in ``_total``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODEL_LABEL = "model"
+NAMESPACE_LABEL = "dynamo_namespace"
+
+
+@dataclass(frozen=True)
+class TrafficMetricNames:
+    """The metric family of each traffic input, for one source (frontend or router)."""
+
+    requests_started: str
+    requests_finished: str
+    ttft_seconds: str
+    itl_seconds: str
+    request_duration_seconds: str
+    input_tokens: str
+    output_tokens: str
+
+
+FRONTEND = TrafficMetricNames(
+    requests_started="dynamo_frontend_requests_started_total",
+    # Completed requests: the fallback count, which undercounts demand under backpressure.
+    requests_finished="dynamo_frontend_requests_total",
+    ttft_seconds="dynamo_frontend_time_to_first_token_seconds",
+    itl_seconds="dynamo_frontend_inter_token_latency_seconds",
+    request_duration_seconds="dynamo_frontend_request_duration_seconds",
+    input_tokens="dynamo_frontend_input_sequence_tokens",
+    output_tokens="dynamo_frontend_output_sequence_tokens",
+)
+
+ROUTER = TrafficMetricNames(
+    requests_started="dynamo_component_router_requests_total",
+    requests_finished="dynamo_component_router_requests_total",
+    ttft_seconds="dynamo_component_router_time_to_first_token_seconds",
+    itl_seconds="dynamo_component_router_inter_token_latency_seconds",
+    request_duration_seconds="dynamo_component_request_duration_seconds",
+    input_tokens="dynamo_component_router_input_sequence_tokens",
+    output_tokens="dynamo_component_router_output_sequence_tokens",
+)
+
+SOURCES: dict[str, TrafficMetricNames] = {"frontend": FRONTEND, "router": ROUTER}
+
+# Histogram bucket bounds the simulator and test exporters use. Production frontends have
+# their own; the observer reads whatever `le` values it finds.
+TTFT_BUCKETS_S: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+ITL_BUCKETS_S: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.035,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+DURATION_BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+TOKEN_BUCKETS: tuple[float, ...] = (
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+    2048,
+    4096,
+    8192,
+    16384,
+    32768,
+    65536,
+    131072,
+)
