@@ -1,0 +1,151 @@
+"""Plain records the decision core reads and writes.
+
+Observers (Prometheus, FPM subscriber, connectors, the simulator in replay) fill
+observations; the core returns decisions with reasons. Nothing here does I/O. The reason
+enums' string values double as metric label values, so they are append-only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+Role = Literal["prefill", "decode", "agg"]
+ROLES: tuple[Role, ...] = ("prefill", "decode", "agg")
+
+
+class ThroughputReason(str, Enum):
+    """Why the throughput loop decided what it did (Dynamo's states, then ours)."""
+
+    UNSET = "unset"
+    DISABLED = "disabled"
+    NO_TRAFFIC_DATA = "no_traffic_data"
+    PREDICT_FAILED = "predict_failed"
+    MODEL_NOT_READY = "model_not_ready"
+    SET_LOWER_BOUND = "set_lower_bound"
+    SCALE = "scale"
+    NO_CHANGE = "no_change"
+    GPU_BUDGET_GUARD_HOLD = "gpu_budget_guard_hold"
+    GPU_BUDGET_RECONCILE = "gpu_budget_reconcile"
+    # ours
+    SCALING_IN_PROGRESS = "scaling_in_progress"
+    CONVERGENCE_TIMEOUT = "convergence_timeout"
+    PROFILE_INFEASIBLE = "profile_infeasible"
+    STALE_TRAFFIC_DATA = "stale_traffic_data"
+    MANUAL_OVERRIDE_HOLD = "manual_override_hold"
+    ADVISORY = "advisory"
+
+
+class LoadReason(str, Enum):
+    """Why the load loop decided what it did (Dynamo's states, then ours)."""
+
+    UNSET = "unset"
+    DISABLED = "disabled"
+    NO_FPM_DATA = "no_fpm_data"
+    SCALING_IN_PROGRESS = "scaling_in_progress"
+    WORKER_COUNT_MISMATCH = "worker_count_mismatch"
+    INSUFFICIENT_DATA = "insufficient_data"
+    NO_CHANGE = "no_change"
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+    SCALE_DOWN_CAPPED_BY_THROUGHPUT = "scale_down_capped_by_throughput"
+    SCALE_DOWN_REFUSED_CONSOLIDATION = "scale_down_refused_consolidation"
+    RECONCILE_CLAMPED_TO_FLOOR = "reconcile_clamped_to_floor"
+    RECONCILE_CLAMPED_TO_CEILING = "reconcile_clamped_to_ceiling"
+    GPU_BUDGET_GUARD_HOLD = "gpu_budget_guard_hold"
+    GPU_BUDGET_RECONCILE = "gpu_budget_reconcile"
+    # ours
+    STALE_FPM_DATA = "stale_fpm_data"
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Increase of a cumulative histogram over a window: counts per upper bound ``le``.
+
+    ``bounds`` are the finite upper bounds in rising order; ``counts[i]`` is the number of
+    observations in ``(bounds[i-1], bounds[i]]``; ``overflow`` counts those above the last
+    bound (the ``+Inf`` bucket minus the last finite one).
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[float, ...]
+    overflow: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.counts) + self.overflow)
+
+
+@dataclass(frozen=True)
+class TrafficObservation:
+    """Frontend traffic over the window ``[end_s - duration_s, end_s]``.
+
+    ``num_req`` is the number of requests started in the window (0 is a valid, idle
+    window). The averages are None when undefined (no request finished in the window), never
+    NaN. Latencies are in milliseconds, lengths in tokens.
+    """
+
+    end_s: float
+    duration_s: float
+    num_req: float
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    isl: float | None = None
+    osl: float | None = None
+    request_duration_s: float | None = None
+    isl_histogram: Histogram | None = None
+    osl_histogram: Histogram | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_req", "ttft_ms", "itl_ms", "isl", "osl", "request_duration_s"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"TrafficObservation.{name} must be finite or None, got {value}")
+        if self.num_req < 0:
+            raise ValueError(f"TrafficObservation.num_req must be >= 0, got {self.num_req}")
+        if self.duration_s <= 0:
+            raise ValueError(f"TrafficObservation.duration_s must be > 0, got {self.duration_s}")
+
+    @property
+    def request_rate(self) -> float:
+        return self.num_req / self.duration_s
+
+
+@dataclass(frozen=True)
+class MissingObservation:
+    """An observation that could not be made; the planner holds and reports ``reason``."""
+
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RoleStatus:
+    """Replicas of one role as the deployment reports them."""
+
+    desired: int
+    ready: int
+    gpus_per_replica: int
+
+
+@dataclass(frozen=True)
+class DeploymentStatus:
+    """Replica status per role scaled by this planner, read from the deployment."""
+
+    roles: dict[str, RoleStatus] = field(default_factory=dict)
+
+    def desired(self, role: str) -> int:
+        return self.roles[role].desired
+
+    def ready(self, role: str) -> int:
+        return self.roles[role].ready
+
+    @property
+    def converged(self) -> bool:
+        return all(s.desired == s.ready for s in self.roles.values())
+
+    @property
+    def gpus_in_use(self) -> int:
+        return sum(max(s.desired, s.ready) * s.gpus_per_replica for s in self.roles.values())
