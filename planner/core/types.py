@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 Role = Literal["prefill", "decode", "agg"]
 ROLES: tuple[Role, ...] = ("prefill", "decode", "agg")
 
 
-class ThroughputReason(str, Enum):
+class ThroughputReason(StrEnum):
     """Why the throughput loop decided what it did (Dynamo's states, then ours)."""
 
     UNSET = "unset"
@@ -38,7 +38,7 @@ class ThroughputReason(str, Enum):
     ADVISORY = "advisory"
 
 
-class LoadReason(str, Enum):
+class LoadReason(StrEnum):
     """Why the load loop decided what it did (Dynamo's states, then ours)."""
 
     UNSET = "unset"
