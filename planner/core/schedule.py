@@ -1,0 +1,71 @@
+"""When each loop runs: the throughput and load cadences on one injected clock.
+
+Ticks of both loops that fall within ``MERGE_TOLERANCE_S`` of each other run together, so a
+throughput tick and a load tick at (nearly) the same instant see the same observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MERGE_TOLERANCE_S = 0.5
+
+
+@dataclass(frozen=True)
+class DueTick:
+    at_s: float
+    run_throughput: bool
+    run_load: bool
+
+
+class TickSchedule:
+    """Next due time of each enabled loop, starting one interval after ``start_s``."""
+
+    def __init__(
+        self,
+        *,
+        start_s: float,
+        throughput_interval_s: float | None,
+        load_interval_s: float | None,
+    ) -> None:
+        if throughput_interval_s is None and load_interval_s is None:
+            raise ValueError("at least one loop must be scheduled")
+        self.throughput_interval_s = throughput_interval_s
+        self.load_interval_s = load_interval_s
+        self.next_throughput_s = (
+            start_s + throughput_interval_s if throughput_interval_s is not None else None
+        )
+        self.next_load_s = start_s + load_interval_s if load_interval_s is not None else None
+
+    @property
+    def next_at_s(self) -> float:
+        due = [t for t in (self.next_throughput_s, self.next_load_s) if t is not None]
+        return min(due)
+
+    def pop_due(self, now_s: float) -> DueTick | None:
+        """The tick due at ``now_s`` (advancing the schedule), or None if nothing is due.
+
+        A loop that fell behind (a long pause) runs once and is rescheduled from ``now_s``;
+        missed ticks are not replayed in a burst.
+        """
+        limit = now_s + MERGE_TOLERANCE_S
+        run_t = self.next_throughput_s is not None and self.next_throughput_s <= limit
+        run_l = self.next_load_s is not None and self.next_load_s <= limit
+        if not (run_t or run_l):
+            return None
+        if run_t:
+            assert self.next_throughput_s is not None and self.throughput_interval_s is not None
+            self.next_throughput_s = _advance(
+                self.next_throughput_s, self.throughput_interval_s, now_s
+            )
+        if run_l:
+            assert self.next_load_s is not None and self.load_interval_s is not None
+            self.next_load_s = _advance(self.next_load_s, self.load_interval_s, now_s)
+        return DueTick(at_s=now_s, run_throughput=run_t, run_load=run_l)
+
+
+def _advance(due_s: float, interval_s: float, now_s: float) -> float:
+    nxt = due_s + interval_s
+    if nxt <= now_s + MERGE_TOLERANCE_S:
+        nxt = now_s + interval_s
+    return nxt
