@@ -149,6 +149,65 @@ class PlannerConfig(BaseModel):
         description="Compute, log and export recommendations but never change replicas.",
         json_schema_extra=_extra("deployment"),
     )
+    manual_override: Literal["respect", "revert"] = Field(
+        "respect",
+        description="What to do when someone else changed a role's replicas since the planner "
+        "last set them: 'respect' keeps their value and pauses that role for one adjustment "
+        "interval, 'revert' writes the planner's value back; both emit a Kubernetes Event.",
+        json_schema_extra=_extra("deployment"),
+    )
+    scaling_max_wait_seconds: float = Field(
+        1800.0,
+        gt=0,
+        description="How long a blocking scale waits for the deployment to become ready, and "
+        "how long the virtual connector waits for a decision's acknowledgement before it "
+        "issues the next decision anyway (s).",
+        json_schema_extra=_extra("deployment", env=("SCALING_MAX_WAIT_TIME",)),
+    )
+    scaling_check_interval_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Polling period while waiting for readiness or an acknowledgement (s).",
+        json_schema_extra=_extra("deployment", env=("SCALING_CHECK_INTERVAL",)),
+    )
+    kubernetes_api_max_attempts: int = Field(
+        5,
+        ge=1,
+        description="Attempts per Kubernetes API call when it answers 409, 429 or 5xx or the "
+        "connection fails, before the error is reported.",
+        json_schema_extra=_extra("deployment"),
+    )
+    kubernetes_api_backoff_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="Delay before the first retry of a Kubernetes API call (s); it doubles per "
+        "attempt up to 30 s, and a 429's Retry-After header takes precedence.",
+        json_schema_extra=_extra("deployment"),
+    )
+    kubernetes_api_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Timeout of one Kubernetes API request (s).",
+        json_schema_extra=_extra("deployment"),
+    )
+    virtual_etcd_endpoint: str = Field(
+        "http://127.0.0.1:2379",
+        description="etcd client URL of the virtual connector (spoken through etcd's v3 JSON "
+        "gateway).",
+        json_schema_extra=_extra("deployment"),
+    )
+    virtual_etcd_key_prefix: str = Field(
+        "v1",
+        min_length=1,
+        description="Root of the virtual connector's keys: {prefix}/{namespace}/planner/...",
+        json_schema_extra=_extra("deployment"),
+    )
+    virtual_etcd_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="Timeout of one etcd request of the virtual connector (s).",
+        json_schema_extra=_extra("deployment"),
+    )
 
     # --- SLOs and loops ---------------------------------------------------------------
     ttft_ms: float = Field(
@@ -475,7 +534,7 @@ class PlannerConfig(BaseModel):
             raise ValueError("must name an existing PEM file")
         return value
 
-    @field_validator("metric_pulling_prometheus_endpoint")
+    @field_validator("metric_pulling_prometheus_endpoint", "virtual_etcd_endpoint")
     @classmethod
     def _endpoint_url(cls, value: str) -> str:
         if not value.startswith(("http://", "https://")):
