@@ -1,0 +1,1 @@
+"""Diagnostics recording and HTML reports, shared by the live controller and replay."""
