@@ -1,0 +1,1 @@
+"""Data files bundled with the planner (request traces for replay and benchmarks)."""
