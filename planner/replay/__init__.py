@@ -1,0 +1,1 @@
+"""Offline replay: the planner and baseline policies against the simulated cluster, driven by a real trace."""
