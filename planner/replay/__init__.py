@@ -1,1 +1,2 @@
-"""Offline replay: the planner and baseline policies against the simulated cluster, driven by a real trace."""
+"""Offline replay: the planner and baseline policies against the simulated cluster,
+driven by a real trace."""
