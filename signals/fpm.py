@@ -1,13 +1,16 @@
 """ForwardPassMetrics (FPM): what an engine reports about each scheduler iteration.
 
-Wire format: msgpack arrays in field order (msgspec ``array_like`` Structs), compatible with
-Dynamo's ``dynamo.common.forward_pass_metrics`` version 1. One message per iteration, plus an
-idle heartbeat (``wall_time == 0``) when an engine goes idle. Decoding never raises to the
-caller's loop: :func:`decode` returns an :class:`FpmDecodeError` describing the bad frame.
+Wire format: msgpack maps keyed by field name, as Dynamo's ``dynamo.common.forward_pass_metrics``
+version 1 encodes them (plain msgspec Structs; unknown keys such as the native-vLLM copy's
+``timing_scope`` are ignored). Positional msgpack arrays in field order are accepted too. One
+message per iteration, plus an idle heartbeat (``wall_time == 0``) when an engine goes idle.
+Decoding never raises to the caller's loop: :func:`decode` returns an :class:`FpmDecodeError`
+describing the bad frame.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgspec
@@ -16,7 +19,7 @@ FPM_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({FPM_VERSION})
 
 
-class ScheduledRequestMetrics(msgspec.Struct, array_like=True, frozen=True):
+class ScheduledRequestMetrics(msgspec.Struct, frozen=True):
     """Work the engine ran in this iteration."""
 
     num_prefill_requests: int = 0
@@ -28,7 +31,7 @@ class ScheduledRequestMetrics(msgspec.Struct, array_like=True, frozen=True):
     var_decode_kv_tokens: float = 0.0
 
 
-class QueuedRequestMetrics(msgspec.Struct, array_like=True, frozen=True):
+class QueuedRequestMetrics(msgspec.Struct, frozen=True):
     """Work waiting in the engine at the end of this iteration."""
 
     num_prefill_requests: int = 0
@@ -39,7 +42,7 @@ class QueuedRequestMetrics(msgspec.Struct, array_like=True, frozen=True):
     var_decode_kv_tokens: float = 0.0
 
 
-class ForwardPassMetrics(msgspec.Struct, array_like=True, frozen=True):
+class ForwardPassMetrics(msgspec.Struct, frozen=True):
     """One scheduler iteration of one engine (one data-parallel rank)."""
 
     version: int
@@ -63,12 +66,52 @@ class ForwardPassMetrics(msgspec.Struct, array_like=True, frozen=True):
 class FpmDecodeError:
     """Why a frame was dropped: ``kind`` is a bounded label (for a metric)."""
 
-    kind: str  # "undecodable" | "wrong_type" | "unsupported_version"
+    kind: str  # "undecodable" | "wrong_type" | "unsupported_version" | "invalid_value"
     detail: str
 
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ForwardPassMetrics)
+_STRUCT_FIELDS = {
+    ForwardPassMetrics: ForwardPassMetrics.__struct_fields__,
+    "scheduled_requests": ScheduledRequestMetrics.__struct_fields__,
+    "queued_requests": QueuedRequestMetrics.__struct_fields__,
+}
+
+
+def _positional_to_mapping(obj: object) -> object:
+    """A positional (array) encoding of an FPM as the map encoding, for ``msgspec.convert``."""
+    if not isinstance(obj, list):
+        return obj
+    fields = _STRUCT_FIELDS[ForwardPassMetrics]
+    if len(obj) > len(fields):
+        raise msgspec.ValidationError(f"Expected at most {len(fields)} fields, got {len(obj)}")
+    out: dict[str, object] = dict(zip(fields, obj, strict=False))
+    for name in ("scheduled_requests", "queued_requests"):
+        inner = out.get(name)
+        if isinstance(inner, list):
+            names = _STRUCT_FIELDS[name]
+            if len(inner) > len(names):
+                raise msgspec.ValidationError(
+                    f"Expected at most {len(names)} fields in `$.{name}`, got {len(inner)}"
+                )
+            out[name] = dict(zip(names, inner, strict=False))
+    return out
+
+
+def _invalid_value(fpm: ForwardPassMetrics) -> str | None:
+    """Why a well-typed FPM still cannot be a measurement (NaN, negative counts)."""
+    if not (math.isfinite(fpm.wall_time) and fpm.wall_time >= 0.0):
+        return f"wall_time {fpm.wall_time!r}, expected a finite number of seconds >= 0"
+    if fpm.dp_rank < 0:
+        return f"dp_rank {fpm.dp_rank}, expected >= 0"
+    for part in ("scheduled_requests", "queued_requests"):
+        metrics = getattr(fpm, part)
+        for name in metrics.__struct_fields__:
+            value = getattr(metrics, name)
+            if not (math.isfinite(value) and value >= 0):
+                return f"{part}.{name} {value!r}, expected a finite number >= 0"
+    return None
 
 
 def encode(fpm: ForwardPassMetrics) -> bytes:
@@ -78,7 +121,11 @@ def encode(fpm: ForwardPassMetrics) -> bytes:
 def decode(frame: bytes) -> ForwardPassMetrics | FpmDecodeError:
     """Decode one frame; a bad frame gives an error value instead of an exception."""
     try:
-        fpm = _decoder.decode(frame)
+        if frame[:1] and (0x90 <= frame[0] <= 0x9F or frame[0] in (0xDC, 0xDD)):  # array
+            raw = msgspec.msgpack.decode(frame)
+            fpm = msgspec.convert(_positional_to_mapping(raw), ForwardPassMetrics)
+        else:
+            fpm = _decoder.decode(frame)
     except msgspec.ValidationError as exc:
         return FpmDecodeError("wrong_type", str(exc))
     except msgspec.DecodeError as exc:
@@ -88,4 +135,7 @@ def decode(frame: bytes) -> ForwardPassMetrics | FpmDecodeError:
             "unsupported_version",
             f"version {fpm.version}, expected one of {sorted(SUPPORTED_VERSIONS)}",
         )
+    problem = _invalid_value(fpm)
+    if problem is not None:
+        return FpmDecodeError("invalid_value", problem)
     return fpm

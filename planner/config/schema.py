@@ -15,6 +15,7 @@ Extra metadata per field lives in ``json_schema_extra``:
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl
@@ -41,6 +42,7 @@ ThroughputMetricsSource = Literal["frontend", "router"]
 DEFAULT_PROMETHEUS_ENDPOINT = (
     "http://prometheus-kube-prometheus-prometheus.monitoring.svc.cluster.local:9090"
 )
+_ZMQ_ENDPOINT = re.compile(r"tcp://[^\s:/]+:\d{1,5}|tcp://\[[0-9a-fA-F:]+\]:\d{1,5}|ipc://\S+")
 
 # Keys of Dynamo's planner config that configure subsystems this planner does not have
 # (AIConfigurator sweeps, the plugin gateway, power capping ...). A Dynamo config that sets
@@ -460,6 +462,53 @@ class PlannerConfig(BaseModel):
         "square, so 2-D models get sqrt buckets per axis).",
         json_schema_extra=_extra("load"),
     )
+    fpm_warmup_iterations: int = Field(
+        10,
+        ge=0,
+        description="An engine's first iterations after it starts (cold caches, graph "
+        "capture) that are not regression samples.",
+        json_schema_extra=_extra("load"),
+    )
+    fpm_staleness_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="An engine that sent no ForwardPassMetrics (idle engines heartbeat every "
+        "second) for this long is treated as gone (s).",
+        json_schema_extra=_extra("load"),
+    )
+    prefill_fpm_endpoints: tuple[str, ...] = Field(
+        (),
+        description="ZMQ endpoints (tcp://host:port, one per DP rank) of the prefill "
+        "engines' ForwardPassMetrics publishers, comma-separated; default: discovered.",
+        json_schema_extra=_extra("load"),
+    )
+    decode_fpm_endpoints: tuple[str, ...] = Field(
+        (),
+        description="ZMQ endpoints of the decode (or aggregated) engines' ForwardPassMetrics "
+        "publishers, comma-separated; default: discovered.",
+        json_schema_extra=_extra("load"),
+    )
+    max_num_batched_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Engine token budget per iteration; default: the DynamoWorkerMetadata, "
+        "else 8192.",
+        json_schema_extra=_extra("load"),
+    )
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="Most requests in an engine's running batch; default: the "
+        "DynamoWorkerMetadata, else 512.",
+        json_schema_extra=_extra("load"),
+    )
+    max_kv_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="KV cache capacity of one engine in tokens; default: the "
+        "DynamoWorkerMetadata, else unknown (KV checks skipped).",
+        json_schema_extra=_extra("load"),
+    )
 
     # --- metrics out and reports ------------------------------------------------------
     metric_reporting_prometheus_port: int = Field(
@@ -515,6 +564,20 @@ class PlannerConfig(BaseModel):
     def _perfect_square(cls, value: int) -> int:
         if math.isqrt(value) ** 2 != value:
             raise ValueError("must be a perfect square (1, 4, 9, 16, ...)")
+        return value
+
+    @field_validator("prefill_fpm_endpoints", "decode_fpm_endpoints", mode="before")
+    @classmethod
+    def _zmq_endpoints(cls, value: Any) -> Any:
+        if isinstance(value, str):  # flags and environment variables: "a,b"
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple):
+            for endpoint in value:
+                if not (isinstance(endpoint, str) and _ZMQ_ENDPOINT.fullmatch(endpoint)):
+                    raise ValueError(
+                        f"{endpoint!r} is not a ZMQ endpoint such as tcp://10.0.0.5:20380 "
+                        "or ipc:///tmp/fpm.sock"
+                    )
         return value
 
     @field_validator("metric_pulling_prometheus_extra_query_params")
