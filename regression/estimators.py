@@ -165,15 +165,15 @@ def decode_itl_ms(
 
 
 def agg_load(model: AggModel, report: IterationReport) -> LoadAverages:
-    """The load an agg estimate uses: the engine's time averages, or zeros when its latest
-    report is an idle heartbeat."""
-    averages = model.averages((report.worker_id, report.dp_rank))
-    if report.wall_time == 0.0 or averages.iterations == 0:
+    """The load an agg estimate uses: the engine's time averages; its latest report itself
+    when that is an idle heartbeat (queues known empty) or the engine has no history yet."""
+    own = model.engine_averages((report.worker_id, report.dp_rank))
+    if report.wall_time == 0.0 or own is None or own.iterations == 0:
         sched, queued = report.scheduled_requests, report.queued_requests
         return LoadAverages(
             iterations=0,
-            isl=averages.isl,
-            decode_context=averages.decode_context,
+            isl=own.isl if own else None,
+            decode_context=own.decode_context if own else None,
             prefill_tokens_per_iteration=float(sched.sum_prefill_tokens),
             num_decode_requests=float(sched.num_decode_requests),
             decode_kv_tokens=float(sched.sum_decode_kv_tokens),
@@ -181,7 +181,7 @@ def agg_load(model: AggModel, report: IterationReport) -> LoadAverages:
             queued_decode_requests=float(queued.num_decode_requests),
             queued_decode_kv_tokens=float(queued.sum_decode_kv_tokens),
         )
-    return averages
+    return own
 
 
 def agg_ttft_ms(

@@ -168,6 +168,11 @@ class WallTimeModel:
             )
         return ModelStatus(False, self.num_observations, fit.reason, fit.detail)
 
+    def engine_averages(self, engine: EngineKey) -> LoadAverages | None:
+        """Moving averages of ``engine``, None if it has not reported an iteration."""
+        tracker = self._engines.get(engine)
+        return tracker.snapshot() if tracker is not None else None
+
     def averages(self, engine: EngineKey | None = None) -> LoadAverages:
         """Moving averages of ``engine``, or of all engines when None or unknown."""
         if engine is not None and engine in self._engines:

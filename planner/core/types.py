@@ -58,6 +58,7 @@ class LoadReason(StrEnum):
     GPU_BUDGET_RECONCILE = "gpu_budget_reconcile"
     # ours
     STALE_FPM_DATA = "stale_fpm_data"
+    INVALID_FPM_DATA = "invalid_fpm_data"
 
 
 @dataclass(frozen=True)
