@@ -1,0 +1,341 @@
+"""The traffic PromQL against a real Prometheus scraping a frontend exporter.
+
+One Prometheus (1 s scrapes) reads one exporter through a timeline of published states:
+baseline, known traffic, idle, counter reset. Each test evaluates the observer over the
+window between two consecutive scrapes (so ``increase()`` has nothing to extrapolate and
+every expected value is exact) and checks it, and checks that the replay path gives the
+same observation from the two scraped texts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from planner.config.schema import PlannerConfig
+from planner.core.types import Histogram, MissingObservation, TrafficObservation
+from planner.observe import (
+    MissingReason,
+    PrometheusTrafficObserver,
+    snapshot_from_text,
+    traffic_from_snapshots,
+)
+from signals.frontend import TOKEN_BUCKETS
+from tests.integration.conftest import PrometheusFactory, PrometheusServer, poll
+from tests.integration.prometheus.exporter import GENERATION_METRIC, FrontendExporter, Requests
+
+MODEL = "Llama-3.1-8B"  # as served; the planner is configured with the lower-case name
+# Names a sloppy filter would also match: "." as a regex wildcard, a missing anchor.
+DOT_TWIN = "llama-3x1-8b"
+PREFIX_TWIN = "Llama-3.1-8B-Instruct"
+LEGACY = "legacy-model"  # a frontend without dynamo_frontend_requests_started_total
+
+R_A = Requests(n=1, ttft_s=0.25, itl_s=1 / 64, isl=1000, osl=200, duration_s=4.25)
+R_B = Requests(n=1, ttft_s=0.5, itl_s=1 / 32, isl=3000, osl=100, duration_s=3.5)
+R_C = Requests(n=1, ttft_s=0.125, itl_s=1 / 128, isl=100, osl=50, duration_s=1.0)
+
+
+def times(requests: Requests, n: int) -> Requests:
+    return Requests(n, requests.ttft_s, requests.itl_s, requests.isl, requests.osl,
+                    requests.duration_s)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Timeline:
+    prometheus: PrometheusServer
+    exporter: FrontendExporter
+    scrapes: list[tuple[float, float]]  # (time_s, generation) of every scrape
+    baseline: int
+    traffic: int
+    idle: int
+    reset: int
+
+    def window(self, first: int, last: int) -> tuple[float, float]:
+        """(start_s, end_s): the last scrape of ``first`` and the first scrape of ``last``."""
+        start = max(t for t, g in self.scrapes if g == first)
+        end = min(t for t, g in self.scrapes if g == last)
+        return start, end
+
+    def observer(self, model: str | None, namespace: str) -> PrometheusTrafficObserver:
+        config = PlannerConfig(
+            model_name=model,
+            namespace=namespace,
+            metric_pulling_prometheus_endpoint=self.prometheus.url,
+        )
+        return PrometheusTrafficObserver(config)
+
+    def observe(
+        self, model: str | None, namespace: str, first: int, last: int
+    ) -> TrafficObservation | MissingObservation:
+        start, end = self.window(first, last)
+        with self.observer(model, namespace) as observer:
+            return observer.observe(end_s=end, duration_s=round((end - start) * 1000) / 1000)
+
+    def replay(
+        self, model: str | None, namespace: str, first: int, last: int
+    ) -> TrafficObservation | MissingObservation:
+        start, end = self.window(first, last)
+        return traffic_from_snapshots(
+            start=snapshot_from_text(self.exporter.texts[first]),
+            end=snapshot_from_text(self.exporter.texts[last]),
+            start_s=start,
+            end_s=end,
+            model_name=model,
+            namespace=namespace,
+        )
+
+
+def wait_for_generation(prometheus: PrometheusServer, exporter: FrontendExporter) -> None:
+    """Block until Prometheus has scraped the exporter's latest published state."""
+    selector = f'{GENERATION_METRIC}{{instance="{exporter.target}"}}'
+    wanted = exporter.generation
+    poll(
+        lambda: True if any(g == wanted for _, g in prometheus.samples(selector)) else None,
+        timeout_s=15,
+        what=f"generation {wanted} scraped",
+    )
+
+
+@pytest.fixture(scope="module")
+def timeline(module_prometheus_factory: PrometheusFactory) -> Iterator[Timeline]:
+    exporter = FrontendExporter()
+    try:
+        # Baseline: every series exists, with history.
+        exporter.record(times(R_A, 10), model=MODEL, namespace="dyn-a", pod="a")
+        exporter.record(times(R_B, 4), model=MODEL, namespace="dyn-a", pod="b")
+        exporter.record(times(R_C, 7), model=MODEL, namespace="dyn-b")
+        exporter.record(times(R_C, 5), model=DOT_TWIN, namespace="dyn-a")
+        exporter.record(times(R_C, 9), model=PREFIX_TWIN, namespace="dyn-a")
+        exporter.record(times(R_A, 6), model=LEGACY, namespace="dyn-a", count_started=False)
+        baseline = exporter.publish()
+        prometheus = module_prometheus_factory([exporter.target])
+        wait_for_generation(prometheus, exporter)
+        # The window's traffic.
+        exporter.record(times(R_A, 6), model=MODEL, namespace="dyn-a", pod="a")
+        exporter.record(times(R_B, 2), model=MODEL, namespace="dyn-a", pod="b")
+        exporter.record(times(R_C, 3), model=MODEL, namespace="dyn-b")
+        exporter.record(times(R_C, 40), model=DOT_TWIN, namespace="dyn-a")
+        exporter.record(times(R_C, 50), model=PREFIX_TWIN, namespace="dyn-a")
+        exporter.record(times(R_A, 4), model=LEGACY, namespace="dyn-a", count_started=False)
+        traffic = exporter.publish()
+        wait_for_generation(prometheus, exporter)
+        idle = exporter.publish()  # nothing new: the frontends are up but idle
+        wait_for_generation(prometheus, exporter)
+        exporter.reset()  # the frontends restart: every counter starts again from 0
+        exporter.record(times(R_A, 3), model=MODEL, namespace="dyn-a", pod="a")
+        exporter.record(times(R_B, 3), model=MODEL, namespace="dyn-a", pod="b")
+        exporter.record(times(R_A, 2), model=LEGACY, namespace="dyn-a", count_started=False)
+        reset = exporter.publish()
+        wait_for_generation(prometheus, exporter)
+        scrapes = prometheus.samples(f'{GENERATION_METRIC}{{instance="{exporter.target}"}}')
+        yield Timeline(prometheus, exporter, scrapes, baseline, traffic, idle, reset)
+    finally:
+        exporter.close()
+
+
+def token_histogram(**counts: float) -> Histogram:
+    """A histogram over TOKEN_BUCKETS with ``le<bound>=count`` entries, zero elsewhere."""
+    by_bound = {float(k.removeprefix("le")): v for k, v in counts.items()}
+    bounds = tuple(float(b) for b in TOKEN_BUCKETS)
+    return Histogram(bounds=bounds, counts=tuple(by_bound.get(b, 0.0) for b in bounds))
+
+
+def assert_traffic(obs: object, **expected: float | None) -> TrafficObservation:
+    assert isinstance(obs, TrafficObservation), obs
+    for name, value in expected.items():
+        actual = getattr(obs, name)
+        if value is None:
+            assert actual is None, f"{name}: {actual}"
+        else:
+            assert actual == pytest.approx(value, rel=1e-9), f"{name}: {actual} != {value}"
+    return obs
+
+
+def assert_same_observation(live: object, replay: object) -> None:
+    assert type(live) is type(replay), (live, replay)
+    if isinstance(live, MissingObservation):
+        assert isinstance(replay, MissingObservation)
+        assert live.reason == replay.reason
+        return
+    assert isinstance(live, TrafficObservation) and isinstance(replay, TrafficObservation)
+    assert live.end_s == pytest.approx(replay.end_s, abs=1e-6)
+    assert live.duration_s == pytest.approx(replay.duration_s, abs=1e-6)
+    for name in ("num_req", "ttft_ms", "itl_ms", "isl", "osl", "request_duration_s"):
+        a, b = getattr(live, name), getattr(replay, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a == pytest.approx(b, rel=1e-12), name
+    for name in ("isl_histogram", "osl_histogram"):
+        a, b = getattr(live, name), getattr(replay, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.bounds == b.bounds
+            assert a.counts == pytest.approx(b.counts, rel=1e-12)
+            assert a.overflow == pytest.approx(b.overflow, rel=1e-12)
+
+
+def test_known_traffic_summed_over_two_frontends(timeline: Timeline) -> None:
+    obs = assert_traffic(
+        timeline.observe(MODEL.lower(), "dyn-a", timeline.baseline, timeline.traffic),
+        num_req=8,
+        ttft_ms=(6 * 250 + 2 * 500) / 8,
+        itl_ms=(6 * 1000 / 64 + 2 * 1000 / 32) / 8,
+        isl=(6 * 1000 + 2 * 3000) / 8,
+        osl=(6 * 200 + 2 * 100) / 8,
+        request_duration_s=(6 * 4.25 + 2 * 3.5) / 8,
+    )
+    _, end = timeline.window(timeline.baseline, timeline.traffic)
+    assert obs.end_s == pytest.approx(end, abs=1e-3)
+    assert obs.isl_histogram == token_histogram(le1024=6, le4096=2)
+    assert obs.osl_histogram == token_histogram(le128=2, le256=6)
+
+
+@pytest.mark.parametrize(
+    ("model", "namespace", "num_req", "ttft_ms"),
+    [
+        pytest.param(MODEL, "dyn-b", 3, 125, id="same model, other namespace"),
+        pytest.param(DOT_TWIN, "dyn-a", 40, 125, id="dot in the name is literal"),
+        pytest.param(PREFIX_TWIN, "dyn-a", 50, 125, id="match is anchored"),
+        pytest.param("LLAMA-3.1-8B-INSTRUCT", "dyn-a", 50, 125, id="case-insensitive"),
+        pytest.param(None, "dyn-b", 3, 125, id="no model filter: whole namespace"),
+    ],
+)
+def test_model_and_namespace_filters(
+    timeline: Timeline, model: str | None, namespace: str, num_req: float, ttft_ms: float
+) -> None:
+    obs = timeline.observe(model, namespace, timeline.baseline, timeline.traffic)
+    assert_traffic(obs, num_req=num_req, ttft_ms=ttft_ms)
+
+
+def test_unknown_model_or_namespace_is_missing_not_zero(timeline: Timeline) -> None:
+    for model, namespace in (("mistral-7b", "dyn-a"), (MODEL, "dyn-c")):
+        obs = timeline.observe(model, namespace, timeline.baseline, timeline.traffic)
+        assert isinstance(obs, MissingObservation), obs
+        assert obs.reason == MissingReason.NO_SERIES
+        assert "dynamo_namespace" in obs.detail
+
+
+def test_zero_traffic_is_an_observation_with_undefined_averages(timeline: Timeline) -> None:
+    # Dynamo issue #6985: idle windows must reach the planner so that it scales down.
+    obs = assert_traffic(
+        timeline.observe(MODEL, "dyn-a", timeline.traffic, timeline.idle),
+        num_req=0,
+        ttft_ms=None,
+        itl_ms=None,
+        isl=None,
+        osl=None,
+        request_duration_s=None,
+    )
+    assert obs.isl_histogram is not None and obs.isl_histogram.total == 0
+
+
+def test_counter_reset_counts_only_requests_after_the_restart(timeline: Timeline) -> None:
+    assert_traffic(
+        timeline.observe(MODEL, "dyn-a", timeline.idle, timeline.reset),
+        num_req=6,
+        ttft_ms=(3 * 250 + 3 * 500) / 6,
+        isl=(3 * 1000 + 3 * 3000) / 6,
+    )
+
+
+def test_falls_back_to_finished_requests_and_says_so(
+    timeline: Timeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    start, end = timeline.window(timeline.baseline, timeline.traffic)
+    with (
+        caplog.at_level(logging.WARNING, logger="planner.observe"),
+        timeline.observer(LEGACY, "dyn-a") as observer,
+    ):
+        obs = observer.observe(end_s=end, duration_s=round((end - start) * 1000) / 1000)
+    assert_traffic(obs, num_req=4, ttft_ms=250, osl=200)
+    assert observer.count_metric_used == "requests_finished"
+    assert "dynamo_frontend_requests_total" in caplog.text
+
+
+@pytest.mark.parametrize("model", [MODEL, DOT_TWIN, LEGACY, "mistral-7b", None])
+@pytest.mark.parametrize("window", ["traffic", "idle", "reset"])
+def test_replay_from_snapshots_equals_promql(
+    timeline: Timeline, model: str | None, window: str
+) -> None:
+    last = getattr(timeline, window)
+    for namespace in ("dyn-a", "dyn-b"):
+        live = timeline.observe(model, namespace, last - 1, last)
+        replay = timeline.replay(model, namespace, last - 1, last)
+        assert_same_observation(live, replay)
+
+
+def test_prometheus_or_frontend_outage_is_missing_not_zero(
+    prometheus_factory: PrometheusFactory,
+) -> None:
+    exporter = FrontendExporter()
+    stop = threading.Event()
+
+    def steady() -> None:  # 8 requests/s, published every 0.25 s
+        while not stop.wait(0.25):
+            exporter.record(times(R_A, 2), model=MODEL, namespace="dyn-a")
+            exporter.publish()
+
+    feeder = threading.Thread(target=steady, daemon=True)
+    try:
+        exporter.record(times(R_A, 0), model=MODEL, namespace="dyn-a")
+        exporter.publish()
+        feeder.start()
+        prometheus = prometheus_factory([exporter.target])
+        selector = f'{GENERATION_METRIC}{{instance="{exporter.target}"}}'
+
+        def span_s() -> float:
+            scrapes = prometheus.samples(selector)
+            return scrapes[-1][0] - scrapes[0][0] if scrapes else 0.0
+
+        poll(lambda: True if span_s() >= 5 else None, timeout_s=20, what="5 s of scrapes")
+        config = PlannerConfig(
+            model_name=MODEL,
+            namespace="dyn-a",
+            metric_pulling_prometheus_endpoint=prometheus.url,
+            metric_pulling_prometheus_request_timeout_seconds=2,
+            throughput_adjustment_interval_seconds=4,
+        )
+        with PrometheusTrafficObserver(config) as observer:
+            # Live: the window ends now and lasts one adjustment interval.
+            steady_obs = assert_traffic(observer.observe(), ttft_ms=250, isl=1000)
+            assert steady_obs.duration_s == 4
+            assert 4 <= steady_obs.request_rate <= 12  # 8/s, give or take a scrape
+            assert abs(steady_obs.end_s - time.time()) < 5
+
+            prometheus.stop()
+            down = observer.observe()
+            assert isinstance(down, MissingObservation), down
+            assert down.reason == MissingReason.PROMETHEUS_UNREACHABLE
+
+            prometheus.restart(wait_for_targets=False)
+
+            def observed() -> TrafficObservation | None:
+                obs = observer.observe()
+                return obs if isinstance(obs, TrafficObservation) else None
+
+            back = poll(observed, timeout_s=15, what="an observation after the restart")
+            assert back.num_req > 0
+
+            # The frontend dies: its series go stale; once the window holds no samples the
+            # observation is missing. Until then it only ever reports real, positive traffic.
+            stop.set()
+            feeder.join(timeout=5)
+            exporter.close()
+            seen: list[TrafficObservation | MissingObservation] = []
+
+            def missing() -> MissingObservation | None:
+                seen.append(observer.observe())
+                return seen[-1] if isinstance(seen[-1], MissingObservation) else None
+
+            gone = poll(missing, timeout_s=15, what="a missing observation", interval_s=0.5)
+            assert gone.reason == MissingReason.NO_SERIES
+            for obs in seen[:-1]:
+                assert isinstance(obs, TrafficObservation) and obs.num_req > 0, obs
+    finally:
+        stop.set()
+        exporter.close()
