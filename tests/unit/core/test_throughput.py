@@ -1,0 +1,258 @@
+"""The throughput loop: Dynamo's formulas, correction factors, guards and holds.
+
+Each row names the behaviour a user relies on; rows guarding a known Dynamo bug cite it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from interpolation import Profile
+from planner.config import PlannerConfig
+from planner.core.budget import gpus_of
+from planner.core.throughput import (
+    CorrectionFactors,
+    LoadForecast,
+    ThroughputPlanner,
+    size_decode,
+    size_prefill,
+)
+from planner.core.types import (
+    DeploymentStatus,
+    MissingObservation,
+    RoleStatus,
+    ThroughputReason,
+    TrafficObservation,
+)
+from predictors import make_predictor
+
+
+def planner(profile: Profile, **cfg) -> ThroughputPlanner:
+    cfg.setdefault("throughput_adjustment_interval_seconds", 60)
+    cfg.setdefault("max_gpu_budget", -1)
+    cfg.setdefault("itl_ms", 30)
+    return ThroughputPlanner(
+        config=PlannerConfig(**cfg),
+        profile=profile,
+        predictor_factory=lambda _series: make_predictor("constant"),
+    )
+
+
+def status(
+    p: int,
+    d: int,
+    *,
+    ready_p: int | None = None,
+    ready_d: int | None = None,
+    pg: int = 1,
+    dg: int = 1,
+) -> DeploymentStatus:
+    return DeploymentStatus(
+        {
+            "prefill": RoleStatus(p, p if ready_p is None else ready_p, pg),
+            "decode": RoleStatus(d, d if ready_d is None else ready_d, dg),
+        }
+    )
+
+
+def traffic(end_s: float, num_req: float, isl: float = 3000, osl: float = 300, **kw):
+    if num_req == 0:
+        return TrafficObservation(end_s=end_s, duration_s=60, num_req=0)
+    kw.setdefault("request_duration_s", None)
+    return TrafficObservation(end_s=end_s, duration_s=60, num_req=num_req, isl=isl, osl=osl, **kw)
+
+
+def test_dynamo_worked_example_one_prefill_replica(h200_like_profile: Profile) -> None:
+    # 10 requests in 60 s at ISL 3000, 40,000 tokens/s/GPU -> ceil(500/40000) = 1
+    sizing = size_prefill(
+        LoadForecast(num_req=10, isl=3000, osl=150),
+        h200_like_profile.prefill,
+        interval_s=60,
+        correction=1.0,
+        gpus_per_replica=1,
+    )
+    assert sizing.replicas == 1
+    assert sizing.thpt_per_gpu == pytest.approx(40000, rel=0.01)
+
+
+def test_prefill_formula_scales_with_demand_and_engine_size(h200_like_profile: Profile) -> None:
+    forecast = LoadForecast(num_req=4800, isl=3000, osl=150)  # 240,000 tok/s
+    one_gpu = size_prefill(
+        forecast, h200_like_profile.prefill, interval_s=60, correction=1.0, gpus_per_replica=1
+    )
+    two_gpu = size_prefill(
+        forecast, h200_like_profile.prefill, interval_s=60, correction=1.0, gpus_per_replica=2
+    )
+    assert one_gpu.replicas == math.ceil(240000 / one_gpu.thpt_per_gpu)
+    assert two_gpu.replicas == math.ceil(240000 / one_gpu.thpt_per_gpu / 2)
+
+
+def test_prefill_correction_only_lowers_demand(h200_like_profile: Profile) -> None:
+    forecast = LoadForecast(num_req=4800, isl=3000, osl=150)
+    base = size_prefill(
+        forecast, h200_like_profile.prefill, interval_s=60, correction=1.0, gpus_per_replica=1
+    )
+    slow = size_prefill(
+        forecast, h200_like_profile.prefill, interval_s=60, correction=3.0, gpus_per_replica=1
+    )
+    fast = size_prefill(
+        forecast, h200_like_profile.prefill, interval_s=60, correction=0.5, gpus_per_replica=1
+    )
+    assert slow.replicas == base.replicas
+    assert fast.replicas == math.ceil(base.demand_tokens_per_s * 0.5 / base.thpt_per_gpu)
+
+
+def test_decode_formula_uses_best_throughput_under_corrected_itl(h200_like_profile: Profile):
+    forecast = LoadForecast(num_req=6000, isl=3000, osl=300)  # 30,000 output tok/s
+    ok = size_decode(
+        forecast,
+        h200_like_profile.decode,
+        interval_s=60,
+        itl_target_ms=30,
+        correction=1.0,
+        gpus_per_replica=1,
+    )
+    best = h200_like_profile.decode.find_best_throughput_per_gpu(30, 3150)
+    assert ok.replicas == math.ceil(30000 / best.thpt_per_gpu)
+    # the engines run 2x slower than profiled: size for ITL 15 ms -> more replicas
+    slow = size_decode(
+        forecast,
+        h200_like_profile.decode,
+        interval_s=60,
+        itl_target_ms=30,
+        correction=2.0,
+        gpus_per_replica=1,
+    )
+    assert slow.replicas > ok.replicas
+
+
+def test_infeasible_itl_holds_with_reason(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile, itl_ms=1.0)  # below anything profiled
+    decision = tp.tick(60, traffic(60, 600), status(1, 1))
+    assert decision.replicas is None
+    assert decision.reason is ThroughputReason.PROFILE_INFEASIBLE
+    assert "ITL" in decision.message
+
+
+def test_scale_up_then_wait_for_convergence(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile)
+    first = tp.tick(60, traffic(60, 4800), status(1, 1))
+    assert first.reason is ThroughputReason.SCALE
+    assert first.replicas and first.replicas["prefill"] > 1
+    want = first.replicas
+    pending = status(want["prefill"], want["decode"], ready_p=1, ready_d=1)
+    held = tp.tick(120, traffic(120, 4800), pending)
+    assert held.replicas is None and held.reason is ThroughputReason.SCALING_IN_PROGRESS
+    assert "ready" in held.message
+
+
+def test_convergence_timeout_replans_from_ready_replicas(h200_like_profile: Profile) -> None:
+    # Dynamo issue #14251: pods that never become ready must not block the planner forever.
+    tp = planner(h200_like_profile, scaling_convergence_timeout_seconds=120)
+    first = tp.tick(60, traffic(60, 4800), status(1, 1))
+    assert first.replicas is not None
+    stuck = status(first.replicas["prefill"], first.replicas["decode"], ready_p=2, ready_d=1)
+    assert tp.tick(120, traffic(120, 4800), stuck).reason is ThroughputReason.SCALING_IN_PROGRESS
+    late = tp.tick(240, traffic(240, 4800), stuck)
+    assert late.replicas is not None
+    assert any("did not converge" in w for w in late.diagnostics.warnings)
+
+
+def test_zero_traffic_scales_down_to_min_endpoints(h200_like_profile: Profile) -> None:
+    # Dynamo issue #6985: an idle deployment kept its replicas because the averages were NaN.
+    tp = planner(h200_like_profile, min_endpoint=1)
+    decision = tp.tick(60, traffic(60, 0), status(6, 5))
+    assert decision.replicas == {"prefill": 1, "decode": 1}
+    assert decision.reason is ThroughputReason.SCALE
+
+
+def test_missing_traffic_holds(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile)
+    decision = tp.tick(60, MissingObservation("prometheus_unreachable", "refused"), status(6, 5))
+    assert decision.replicas is None
+    assert decision.reason is ThroughputReason.NO_TRAFFIC_DATA
+    assert "prometheus_unreachable" in decision.message
+
+
+def test_stale_traffic_holds(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile)
+    decision = tp.tick(600, traffic(60, 10), status(6, 5))
+    assert decision.reason is ThroughputReason.STALE_TRAFFIC_DATA and decision.replicas is None
+
+
+def test_budget_limits_and_says_so(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile, max_gpu_budget=6, max_throughput_scaling_replicas=50)
+    decision = tp.tick(60, traffic(60, 30000), status(1, 1))
+    assert decision.replicas is not None
+    assert gpus_of(decision.replicas, {"prefill": 1, "decode": 1}) <= 6
+    assert "max_gpu_budget" in decision.message
+    assert decision.diagnostics.stages["proposed"]["prefill"] > decision.replicas["prefill"]
+
+
+def test_per_tick_change_is_capped(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile, max_throughput_scaling_replicas=2)
+    decision = tp.tick(60, traffic(60, 30000), status(1, 1))
+    assert decision.replicas == {"prefill": 3, "decode": 3}
+
+
+def test_correction_factors_from_observed_latency(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile)
+    expected_ttft = h200_like_profile.prefill.ttft_ms(3000)
+    tp.tick(
+        60,
+        traffic(60, 600, ttft_ms=2 * expected_ttft, itl_ms=20, request_duration_s=6.0),
+        status(2, 2),
+    )
+    assert tp.corrections.prefill == pytest.approx(2.0, rel=1e-6)
+    assert tp.corrections.decode > 0
+
+
+def test_no_correction_ignores_latency(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile, no_correction=True)
+    tp.tick(60, traffic(60, 600, ttft_ms=1000, itl_ms=200, request_duration_s=6.0), status(2, 2))
+    assert tp.corrections == CorrectionFactors()
+
+
+def test_scaling_latency_is_measured_and_warned(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile)
+    first = tp.tick(60, traffic(60, 4800), status(1, 1))
+    assert first.replicas is not None
+    p, d = first.replicas["prefill"], first.replicas["decode"]
+    tp.tick(120, traffic(120, 4800), status(p, d, ready_p=1, ready_d=1))
+    later = tp.tick(180, traffic(180, 4800), status(p, d))
+    assert later.diagnostics.scaling_latency_s["prefill"] == 120
+    assert any("longer than the 60 s adjustment interval" in w for w in later.diagnostics.warnings)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    low=st.floats(0, 20000),
+    extra=st.floats(0, 20000),
+    isl=st.floats(200, 12000),
+    osl=st.floats(20, 1000),
+    budget=st.integers(4, 64),
+    min_ep=st.integers(1, 2),
+)
+def test_properties(h200_like_profile: Profile, low, extra, isl, osl, budget, min_ep) -> None:
+    def decide(n: float) -> dict[str, int]:
+        tp = planner(
+            h200_like_profile,
+            max_gpu_budget=budget,
+            min_endpoint=min_ep,
+            max_throughput_scaling_replicas=1000,
+        )
+        obs = traffic(60, n, isl=isl, osl=osl) if n > 0 else traffic(60, 0)
+        decision = tp.tick(60, obs, status(min_ep, min_ep))
+        return decision.replicas or {"prefill": min_ep, "decode": min_ep}
+
+    small, big = decide(low), decide(low + extra)
+    gpus = {"prefill": 1, "decode": 1}
+    assert gpus_of(small, gpus) <= budget and gpus_of(big, gpus) <= budget  # never above budget
+    assert min(small.values()) >= min_ep and min(big.values()) >= min_ep  # floors kept
+    assert sum(big.values()) >= sum(small.values())  # non-decreasing in load
