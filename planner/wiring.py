@@ -1,0 +1,57 @@
+"""Building the decision core from a config: one place for what live, replay and ``plan``
+share (profile resolution, predictor settings, engine limits)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from interpolation import Profile, load_profile, resolve_profile
+from planner.config.schema import PlannerConfig
+from planner.core.load_scaling import EngineLimits
+from planner.core.planner import PlannerCore
+from predictors import make_predictor
+from predictors.base import LoadPredictor
+
+
+def predictor_factory(config: PlannerConfig) -> Callable[[str], LoadPredictor]:
+    """A new predictor per series (num_req, isl, osl), configured as the config says."""
+
+    def build(_series: str) -> LoadPredictor:
+        return make_predictor(
+            config.load_predictor,
+            log1p=config.load_predictor_log1p,
+            quantile=config.load_predictor_quantile,
+            prophet_window_size=config.prophet_window_size,
+            kalman_q_level=config.kalman_q_level,
+            kalman_q_trend=config.kalman_q_trend,
+            kalman_r=config.kalman_r,
+            kalman_min_points=config.kalman_min_points,
+            interval_s=config.throughput_adjustment_interval_seconds,
+        )
+
+    return build
+
+
+def profile_for(config: PlannerConfig) -> Profile:
+    """The profile named by ``--profile`` (bundled) or ``--profile-results-dir``."""
+    return load_profile(resolve_profile(config.profile or config.profile_results_dir))
+
+
+def build_core(
+    config: PlannerConfig,
+    *,
+    start_s: float,
+    profile: Profile | None = None,
+    engine_limits: EngineLimits | None = None,
+) -> PlannerCore:
+    """A PlannerCore for ``config``; the profile is loaded only when the throughput loop
+    needs one."""
+    if config.throughput_scaling_active and profile is None:
+        profile = profile_for(config)
+    return PlannerCore(
+        config=config,
+        start_s=start_s,
+        profile=profile,
+        predictor_factory=predictor_factory(config) if config.throughput_scaling_active else None,
+        engine_limits=engine_limits,
+    )
