@@ -99,7 +99,7 @@ def _positional_to_mapping(obj: object) -> object:
     return out
 
 
-def _invalid_value(fpm: ForwardPassMetrics) -> str | None:
+def invalid_value_reason(fpm: ForwardPassMetrics) -> str | None:
     """Why a well-typed FPM still cannot be a measurement (NaN, negative counts)."""
     if not (math.isfinite(fpm.wall_time) and fpm.wall_time >= 0.0):
         return f"wall_time {fpm.wall_time!r}, expected a finite number of seconds >= 0"
@@ -135,7 +135,7 @@ def decode(frame: bytes) -> ForwardPassMetrics | FpmDecodeError:
             "unsupported_version",
             f"version {fpm.version}, expected one of {sorted(SUPPORTED_VERSIONS)}",
         )
-    problem = _invalid_value(fpm)
+    problem = invalid_value_reason(fpm)
     if problem is not None:
         return FpmDecodeError("invalid_value", problem)
     return fpm

@@ -28,9 +28,10 @@ then applies, in order (each step either decides or passes on):
    - agg: both, with the decode load scaled in the TTFT too and queued prompts counted as
      KV; otherwise ``scale_down_refused_consolidation``;
    never below ``max(1, min_endpoint)``: load cannot tell a zero-replica role's load;
-7. floors: when the throughput loop also runs its result is a lower bound
+7. floors (not applied to ``disabled`` / ``scaling_in_progress``, which return the desired
+   count): when the throughput loop also runs its result is a lower bound
    (``scale_down_capped_by_throughput`` when it stops a scale-down,
-   ``reconcile_clamped_to_floor`` when it or the min endpoint lifts the result).
+   ``reconcile_clamped_to_floor`` when it or the role's min endpoint lifts the result).
 
 No I/O and no clock: ``now_s`` is only compared with the ``last_seen_s`` times passed in.
 """
@@ -52,7 +53,7 @@ from regression.estimators import (
     prefill_ttft_ms,
 )
 from regression.models import AggModel, DecodeModel, LoadModel, PrefillModel
-from signals.fpm import ForwardPassMetrics
+from signals.fpm import ForwardPassMetrics, invalid_value_reason
 
 EngineKey = tuple[str, int]
 
@@ -213,11 +214,13 @@ def decide_load(
         proposal=proposal,
         estimates=estimates,
         throughput_floor=throughput_floor,
-        min_replicas=_min_replicas(role, config),
+        min_replicas=config.min_endpoint_for(role),
     )
 
 
 def _min_replicas(role: Role, config: PlannerConfig) -> int:
+    """The fewest replicas a load scale-down leaves: load cannot see a zero-replica role's
+    demand, so it never removes the last one (the throughput loop may)."""
     return max(1, config.min_endpoint_for(role))
 
 
@@ -256,7 +259,7 @@ def _hold_on_bad_data(
     if mismatch:
         return _Proposal(ready, LoadReason.WORKER_COUNT_MISMATCH, mismatch)
     for key, report in sorted(engines.items()):
-        problem = _invalid(report)
+        problem = invalid_value_reason(report)
         if problem:
             return _Proposal(ready, LoadReason.INVALID_FPM_DATA, f"engine {key}: {problem}")
     if not model.ready:
@@ -284,17 +287,6 @@ def _worker_count_problem(
             f"worker {uneven[0]} reports {len(ranks[uneven[0]])} DP ranks, expected {dp_size} "
             f"({len(engines)} engines for {ready} x {dp_size})"
         )
-    return None
-
-
-def _invalid(report: ForwardPassMetrics) -> str | None:
-    if not (math.isfinite(report.wall_time) and report.wall_time >= 0.0):
-        return f"wall_time {report.wall_time!r}"
-    for part in (report.scheduled_requests, report.queued_requests):
-        for name in part.__struct_fields__:
-            value = getattr(part, name)
-            if not (math.isfinite(value) and value >= 0):
-                return f"{type(part).__name__}.{name} {value!r}"
     return None
 
 

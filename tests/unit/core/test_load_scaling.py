@@ -335,6 +335,15 @@ ROWS = [
         cfg={"min_endpoint": 0},
     ),
     Row(
+        "scale to zero: a role at 0 replicas (min_endpoint 0) is not woken by load",
+        "prefill",
+        {},
+        ready=0,
+        expect=0,
+        reason=R.NO_FPM_DATA,
+        cfg={"min_endpoint": 0},
+    ),
+    Row(
         "sensitivity 0: never scales down",
         "prefill",
         prefill_engines(0, 0),
@@ -611,7 +620,7 @@ def snapshots(draw: st.DrawFn) -> dict[str, Any]:
         "engines": engines,
         "last_seen": last_seen,
         "sensitivity": draw(st.integers(0, 100)),
-        "min_endpoint": draw(st.integers(1, 3)),
+        "min_endpoint": draw(st.integers(0, 3)),
     }
 
 
