@@ -25,7 +25,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from signals.fpm import ForwardPassMetrics
 from simulator import catalogue, elastic_ep
@@ -90,7 +90,11 @@ class Cluster:
     ``engines`` maps each role of the mode (``prefill`` and ``decode``, or ``agg``) to an
     engine spec (object or ``sim:...`` string); ``replicas`` gives the replicas ready at
     time 0 (default one per role). ``startup_delay_s`` (one value or one per role) is the
-    scheduling plus weight-loading time of a replica added later.
+    scheduling plus weight-loading time of a replica added later. ``on_fpm`` receives every
+    iteration's ForwardPassMetrics (slower; without it only the latest per rank is kept);
+    ``on_record`` receives each request's record as it finishes (it may call ``submit``, e.g.
+    for a closed-loop client). ``bulk_decode=False`` steps every decode iteration on its own
+    (the same results, slower; for validation).
     """
 
     def __init__(
@@ -108,7 +112,9 @@ class Cluster:
         frontend_latency_s: float | None = None,
         request_timeout_s: float | None = None,
         on_fpm: FpmCallback | None = None,
+        on_record: Callable[[RequestRecord], None] | None = None,
         prefix_block_tokens: int = 512,
+        bulk_decode: bool = True,
     ) -> None:
         if mode not in ROLES_BY_MODE:
             raise SimulatorInputError(f"mode {mode!r}: expected 'disagg' or 'agg'")
@@ -150,7 +156,9 @@ class Cluster:
         )
         self.request_timeout_s = request_timeout_s
         self.on_fpm = on_fpm
+        self.on_record = on_record
         self.prefix_block_tokens = prefix_block_tokens
+        self.bulk_decode = bulk_decode
 
         self.records: list[RequestRecord] = []
         self.replicas: list[Replica] = []
@@ -289,6 +297,11 @@ class Cluster:
 
     def _take_arrival(self) -> Any:
         arrival, source, req, it, index = heapq.heappop(self._sources)
+        if arrival < self._now:
+            raise WorkloadError(
+                f"request #{index} of workload {source} arrives at {arrival} s, before the "
+                f"simulation time {self._now} s (submit it before running past its arrival)"
+            )
         self._pull(it, source, previous=arrival, index=index + 1)
         return req
 
@@ -453,11 +466,17 @@ class Cluster:
         if replica is not None and replica.state is ReplicaState.DRAINING and replica.is_empty():
             self._stop(replica, time_s)
 
+    def _record(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
     def _finish(self, req: SimRequest, now: float) -> None:
         first = req.first_token_s
         assert first is not None
         itl = (now - first) * 1000.0 / (req.osl - 1) if req.osl > 1 else None
-        self.records.append(
+        self.frontend.on_finished(now - req.arrival_s, req.osl)
+        self._record(
             RequestRecord(
                 request_id=req.rid,
                 arrival_s=req.arrival_s,
@@ -474,11 +493,11 @@ class Cluster:
                 preemptions=req.preemptions,
             )
         )
-        self.frontend.on_finished(now - req.arrival_s, req.osl)
 
     def _fail(self, req: SimRequest, now: float, error: str) -> None:
         self.failed += 1
-        self.records.append(
+        self.frontend.on_finished(now - req.arrival_s, 0)
+        self._record(
             RequestRecord(
                 request_id=req.rid,
                 arrival_s=req.arrival_s,
@@ -492,7 +511,6 @@ class Cluster:
                 error=error,
             )
         )
-        self.frontend.on_finished(now - req.arrival_s, 0)
 
     def _on_timeout(self, req: SimRequest, _arg: Any, now: float) -> None:
         for queue in self._frontend_queue.values():
@@ -508,7 +526,7 @@ class Cluster:
             raise SimulatorInputError(
                 f"role {role!r}: this {self.mode} cluster has {list(self.roles)}"
             )
-        return cast(Role, role)
+        return role
 
     def _add_replica(self, role: Role, *, ready_now: bool) -> Replica:
         spec = self._specs[role]
@@ -544,6 +562,7 @@ class Cluster:
             itl=self.frontend.itl,
             on_fpm=self.on_fpm,
             prefix_block_tokens=self.prefix_block_tokens,
+            bulk_decode=self.bulk_decode,
         )
         self._engine_of_replica[id(engine)] = replica
         return engine

@@ -81,8 +81,10 @@ class EngineCore:
         itl: Histogram,
         on_fpm: FpmCallback | None = None,
         prefix_block_tokens: int = 512,
+        bulk_decode: bool = True,
     ) -> None:
         spec = model.spec
+        self.bulk_decode = bulk_decode
         self.model = model
         self.role: Role = role
         self.worker_id = worker_id
@@ -374,7 +376,13 @@ class EngineCore:
             return
         self._was_active = True
         self.busy = True
-        if not prefill and not preempted and not admitted and len(decode) == len(self.running):
+        if (
+            self.bulk_decode
+            and not prefill
+            and not preempted
+            and not admitted
+            and len(decode) == len(self.running)
+        ):
             self._plan_bulk(now)
             return
         p = c = 0
