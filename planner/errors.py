@@ -97,3 +97,9 @@ def classify(exc: BaseException) -> type[PlannerError] | None:
         if mapped is not None:
             return mapped
     return None
+
+
+# The library layers' user-facing errors (registered by name: no import needed here).
+register_foreign_error("interpolation.errors", "ProfileError", ProfileError)
+register_foreign_error("predictors.traces.errors", "TraceError", TraceError)
+register_foreign_error("simulator.errors", "SimulatorInputError", SpecError)

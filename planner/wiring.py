@@ -55,3 +55,18 @@ def build_core(
         predictor_factory=predictor_factory(config) if config.throughput_scaling_active else None,
         engine_limits=engine_limits,
     )
+
+
+def gpus_per_replica(config: PlannerConfig, profile: Profile | None, role: str) -> int:
+    """GPUs of one replica of ``role`` where no deployment says: the config's value, else the
+    profiled engine's shape (manifest), else 1."""
+    configured = config.engine_num_gpu_for(role)
+    if configured is not None:
+        return configured
+    manifest = profile.manifest if profile is not None else None
+    if manifest is not None:
+        shape = manifest.prefill_engine if role == "prefill" else manifest.decode_engine
+        if shape.gpus != 1 or manifest.engine.gpus == 1:
+            return shape.gpus
+        return manifest.engine.gpus
+    return 1

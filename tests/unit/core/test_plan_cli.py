@@ -1,0 +1,150 @@
+"""`planner plan`: one decision from given numbers, as JSON and as text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.cli.main import main
+from tests.unit.core.conftest import write_h200_like_profile
+
+
+@pytest.fixture(scope="module")
+def profile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_h200_like_profile(tmp_path_factory.mktemp("plan") / "h200")
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_dynamo_worked_example(profile_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = plan_json(
+        capsys,
+        "--profile-results-dir",
+        str(profile_dir),
+        "--num-req",
+        "10",
+        "--isl",
+        "3000",
+        "--osl",
+        "150",
+        "--interval",
+        "60",
+    )
+    assert out["prefill_replicas"] == 1 and out["decode_replicas"] == 1
+    assert out["prefill_thpt_per_gpu"] == pytest.approx(40000, rel=0.01)
+    assert set(out) >= {
+        "prefill_replicas",
+        "decode_replicas",
+        "prefill_thpt_per_gpu",
+        "decode_thpt_per_gpu",
+        "reasons",
+    }
+
+
+def test_budget_caps_the_plan(profile_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    free = plan_json(
+        capsys,
+        "--profile-results-dir",
+        str(profile_dir),
+        "--num-req",
+        "9000",
+        "--isl",
+        "3000",
+        "--osl",
+        "300",
+        "--interval",
+        "60",
+        "--itl",
+        "30",
+        "--max-gpu-budget",
+        "-1",
+        "--max-throughput-scaling-replicas",
+        "100",
+    )
+    capped = plan_json(
+        capsys,
+        "--profile-results-dir",
+        str(profile_dir),
+        "--num-req",
+        "9000",
+        "--isl",
+        "3000",
+        "--osl",
+        "300",
+        "--interval",
+        "60",
+        "--itl",
+        "30",
+        "--max-gpu-budget",
+        "8",
+        "--max-throughput-scaling-replicas",
+        "100",
+    )
+    assert free["gpus"] > 8 >= capped["gpus"]
+    assert capped["stages"]["proposed"] == free["stages"]["budget"]
+    assert "max_gpu_budget" in capped["message"]
+
+
+def test_text_output_shows_the_arithmetic(profile_dir: Path, capsys) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "--profile-results-dir",
+                str(profile_dir),
+                "--num-req",
+                "3000",
+                "--isl",
+                "3000",
+                "--osl",
+                "300",
+                "--interval",
+                "60",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "150,000 tok/s / 40,000 tok/s/GPU" in out and "replicas: prefill=4" in out
+
+
+def test_bad_input_is_one_line(profile_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "--profile-results-dir",
+                str(profile_dir / "nope"),
+                "--num-req",
+                "1",
+                "--isl",
+                "1",
+                "--osl",
+                "1",
+            ]
+        )
+        == 2
+    )
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert (
+        main(
+            [
+                "plan",
+                "--profile-results-dir",
+                str(profile_dir),
+                "--num-req",
+                "-1",
+                "--isl",
+                "1",
+                "--osl",
+                "1",
+            ]
+        )
+        == 2
+    )
+    assert "--num-req" in capsys.readouterr().err
