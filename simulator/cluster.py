@@ -177,6 +177,7 @@ class Cluster:
         self.failed = 0
         self._engine_of_replica: dict[int, Replica] = {}
         self._resize_log: list[elastic_ep.ResizePlan] = []
+        self._resize_models: dict[str, EngineModel] = {}
 
         initial = dict(replicas) if replicas is not None else dict.fromkeys(roles, 1)
         unknown = set(initial) - set(roles)
@@ -319,8 +320,9 @@ class Cluster:
             if ta <= te:
                 if ta > t_s or ta == math.inf:
                     break
+                item = self._take_arrival()
                 self._now = ta
-                self._on_arrival(self._take_arrival())
+                self._on_arrival(item)
             else:
                 if te > t_s:
                     break
@@ -644,6 +646,7 @@ class Cluster:
         if new_dp < 1:
             raise SimulatorInputError(f"resize_dp: new_dp={new_dp} must be >= 1")
         elastic_ep.mode(mode)  # validates the name
+        self._resized_model(spec.with_dp(new_dp))  # fails now if the new size cannot fit
         targets = [
             x
             for x in self.replicas
@@ -683,6 +686,13 @@ class Cluster:
             self._specs[r] = spec.with_dp(new_dp)
         return plans
 
+    def _resized_model(self, spec: EngineSpec) -> EngineModel:
+        key = str(spec)
+        model = self._resize_models.get(key)
+        if model is None:
+            model = self._resize_models[key] = EngineModel(spec)
+        return model
+
     def _on_resize_phase(self, x: Replica, phase: str, now: float) -> None:
         plan = x.resizing
         if plan is None or x.state is ReplicaState.STOPPED:
@@ -695,7 +705,7 @@ class Cluster:
             return
         new_spec = x.spec.with_dp(plan.to_dp)
         x.spec = new_spec
-        x.model = EngineModel(new_spec)
+        x.model = self._resized_model(new_spec)
         orphans: list[SimRequest] = []
         if plan.to_dp < len(x.ranks):
             for e in x.ranks[plan.to_dp :]:

@@ -39,6 +39,7 @@ import numpy.typing as npt
 from simulator import catalogue
 from simulator.catalogue import DTYPE_BYTES, Efficiency
 from simulator.engine_spec import EngineSpec, coerce
+from simulator.errors import EngineSpecError
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -137,6 +138,14 @@ class EngineModel:
         free -= e.activation_reserve_bytes
         tokens = int(free // self._kv_bytes_per_token_gpu) if free > 0 else 0
         self.kv_blocks = tokens // s.block_size
+        if self.kv_blocks < 1:
+            budget = g.memory_bytes * s.gpu_memory_utilization / 1e9
+            raise EngineSpecError(
+                f"engine spec {s}: {weights_resident / 1e9:.1f} GB of weights per GPU plus "
+                f"{e.activation_reserve_bytes / 1e9:.1f} GB reserve leave no room for a KV cache "
+                f"in {budget:.1f} GB ({g.name} x gpu_memory_utilization "
+                f"{s.gpu_memory_utilization}); use more GPUs (tp/dp) or a smaller precision"
+            )
         self.max_kv_tokens = self.kv_blocks * s.block_size
         limit = s.max_model_len or m.max_context
         self.max_model_len = min(limit, self.max_kv_tokens)

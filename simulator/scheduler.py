@@ -123,6 +123,7 @@ class EngineCore:
         self._was_active = False
         # Counters (tests and reports).
         self.iterations = 0
+        self.requests_received = 0
         self.prefill_tokens_computed = 0
         self.tokens_generated = 0
         self.preemptions = 0
@@ -183,6 +184,7 @@ class EngineCore:
     def add(self, req: SimRequest, now: float) -> None:
         """Queue a request (its KV, if transferred, is already counted in ``computed``)."""
         req.blocks = 0
+        self.requests_received += 1
         self._enqueue(req)
         if self.paused:
             return
@@ -254,6 +256,8 @@ class EngineCore:
         self.waiting.clear()
         self._q = [0, 0, 0, 0, 0, 0]
         for req in out:
+            if req.computed or req.generated:
+                req.preemptions += 1  # it loses its KV like a preempted request
             self._reset_for_recompute(req)
         self.free_blocks = self.total_blocks
         return out
