@@ -157,7 +157,7 @@ def test_new_replica_gets_requests_only_once_ready():
     c.run_until(10.0)
     c.set_replicas("decode", 2)
     c.run_until(39.9)
-    late = [e for e in c.engines("decode") if e.worker_id == "decode-1"][0]
+    late = next(e for e in c.engines("decode") if e.worker_id == "decode-1")
     assert late.requests_received == 0
     run_stepped(c, 5.0)
     assert late.requests_received > 0
@@ -277,7 +277,7 @@ def test_requests_that_cannot_fit_are_rejected():
 def test_time_and_input_rules():
     c = disagg()
     c.run_until(10.0)
-    with pytest.raises(SimulatorInputError, match="time is already 10.0"):
+    with pytest.raises(SimulatorInputError, match=r"time is already 10\.0"):
         c.run_until(5.0)
     c.submit([TraceRequest(3.0, 10, 10)])
     with pytest.raises(WorkloadError, match="before the simulation time"):
