@@ -1,0 +1,254 @@
+"""Profiling sweeps: the simulated engine and a real OpenAI-compatible HTTP endpoint (a small
+server in this file) produce Dynamo-layout profiles the interpolation library loads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from interpolation import load_manifest, load_profile
+from planner.cli.profile_sweep import add_sweep_arguments, run_sweep
+from planner.errors import SpecError, classify
+from simulator.errors import ProfilingError
+from simulator.profiling import SimulatedEngine, SweepConfig, bundled_path
+from simulator.profiling import run_sweep as sweep
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_sweep_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_simulated_sweep_writes_a_loadable_modelled_profile(tmp_path, capsys):
+    out = tmp_path / "prof"
+    args = parse(
+        [
+            "--engine",
+            "sim:llama-3.1-8b-fp8@h200_sxm:tp1",
+            "--granularity-prefill",
+            "5",
+            "--granularity-decode",
+            "3",
+            "--max-context-length",
+            "4096",
+            "--decode-osl",
+            "64",
+            "-o",
+            str(out),
+        ]
+    )
+    assert run_sweep(args) == 0
+    assert "5 prefill and 9 decode points" in capsys.readouterr().out
+    profile = load_profile(out)
+    pre, dec = profile.prefill.data, profile.decode.data
+    assert list(pre.isl) == [100, 1099, 2098, 3096, 4095]
+    assert np.all(np.diff(pre.ttft_ms) > 0)
+    np.testing.assert_allclose(pre.thpt_per_gpu, pre.isl / (pre.ttft_ms / 1000), rtol=1e-9)
+    assert profile.max_kv_tokens > 1_000_000
+    for ctx in np.unique(dec.context_length):
+        rows = dec.context_length == ctx
+        order = np.argsort(dec.kv_usage[rows])
+        assert np.all(np.diff(dec.itl_ms[rows][order]) > 0)  # more load, slower steps
+    manifest = load_manifest(out / "profile.yaml")
+    assert manifest.source == "modelled"
+    assert (manifest.model, manifest.gpu, manifest.backend) == (
+        "llama-3.1-8b-fp8",
+        "h200_sxm",
+        "vllm",
+    )
+    assert manifest.kv_block_size == 16 and manifest.engine.tp == 1
+    assert (
+        manifest.tool is not None and "--engine sim:llama-3.1-8b-fp8@h200_sxm:tp1" in manifest.tool
+    )
+
+
+def test_simulated_decode_point_matches_the_engine_model():
+    engine = SimulatedEngine("sim:llama-3.1-8b-fp8@h200_sxm:tp1")
+    itl = engine.decode_itl_ms(3000, 150, concurrency=64, measured=128)
+    step = engine.model.decode_step_time_s(64, 3075) * 1000
+    # Steady state at 64 in flight: mostly pure decode steps, a few 1-token admissions.
+    assert itl == pytest.approx(step, rel=0.1)
+
+
+def test_bundled_path_layout():
+    e = SimulatedEngine("sim:deepseek-r1@gb200:tp1:dp16")
+    assert (
+        bundled_path("profiles", e.spec).as_posix()
+        == "profiles/gb200/vllm/deepseek-v3/tp1-dp16-ep16"
+    )
+
+
+# --- a fake OpenAI-compatible engine -------------------------------------------------------------
+
+
+class FakeEngine:
+    """TTFT = 2 ms + 5 us per prompt token; one token every 1 ms + 1 ms per request in flight."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0
+        self.prompts: list[list[int]] = []
+        self.bodies: list[dict] = []
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        engine = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                if self.path != "/metrics":
+                    self.send_error(404)
+                    return
+                text = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="40"} 1.0\n'
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                self.wfile.write(text.encode())
+
+            def do_POST(self) -> None:
+                if self.path != "/v1/completions":
+                    self.send_error(404)
+                    return
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if body.get("model") != "fake-model":
+                    self.send_response(404)
+                    self.end_headers()
+                    self.wfile.write(b'{"error": "model not found"}')
+                    return
+                with engine.lock:
+                    engine.prompts.append(body["prompt"])
+                    engine.bodies.append(body)
+                    engine.active += 1
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.end_headers()
+                    time.sleep(0.002 + 5e-6 * len(body["prompt"]))
+                    n = body["max_tokens"]
+                    for i in range(n):
+                        if i:
+                            with engine.lock:
+                                active = engine.active
+                            time.sleep(0.001 + 0.001 * active)
+                        chunk = {"choices": [{"index": 0, "text": f" t{i}"}]}
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                        self.wfile.flush()
+                    usage = {"choices": [], "usage": {"completion_tokens": n}}
+                    self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+                finally:
+                    with engine.lock:
+                        engine.active -= 1
+
+        return Handler
+
+
+@pytest.fixture
+def fake_server() -> Iterator[tuple[str, FakeEngine]]:
+    engine = FakeEngine()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), engine.handler())
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", engine
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_endpoint_sweep_measures_ttft_and_itl_from_the_stream(tmp_path, fake_server):
+    url, engine = fake_server
+    out = tmp_path / "measured"
+    args = parse(
+        [
+            "--engine",
+            url,
+            "--model",
+            "fake-model",
+            "--granularity-prefill",
+            "3",
+            "--granularity-decode",
+            "3",
+            "--max-context-length",
+            "300",
+            "--decode-osl",
+            "6",
+            "--gpu",
+            "h100_sxm",
+            "-o",
+            str(out),
+        ]
+    )
+    assert run_sweep(args) == 0
+    profile = load_profile(out)
+    assert profile.max_kv_tokens == 640  # 40 blocks x 16 from /metrics
+    pre = profile.prefill.data
+    assert list(pre.isl) == [100, 200, 299]
+    expected_ttft = 2 + 0.005 * pre.isl
+    assert np.all(pre.ttft_ms >= expected_ttft) and np.all(pre.ttft_ms < expected_ttft + 50)
+    dec = profile.decode.data
+    first = dec.context_length == dec.context_length.min()
+    itl = dec.itl_ms[first][np.argsort(dec.kv_usage[first])]
+    assert itl[0] >= 2.0 and itl[-1] > itl[0]  # more requests in flight, slower tokens
+    manifest = load_manifest(out / "profile.yaml")
+    assert (manifest.source, manifest.model, manifest.gpu) == ("measured", "fake-model", "h100_sxm")
+    # Exact ISLs as token ids, the OSL pinned, and no two prompts sharing a first block.
+    prefill_prompts = [
+        p for p, b in zip(engine.prompts, engine.bodies, strict=True) if b["max_tokens"] == 1
+    ]
+    assert sorted({len(p) for p in prefill_prompts}) == [100, 200, 299]
+    assert all(b["ignore_eos"] and b["stream"] for b in engine.bodies)
+    assert len({tuple(p[:16]) for p in engine.prompts}) == len(engine.prompts)
+
+
+def test_endpoint_errors_are_clear(fake_server):
+    url, _engine = fake_server
+    from simulator.profiling import HttpEndpoint
+
+    ep = HttpEndpoint(url, model="other-model", max_kv_tokens=1000)
+    with pytest.raises(ProfilingError, match="answered HTTP 404"):
+        ep.stream(10, 2)
+    with pytest.raises(ProfilingError, match="cannot reach"):
+        HttpEndpoint("http://127.0.0.1:9", model="m")
+    with pytest.raises(ProfilingError, match="expected http://HOST:PORT"):
+        HttpEndpoint("ftp://x", model="m", max_kv_tokens=10)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-o", "x"], "--engine is required"),
+        (["--engine", "sim:llama-3.1-8b@h200"], "-o/--output DIR is required"),
+        (["--engine", "http://127.0.0.1:1", "-o", "x"], "--model NAME is required"),
+        (["--engine", "vllm://x", "-o", "x"], "expected sim:MODEL@GPU"),
+    ],
+)
+def test_cli_usage_errors(argv, message):
+    with pytest.raises(SpecError, match=message):
+        run_sweep(parse(argv))
+
+
+def test_simulator_input_errors_map_to_spec_errors(tmp_path):
+    args = parse(["--engine", "sim:gpt-9@h200", "-o", str(tmp_path / "x")])
+    with pytest.raises(Exception) as info:
+        run_sweep(args)
+    assert classify(info.value) is SpecError
+    assert "unknown model 'gpt-9'" in str(info.value)
+
+
+def test_sweep_config_validation():
+    with pytest.raises(ProfilingError, match="granularity must be >= 2"):
+        SweepConfig(granularity_prefill=1)
+    engine = SimulatedEngine("sim:llama-3.1-8b-fp8@h200_sxm:tp1")
+    with pytest.raises(ProfilingError, match="too short"):
+        sweep(engine, SweepConfig(max_context_length=300, decode_osl=250))
