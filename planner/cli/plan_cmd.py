@@ -89,6 +89,9 @@ def _plan(args: argparse.Namespace) -> int:
         for role in config.roles
     }
     result |= {
+        f"{role}_utilisation": sizing[role].utilisation for role in config.roles if role in sizing
+    }
+    result |= {
         "gpus_per_replica": {r: s.gpus_per_replica for r, s in roles.items()},
         "gpus": sum(replicas[r] * roles[r].gpus_per_replica for r in config.roles),
         "demand_tokens_per_s": {r: s.demand_tokens_per_s for r, s in sizing.items()},
@@ -108,8 +111,9 @@ def _plan(args: argparse.Namespace) -> int:
         stages = " -> ".join(
             f"{name} {values[role]}" for name, values in decision.diagnostics.stages.items()
         )
+        at = f" x {s.utilisation:.0%} utilisation" if s.utilisation < 1 else ""
         print(
-            f"{role}: {s.demand_tokens_per_s:,.0f} tok/s / {s.thpt_per_gpu:,.0f} tok/s/GPU "
+            f"{role}: {s.demand_tokens_per_s:,.0f} tok/s / ({s.thpt_per_gpu:,.0f} tok/s/GPU{at}) "
             f"/ {s.gpus_per_replica} GPU/replica = {stages}"
         )
     print(f"decision: {decision.reason.value}: {decision.message}")

@@ -92,7 +92,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         spellings = [_flag(name)] + [_flag(a) for a in aliases.get(name, [])]
         spellings += [str(f) for f in extra.get("flags", [])]  # type: ignore[union-attr]
         default_text = "" if info.default is None else f" (default: {info.default})"
-        help_text = (info.description or "") + default_text
+        help_text = ((info.description or "") + default_text).replace("%", "%%")
         dest = _DEST_PREFIX + name
         if _is_bool(info.annotation):
             group.add_argument(
@@ -126,7 +126,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 def config_flags(namespace: argparse.Namespace) -> dict[str, Any]:
     """The config fields given on the command line, by field name."""
     return {
-        key.removeprefix(_DEST_PREFIX): value
+        key.removeprefix(_DEST_PREFIX): _null(value)
         for key, value in vars(namespace).items()
         if key.startswith(_DEST_PREFIX)
     }
+
+
+def _null(value: Any) -> Any:
+    """``--x null`` (or ``none``) unsets an optional setting, as in the environment."""
+    if isinstance(value, str) and value.strip().lower() in {"null", "none"}:
+        return None
+    return value

@@ -268,6 +268,15 @@ class PlannerConfig(BaseModel):
         "interval when both loops run.",
         json_schema_extra=_extra("slo"),
     )
+    ttft_attainment_target: float | None = Field(
+        0.99,
+        gt=0,
+        lt=1,
+        description="Share of requests whose TTFT must meet the target: prefill is sized "
+        "with the queueing headroom this needs (GI/G/1 waiting-time tail) instead of at 100 % "
+        "utilisation as Dynamo does; null sizes at the profiled throughput.",
+        json_schema_extra=_extra("slo"),
+    )
     no_correction: bool = Field(
         False,
         description="Do not correct profiled capacity by observed/expected TTFT and ITL.",

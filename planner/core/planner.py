@@ -185,7 +185,11 @@ class PlannerCore:
         seen = observation.engine_last_seen_s or {}
         for role, model in self.load_models.items():
             role_status = status.roles[role]
-            floor = self.throughput_floor.get(role) if self.throughput is not None else None
+            floor: int | None = None
+            if self.throughput is not None:
+                # Until the throughput loop has sized the role once, the load loop may add
+                # replicas but not remove them: a young regression is no reason to shrink.
+                floor = self.throughput_floor.get(role, role_status.desired)
             out[role] = decide_load(
                 role=_as_role(role),
                 now_s=now_s,

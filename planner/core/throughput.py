@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from predictors.base import Forecast, LoadPredictor
-
+from interpolation.queueing import max_utilisation
 from planner.config.schema import PlannerConfig
 from planner.core.budget import apply_floors, apply_gpu_budget, cap_change
 from planner.core.types import (
@@ -31,8 +30,11 @@ from planner.core.types import (
     ThroughputReason,
     TrafficObservation,
 )
+from predictors.base import Forecast, LoadPredictor
 
 SERIES = ("num_req", "isl", "osl")
+# Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
+MIN_UTILISATION = 0.2
 
 
 # --- what the core needs of a profile (interpolation.Profile satisfies it) ---------------------
@@ -98,6 +100,7 @@ class RoleSizing:
     gpus_per_replica: int
     feasible: bool = True
     note: str = ""
+    utilisation: float = 1.0  # share of the profiled throughput planned for
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,16 @@ def size_prefill(
     interval_s: float,
     correction: float,
     gpus_per_replica: int,
+    ttft_target_ms: float | None = None,
+    attainment: float | None = None,
 ) -> RoleSizing:
-    """``ceil(num_req x isl / interval x min(1, corr) / thpt_per_gpu(isl) / gpus)``.
+    """``ceil(num_req x isl / interval x min(1, corr) / (thpt_per_gpu(isl) x rho) / gpus)``.
+
+    With ``rho = 1`` this is Dynamo's formula: engines sized to run at their profiled
+    throughput, i.e. fully busy. Given a TTFT target and an ``attainment`` share, ``rho`` is
+    the utilisation at which no more than ``1 - attainment`` of requests wait longer than the
+    target leaves after their own prefill (:func:`interpolation.queueing.max_utilisation`;
+    service time per request ``isl / (thpt_per_gpu x gpus)``).
 
     The correction only ever lowers the demand here (Dynamo's ``min(1, p_corr)``): a slow
     TTFT is a queueing symptom that more prefill replicas fix, which the raw demand already
@@ -186,8 +197,30 @@ def size_prefill(
             feasible=False,
             note=f"profile gives no prefill throughput at ISL {forecast.isl:.0f}",
         )
+    rho, note = 1.0, ""
+    if ttft_target_ms is not None and attainment is not None:
+        own_ms = prefill.ttft_ms(forecast.isl)
+        service_s = forecast.isl / (thpt * gpus_per_replica)
+        slack_s = (ttft_target_ms - own_ms) / 1000.0
+        if slack_s > 0:
+            rho = max(
+                max_utilisation(slack_s=slack_s, service_s=service_s, quantile=attainment),
+                MIN_UTILISATION,
+            )
+            note = f"sized at {rho:.0%} utilisation for {attainment:.0%} TTFT attainment"
+        else:
+            note = (
+                f"TTFT target {ttft_target_ms:.0f} ms is below the profiled {own_ms:.0f} ms at "
+                f"ISL {forecast.isl:.0f}: sized at full utilisation"
+            )
     return RoleSizing(
-        "prefill", math.ceil(demand / thpt / gpus_per_replica), demand, thpt, gpus_per_replica
+        "prefill",
+        math.ceil(demand / (thpt * rho) / gpus_per_replica),
+        demand,
+        thpt,
+        gpus_per_replica,
+        note=note,
+        utilisation=rho,
     )
 
 
@@ -468,6 +501,8 @@ class ThroughputPlanner:
             interval_s=interval,
             correction=corr.prefill,
             gpus_per_replica=engine_gpus_p,
+            ttft_target_ms=cfg.ttft_ms,
+            attainment=cfg.ttft_attainment_target,
         )
         decode = size_decode(
             forecast,
@@ -494,8 +529,9 @@ class ThroughputPlanner:
             f"forecast {forecast.num_req:.1f} req, ISL {forecast.isl:.0f}, OSL {forecast.osl:.0f}"
         ]
         for role, s in sizing.items():
+            at = f" at {s.utilisation:.0%}" if s.utilisation < 1 else ""
             parts.append(
-                f"{role}: {s.demand_tokens_per_s:.0f} tok/s / {s.thpt_per_gpu:.0f} tok/s/GPU "
+                f"{role}: {s.demand_tokens_per_s:.0f} tok/s / {s.thpt_per_gpu:.0f} tok/s/GPU{at} "
                 f"/ {s.gpus_per_replica} GPU -> {s.replicas}, after guards {target[role]}"
             )
         return "; ".join(parts)

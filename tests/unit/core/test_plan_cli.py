@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -91,26 +92,54 @@ def test_budget_caps_the_plan(profile_dir: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_text_output_shows_the_arithmetic(profile_dir: Path, capsys) -> None:
-    assert (
-        main(
-            [
-                "plan",
-                "--profile-results-dir",
-                str(profile_dir),
-                "--num-req",
-                "3000",
-                "--isl",
-                "3000",
-                "--osl",
-                "300",
-                "--interval",
-                "60",
-            ]
-        )
-        == 0
-    )
+    args = [
+        "plan",
+        "--profile-results-dir",
+        str(profile_dir),
+        "--num-req",
+        "3000",
+        "--isl",
+        "3000",
+        "--osl",
+        "300",
+        "--interval",
+        "60",
+        "--max-gpu-budget",
+        "-1",
+    ]
+    assert main([*args, "--ttft-attainment-target", "null"]) == 0
     out = capsys.readouterr().out
-    assert "150,000 tok/s / 40,000 tok/s/GPU" in out and "replicas: prefill=4" in out
+    assert "150,000 tok/s / (40,000 tok/s/GPU)" in out and "replicas: prefill=4" in out
+
+
+def test_queueing_headroom_for_ttft_attainment(profile_dir: Path, capsys) -> None:
+    args = [
+        "--profile-results-dir",
+        str(profile_dir),
+        "--num-req",
+        "9000",
+        "--isl",
+        "3000",
+        "--osl",
+        "300",
+        "--interval",
+        "60",
+        "--max-gpu-budget",
+        "-1",
+        "--max-throughput-scaling-replicas",
+        "100",
+    ]
+    dynamo = plan_json(capsys, *args, "--ttft-attainment-target", "null")
+    strict = plan_json(capsys, *args, "--ttft-attainment-target", "0.99")
+    loose = plan_json(capsys, *args, "--ttft-attainment-target", "0.5")
+    assert dynamo["prefill_utilisation"] == 1.0
+    assert 0.2 <= strict["prefill_utilisation"] < loose["prefill_utilisation"] < 1.0
+    assert strict["prefill_replicas"] > loose["prefill_replicas"] >= dynamo["prefill_replicas"]
+    # the headroom is what the utilisation says, no more
+    assert strict["prefill_replicas"] == math.ceil(
+        dynamo["demand_tokens_per_s"]["prefill"]
+        / (strict["prefill_thpt_per_gpu"] * strict["prefill_utilisation"])
+    )
 
 
 def test_bad_input_is_one_line(profile_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
