@@ -308,12 +308,17 @@ class Cluster:
 
     # ------------------------------------------------------------------------------------------
     # Time
-    def run_until(self, t_s: float) -> None:
-        """Advance virtual time to ``t_s`` (``math.inf``: until nothing is left to do)."""
+    def run_until(self, t_s: float, *, stop_when_idle: bool = False) -> None:
+        """Advance virtual time to ``t_s`` (``math.inf``: until nothing is left to do).
+
+        With ``stop_when_idle``, stop as soon as every submitted request has finished and no
+        more are to arrive; the clock then stays at that moment.
+        """
         if t_s < self._now:
             raise SimulatorInputError(f"run_until({t_s}): time is already {self._now}")
         heap = self._heap
         sources = self._sources
+        stopped_idle = False
         while True:
             ta = sources[0][0] if sources else math.inf
             te = heap[0][0] if heap else math.inf
@@ -341,7 +346,10 @@ class Cluster:
                     self._on_resize_phase(obj, arg, t)
                 elif kind == _EV_TIMEOUT:
                     self._on_timeout(obj, arg, t)
-        if math.isfinite(t_s):
+            if stop_when_idle and not sources and self.submitted == len(self.records):
+                stopped_idle = True
+                break
+        if math.isfinite(t_s) and not stopped_idle:
             self._now = t_s
         for replica in self.replicas:
             if replica.state is not ReplicaState.STOPPED:
@@ -350,8 +358,11 @@ class Cluster:
         self.frontend.time_s = self._now
 
     def run_to_completion(self, *, limit_s: float = math.inf) -> None:
-        """Run until every submitted request has finished (or ``limit_s``)."""
-        self.run_until(limit_s)
+        """Run until every submitted request has finished, or until ``limit_s``; the clock
+        stops at the last finish (replicas stay up and keep metering GPU time after it)."""
+        if self.idle:
+            return
+        self.run_until(max(limit_s, self._now), stop_when_idle=True)
 
     def _push(self, t: float, kind: int, obj: Any, arg: Any = None) -> None:
         self._seq += 1

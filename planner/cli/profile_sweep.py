@@ -18,10 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from planner.errors import SpecError, register_foreign_error
-
-register_foreign_error("simulator.errors", "SimulatorInputError", SpecError)
-register_foreign_error("interpolation.errors", "ProfileError", SpecError)
+from planner.errors import SpecError
 
 log = logging.getLogger(__name__)
 

@@ -290,3 +290,17 @@ def test_time_and_input_rules():
         Cluster(engines={"agg": SPEC}, mode="disagg")
     with pytest.raises(SimulatorInputError, match="role 'agg'"):
         disagg().set_replicas("agg", 1)
+
+
+def test_run_to_completion_stops_at_the_last_finish():
+    c = disagg()
+    c.submit([TraceRequest(1.0, 500, 20), TraceRequest(2.0, 800, 30)])
+    c.run_to_completion(limit_s=10_000.0)
+    assert c.idle and len(c.records) == 2
+    assert c.now == max(r.finish_s for r in c.records) < 5.0
+    gpu_s = c.gpu_seconds
+    assert gpu_s == pytest.approx(4 * c.now)
+    c.run_to_completion(limit_s=20_000.0)  # nothing left: the clock does not move
+    assert c.gpu_seconds == gpu_s
+    c.run_until(100.0)
+    assert c.now == 100.0 and c.gpu_seconds == pytest.approx(400.0)
