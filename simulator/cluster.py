@@ -749,15 +749,3 @@ class Cluster:
             "gpu_seconds": self.gpu_seconds,
             "replicas": {r: self.replica_counts(r) for r in self.roles},
         }
-
-
-def records_table(records: Iterable[RequestRecord]) -> dict[str, list[Any]]:
-    """Column-wise view of records (for numpy/pandas-free analysis)."""
-    cols: dict[str, list[Any]] = {}
-    for rec in records:
-        for key, value in rec.__dict__.items():
-            cols.setdefault(key, []).append(value)
-    return cols
-
-
-FpmSink = Callable[[ForwardPassMetrics], None]
