@@ -14,6 +14,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -53,6 +54,30 @@ class MetricsSnapshot:
         """The single series of a histogram (the simulator has one label set)."""
         series = self.histograms.get(name, ())
         return series[0] if series else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{name: {"type": ..., "series": [...]}}``; bucket bounds are
+        Prometheus ``le`` strings ("+Inf" last)."""
+        out: dict[str, Any] = {}
+        for name, counters in self.counters.items():
+            series = [{"labels": dict(s.labels), "value": s.value} for s in counters]
+            out[name] = {"type": "counter", "series": series}
+        for name, hists in self.histograms.items():
+            out[name] = {
+                "type": "histogram",
+                "series": [
+                    {
+                        "labels": dict(h.labels),
+                        "sum": h.sum,
+                        "count": h.count,
+                        "buckets": [
+                            ["+Inf" if math.isinf(b) else repr(b), c] for b, c in h.buckets
+                        ],
+                    }
+                    for h in hists
+                ],
+            }
+        return {"time_s": self.time_s, "metrics": out}
 
 
 class Histogram:

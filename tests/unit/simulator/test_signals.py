@@ -3,6 +3,7 @@ Prometheus scrape at time t sees them) and ForwardPassMetrics with every field."
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 
@@ -68,6 +69,10 @@ def test_metric_names_labels_and_prometheus_text():
     assert snap.histogram(f.ttft_seconds).sum == pytest.approx(ttft_sum)
     bounds = [b for b, _ in snap.histogram(f.ttft_seconds).buckets[:-1]]
     assert tuple(bounds) == names.TTFT_BUCKETS_S
+    plain = json.loads(json.dumps(snap.to_dict()))
+    ttft = plain["metrics"][f.ttft_seconds]["series"][0]
+    assert ttft["count"] == n and ttft["buckets"][-1] == ["+Inf", n]
+    assert plain["metrics"][f.requests_started]["series"][0]["value"] == n
 
 
 def test_metrics_are_cumulative_and_exact_at_each_scrape_time():
