@@ -519,6 +519,91 @@ class PlannerConfig(BaseModel):
         json_schema_extra=_extra("load"),
     )
 
+    # --- elastic expert parallelism (docs/elastic-ep.md) ---------------------------------
+    elastic_ep: Literal["prefill", "decode", "agg"] | None = Field(
+        None,
+        description="Role whose capacity changes by resizing its engine's data-parallel (and "
+        "expert-parallel) size in place with vLLM elastic EP, instead of its replica count.",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_mode: Literal["blocking", "async", "nixl"] = Field(
+        "nixl",
+        description="How the engine resizes: 'blocking' (serving paused for the whole resize), "
+        "'async' (background preparation, paused for warm-up), 'nixl' (async with NIXL EP, "
+        "paused ~1-2 s); sets the resize's lead time and downtime cost.",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_dp_step: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel ranks added or removed together: the ranks of one follower "
+        "pod (e.g. 4 for one 4-GPU GB200 node at TP1).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_min_dp: int = Field(
+        1,
+        ge=1,
+        description="Smallest data-parallel size: the leader's ranks, never removed.",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_max_dp: int | None = Field(
+        None,
+        ge=1,
+        description="Largest data-parallel size (required with --elastic-ep).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_gpus_per_rank: int = Field(
+        1,
+        ge=1,
+        description="GPUs per data-parallel rank: the engine's TP (EP size = DP x TP).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_drain_timeout_seconds: int = Field(
+        120,
+        ge=1,
+        description="drain_timeout sent with each resize: how long vLLM waits for in-flight "
+        "requests before it gives the resize up with HTTP 408 (s).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_resize_timeout_seconds: float = Field(
+        900.0,
+        gt=0,
+        description="How long one resize call may run before the planner stops waiting for "
+        "its answer and follows it through /is_scaling_elastic_ep instead (s).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_admin_url: str | None = Field(
+        None,
+        description="Base URL of the vLLM API server that serves /scale_elastic_ep, e.g. "
+        "http://leader:8000 (an unauthenticated admin API: keep it off public networks).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_follower_service: str | None = Field(
+        None,
+        description="DGD service of the elastic-EP follower pods (parked at 0 replicas): "
+        "raised before a grow, lowered after a shrink; unset: GPUs are managed elsewhere.",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_timing: str | None = Field(
+        None,
+        description="Resize times measured on your deployment, replacing the mode's defaults: "
+        "'UP_TOTAL,UP_DOWNTIME,DOWN_TOTAL,DOWN_DOWNTIME' in seconds.",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_trend_window_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="Traffic history the elastic policy fits its load trend on (s).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_benefit_window_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="How far ahead the elastic policy counts the requests a scale-up saves "
+        "from the SLO, against those its downtime costs (s).",
+        json_schema_extra=_extra("elastic"),
+    )
+
     # --- metrics out and reports ------------------------------------------------------
     metric_reporting_prometheus_port: int = Field(
         0,
@@ -605,6 +690,20 @@ class PlannerConfig(BaseModel):
         if value and not Path(value).is_file():
             raise ValueError("must name an existing PEM file")
         return value
+
+    @field_validator("elastic_ep_timing")
+    @classmethod
+    def _elastic_ep_timing(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_elastic_ep_timing(value)
+        return value
+
+    @field_validator("elastic_ep_admin_url")
+    @classmethod
+    def _admin_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/") if value else value
 
     @field_validator("metric_pulling_prometheus_endpoint", "virtual_etcd_endpoint")
     @classmethod
@@ -737,12 +836,83 @@ def cross_field_problems(cfg: PlannerConfig) -> list[ConfigProblem]:
                         "(there is no deployment to read it from)",
                     )
                 )
+    problems.extend(_elastic_ep_problems(cfg))
     if cfg.metric_pulling_prometheus_token and cfg.metric_pulling_prometheus_token_file:
         problems.append(
             ConfigProblem(
                 "metric_pulling_prometheus_token_file",
                 cfg.metric_pulling_prometheus_token_file,
                 "give either a token or a token file, not both",
+            )
+        )
+    return problems
+
+
+def parse_elastic_ep_timing(text: str) -> tuple[float, float, float, float]:
+    """``'UP_TOTAL,UP_DOWNTIME,DOWN_TOTAL,DOWN_DOWNTIME'`` (seconds) -> four floats.
+
+    Raises ValueError naming the item and what was expected.
+    """
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 4:
+        raise ValueError(
+            f"{text!r}: expected four comma-separated seconds "
+            "UP_TOTAL,UP_DOWNTIME,DOWN_TOTAL,DOWN_DOWNTIME"
+        )
+    names = ("UP_TOTAL", "UP_DOWNTIME", "DOWN_TOTAL", "DOWN_DOWNTIME")
+    values: list[float] = []
+    for name, part in zip(names, parts, strict=True):
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(f"{name} = {part!r} is not a number of seconds") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} = {part!r} must be a finite number >= 0")
+        values.append(value)
+    up_total, up_down, down_total, down_down = values
+    return up_total, up_down, down_total, down_down
+
+
+def _elastic_ep_problems(cfg: PlannerConfig) -> list[ConfigProblem]:
+    """Rules of the elastic-EP settings (only checked when a role is elastic)."""
+    if cfg.elastic_ep is None:
+        return []
+    problems: list[ConfigProblem] = []
+    if cfg.elastic_ep not in cfg.roles:
+        problems.append(
+            ConfigProblem(
+                "elastic_ep",
+                cfg.elastic_ep,
+                f"must be a role this planner scales ({', '.join(cfg.roles)}, mode={cfg.mode})",
+            )
+        )
+    if cfg.elastic_ep_max_dp is None:
+        problems.append(
+            ConfigProblem("elastic_ep_max_dp", None, "is required when elastic_ep is set")
+        )
+    elif cfg.elastic_ep_max_dp < cfg.elastic_ep_min_dp:
+        problems.append(
+            ConfigProblem(
+                "elastic_ep_max_dp",
+                cfg.elastic_ep_max_dp,
+                f"must not be below elastic_ep_min_dp ({cfg.elastic_ep_min_dp})",
+            )
+        )
+    elif (cfg.elastic_ep_max_dp - cfg.elastic_ep_min_dp) % cfg.elastic_ep_dp_step:
+        problems.append(
+            ConfigProblem(
+                "elastic_ep_max_dp",
+                cfg.elastic_ep_max_dp,
+                f"must be elastic_ep_min_dp ({cfg.elastic_ep_min_dp}) plus a whole number of "
+                f"elastic_ep_dp_step ({cfg.elastic_ep_dp_step}) ranks",
+            )
+        )
+    if cfg.elastic_ep_follower_service is not None and cfg.environment != "kubernetes":
+        problems.append(
+            ConfigProblem(
+                "elastic_ep_follower_service",
+                cfg.elastic_ep_follower_service,
+                "needs environment=kubernetes (the followers are a DGD service)",
             )
         )
     return problems
