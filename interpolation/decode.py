@@ -50,6 +50,7 @@ from scipy.interpolate import (
     NearestNDInterpolator,
 )
 from scipy.spatial import Delaunay, QhullError
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from interpolation.errors import ProfileError
 from interpolation.storage import DECODE_KEYS, DecodeData, FloatArray, decode_data
@@ -122,31 +123,35 @@ class DecodeInterpolator:
         if resolution < 2:
             raise ValueError(f"resolution must be at least 2, got {resolution}")
         self.data = data
-        points = np.column_stack([data.kv_usage, data.context_length])
-        values = np.column_stack([data.itl_ms, data.thpt_per_gpu])
-        try:
-            tri = Delaunay(points * self._scale(data))
-        except QhullError as exc:
-            raise ProfileError(
-                "the decode points lie on one line, so no surface can be interpolated; "
-                "profile more than one KV usage at more than one context length",
-                file=data.file,
-                key=DECODE_KEYS[1],
-            ) from exc
-        xs = np.unique(np.concatenate([np.linspace(0.0, 1.0, resolution), data.kv_usage]))
-        ys = np.unique(
-            np.concatenate(
-                [
-                    np.linspace(0.0, float(data.context_length.max()), resolution),
-                    data.context_length,
-                ]
+        # Qhull solves one tiny LAPACK system per triangle; with OpenBLAS's thread pool on a
+        # busy or CPU-limited host each solve spins for milliseconds (measured: 1.5 s instead
+        # of 0.1 ms for 56 samples), so the grid is built with one BLAS thread.
+        with threadpool_limits(limits=1, user_api="blas"):
+            points = np.column_stack([data.kv_usage, data.context_length])
+            values = np.column_stack([data.itl_ms, data.thpt_per_gpu])
+            try:
+                tri = Delaunay(points * self._scale(data))
+            except QhullError as exc:
+                raise ProfileError(
+                    "the decode points lie on one line, so no surface can be interpolated; "
+                    "profile more than one KV usage at more than one context length",
+                    file=data.file,
+                    key=DECODE_KEYS[1],
+                ) from exc
+            xs = np.unique(np.concatenate([np.linspace(0.0, 1.0, resolution), data.kv_usage]))
+            ys = np.unique(
+                np.concatenate(
+                    [
+                        np.linspace(0.0, float(data.context_length.max()), resolution),
+                        data.context_length,
+                    ]
+                )
             )
-        )
-        gx, gy = np.meshgrid(xs, ys)  # shape (len(ys), len(xs)): rows are context lengths
-        rows = _RowSupport.of(data)
-        if rows is not None:
-            gx, gy = rows.clamp(gx, gy)
-        grid = _interpolate(tri, points, values, gx, gy, scale=self._scale(data))
+            gx, gy = np.meshgrid(xs, ys)  # shape (len(ys), len(xs)): rows are context lengths
+            rows = _RowSupport.of(data)
+            if rows is not None:
+                gx, gy = rows.clamp(gx, gy)
+            grid = _interpolate(tri, points, values, gx, gy, scale=self._scale(data))
         self._xs = xs
         self._ys = ys
         self._itl = np.ascontiguousarray(grid[..., 0])
