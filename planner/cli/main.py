@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from planner import __version__
-from planner.cli import config_cmd, profile_cmd
+from planner.cli import config_cmd, operator_cmd, profile_cmd, run_cmd
 from planner.errors import classify
 from planner.logging_setup import configure_logging
 
 log = logging.getLogger(__name__)
 
-COMMANDS: tuple[ModuleType, ...] = (config_cmd, profile_cmd)
+COMMANDS: tuple[ModuleType, ...] = (config_cmd, profile_cmd, run_cmd, operator_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,201 @@
+"""Fixtures for the reconcile-loop tests: a clock that jumps, kmock as the Kubernetes API
+with the real connector, a canned Prometheus with the real observer, a real NPZ profile."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s_client
+
+from connectors.kubernetes import KubernetesConnector
+from interpolation import Profile, load_profile
+from planner.config.schema import PlannerConfig
+from planner.exporter import HealthState, PlannerMetrics
+from planner.observe.prometheus import PrometheusTrafficObserver
+from planner.runtime.loop import DeploymentLoop, DeploymentRef
+from tests.integration.connectors.conftest import DGD_NAME, NS, Cluster, frontend, worker
+from tests.unit.core.conftest import write_h200_like_profile
+from tests.unit.observe.canned_prometheus import CannedPrometheus, vector_reply
+
+START_S = 1_700_000_000.0
+
+
+class JumpClock:
+    """Unix-like seconds that move only when the loop sleeps: a tick interval takes no time.
+
+    Every sleep still yields to the event loop (kmock and the threads serving HTTP run).
+    """
+
+    def __init__(self, start_s: float = START_S) -> None:
+        self.now_s = start_s
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self.now_s
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now_s += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+    async def sleep_until(self, at_s: float, stop: asyncio.Event) -> bool:
+        if stop.is_set():
+            return True
+        self.sleeps.append(at_s - self.now_s)
+        self.now_s = max(self.now_s, at_s)
+        await asyncio.sleep(0.005)  # let the test (or kmock) act between ticks
+        return stop.is_set()
+
+
+def traffic_parts(rate_per_s: float, interval_s: float) -> dict[str, float]:
+    """Increases over one window of ``rate_per_s`` requests with ISL 3000, OSL 150."""
+    n = rate_per_s * interval_s
+    return {
+        "requests_started": n,
+        "requests_finished": n,
+        "ttft_sum": 0.08 * n,
+        "ttft_count": n,
+        "itl_sum": 0.02 * 149 * n,
+        "itl_count": 149 * n,
+        "isl_sum": 3000 * n,
+        "isl_count": n,
+        "osl_sum": 150 * n,
+        "osl_count": n,
+        "request_duration_sum": 3.0 * n,
+        "request_duration_count": n,
+    }
+
+
+@pytest.fixture(scope="session")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> Profile:
+    return load_profile(write_h200_like_profile(tmp_path_factory.mktemp("profile")))
+
+
+@pytest.fixture
+def prometheus() -> Iterator[CannedPrometheus]:
+    api = CannedPrometheus()
+    api.reply = vector_reply(traffic_parts(10.0, 60.0))
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def cluster(kmock: Any) -> Cluster:
+    cluster = Cluster(kmock)
+    cluster.add_dgd(
+        {
+            "Frontend": frontend(),
+            "prefill": worker("prefill", 1),
+            "decode": worker("decode", 1),
+        }
+    )
+    return cluster
+
+
+@pytest.fixture
+async def api_client(kmock: Any) -> AsyncIterator[k8s_client.ApiClient]:
+    configuration = k8s_client.Configuration()
+    configuration.host = str(kmock.url).rstrip("/")
+    api = k8s_client.ApiClient(configuration)
+    yield api
+    await asyncio.to_thread(api.close)
+
+
+def loop_config(**overrides: Any) -> PlannerConfig:
+    values: dict[str, Any] = {
+        "dgd_name": DGD_NAME,
+        "kubernetes_namespace": NS,
+        "load_predictor": "constant",
+        "throughput_adjustment_interval_seconds": 60.0,
+        "max_gpu_budget": -1,
+        "kubernetes_api_max_attempts": 2,
+        "kubernetes_api_backoff_seconds": 0.1,
+        "report_interval_hours": None,
+    }
+    values.update(overrides)
+    return PlannerConfig(**values)
+
+
+class Harness:
+    """A loop wired to kmock and the canned Prometheus, driven tick by tick."""
+
+    def __init__(
+        self,
+        config: PlannerConfig,
+        *,
+        api_client: k8s_client.ApiClient,
+        prometheus: CannedPrometheus,
+        profile: Profile,
+        **loop_kwargs: Any,
+    ) -> None:
+        self.clock = JumpClock()
+        self.metrics = PlannerMetrics()
+        self.health = HealthState()
+        self.outcomes: list[Any] = []
+        self.stop = asyncio.Event()
+        connector = KubernetesConnector(
+            config, api_client=api_client, clock=self.clock.now, sleep=self.clock.sleep
+        )
+        endpoint = prometheus.url
+        observer_config = config.model_copy(update={"metric_pulling_prometheus_endpoint": endpoint})
+
+        async def record(outcome: Any) -> None:
+            self.outcomes.append(outcome)
+
+        kwargs: dict[str, Any] = {
+            "traffic_factory": lambda model: PrometheusTrafficObserver(
+                observer_config, model_name=model
+            ),
+            "on_outcome": record,
+        }
+        kwargs.update(loop_kwargs)
+        self.loop = DeploymentLoop(
+            config,
+            connector=connector,
+            ref=DeploymentRef(NS, DGD_NAME),
+            clock=self.clock,
+            profile=profile if config.throughput_scaling_active else None,
+            metrics=self.metrics,
+            health=self.health,
+            **kwargs,
+        )
+
+    async def start(self) -> None:
+        assert await self.loop.start(self.stop)
+
+    async def next_tick(self) -> Any:
+        """Jump to the next scheduled tick (or the backoff's end) and run it."""
+        assert self.loop.core is not None
+        wake = max(self.loop.core.next_tick_at_s, self.loop._not_before_s)
+        self.clock.now_s = max(self.clock.now_s, wake)
+        return await self.loop.tick()
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        value = self.metrics.registry.get_sample_value(
+            name, {"namespace": NS, "dgd": DGD_NAME, **labels}
+        )
+        return value
+
+
+@pytest.fixture
+def harness_factory(
+    api_client: k8s_client.ApiClient, prometheus: CannedPrometheus, profile: Profile
+) -> Any:
+    def make(config: PlannerConfig | None = None, **loop_kwargs: Any) -> Harness:
+        return Harness(
+            config or loop_config(),
+            api_client=api_client,
+            prometheus=prometheus,
+            profile=profile,
+            **loop_kwargs,
+        )
+
+    return make
+
+
+def spec_replicas(cluster: Cluster) -> dict[str, int]:
+    services = cluster.dgd()["spec"]["services"]
+    return {"prefill": services["prefill"]["replicas"], "decode": services["decode"]["replicas"]}
