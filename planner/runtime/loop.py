@@ -182,7 +182,9 @@ class DeploymentLoop:
     async def start(self, stop: asyncio.Event) -> bool:
         """Validate the deployment (retrying with backoff), then build the observers and the
         core. False when ``stop`` was set first."""
-        while not stop.is_set():
+        while True:
+            if stop.is_set():
+                return False
             problem = await self._validate()
             if problem is None:
                 break
@@ -191,11 +193,11 @@ class DeploymentLoop:
             log.warning(
                 "%s: cannot start: %s; retrying in %.0f s", self.ref, problem.render(), delay
             )
-            await self._emit(TickOutcome(t_s=self.clock.now(), problems=(problem,)))
+            failed = TickOutcome(t_s=self.clock.now(), problems=(problem,))
+            self._count_problems(failed)
+            await self._emit(failed)
             if await self.clock.sleep_until(self.clock.now() + delay, stop):
                 return False
-        else:
-            return False
         self._failures = 0
         await self._build()
         return True
@@ -491,7 +493,8 @@ class DeploymentLoop:
                 if isinstance(exc, ConnectorError)
                 else ProblemKind.DEPLOYMENT_INVALID
             )
-            problems.append(Problem(kind, type(exc).__name__.lower(), str(exc), "scale"))
+            reason = "connector_error" if isinstance(exc, ConnectorError) else "deployment_error"
+            problems.append(Problem(kind, reason, str(exc), "scale"))
             return {}, {}
         return dict(result.applied), held_reasons(result.held)
 

@@ -223,6 +223,14 @@ async def test_start_retries_until_the_dgd_exists_with_doubling_pauses(
     assert "not found" in failures[0].problem().detail
     waits = [s for s in h.clock.sleeps if s > 0][:3]
     assert waits == [60.0, 120.0, 240.0]
+    assert (
+        h.sample(
+            "dynamo_planner_observation_failures_total",
+            source="validate",
+            reason="deployment_error",
+        )
+        >= 3
+    )
 
     cluster.add_dgd(
         {"Frontend": frontend(), "prefill": worker("prefill", 1), "decode": worker("decode", 1)}
@@ -335,3 +343,25 @@ async def test_load_ticks_learn_from_real_fpm_frames_and_export_engine_queues(
         decode.close()
         await h.loop.close()
         context.destroy(linger=0)
+
+
+async def test_a_refused_write_is_reported_and_the_loop_carries_on(
+    cluster, harness_factory
+) -> None:
+    h = harness_factory()
+    await h.start()
+    cluster.fail("PATCH", DGD_PLURAL, [403])
+
+    refused = await h.next_tick()
+    problem = refused.problem(ProblemKind.CONNECTOR_ERROR)
+    assert problem is not None and (problem.source, problem.reason) == ("scale", "connector_error")
+    assert "forbidden" in problem.detail and "patch" in problem.detail
+    assert refused.applied == {}
+    assert refused.scale_to  # the recommendation is still reported
+
+    # kmock stores a PATCH body before answering it with the injected error (as a real server
+    # whose answer was lost): the connector must not take its own write for a manual edit.
+    following = await h.next_tick()
+    assert following.problems == ()
+    assert following.held == {}
+    assert spec_replicas(cluster) == refused.scale_to
