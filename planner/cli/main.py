@@ -15,13 +15,29 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from planner import __version__
-from planner.cli import config_cmd, operator_cmd, profile_cmd, run_cmd
+from planner.cli import (
+    backtest_cmd,
+    config_cmd,
+    operator_cmd,
+    plan_cmd,
+    profile_cmd,
+    replay_cmd,
+    run_cmd,
+)
 from planner.errors import classify
 from planner.logging_setup import configure_logging
 
 log = logging.getLogger(__name__)
 
-COMMANDS: tuple[ModuleType, ...] = (config_cmd, profile_cmd, run_cmd, operator_cmd)
+COMMANDS: tuple[ModuleType, ...] = (
+    config_cmd,
+    profile_cmd,
+    plan_cmd,
+    replay_cmd,
+    run_cmd,
+    operator_cmd,
+    backtest_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
