@@ -288,6 +288,13 @@ class PlannerConfig(BaseModel):
         description="Largest change of one role's replicas in one throughput tick.",
         json_schema_extra=_extra("slo"),
     )
+    scale_down_stabilization_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Scale a role down only to the highest throughput recommendation of this "
+        "many past seconds (the HPA's scale-down stabilisation); 0 scales down at once.",
+        json_schema_extra=_extra("slo"),
+    )
     scaling_convergence_timeout_seconds: float = Field(
         600.0,
         gt=0,

@@ -17,6 +17,7 @@ Everything is a function of the arguments: no clock, no I/O.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -303,6 +304,7 @@ class ThroughputPlanner:
         self._last_action_s: float | None = None
         self._last_target: dict[str, int] | None = None
         self._awaiting_ready: dict[str, float] = {}  # role -> time of the change
+        self._recommendations: deque[tuple[float, dict[str, int]]] = deque()
         self.scaling_latency_s: dict[str, float] = {}
 
     # The predictors see every observed window, also those the planner holds on.
@@ -417,8 +419,12 @@ class ThroughputPlanner:
         floors = {r: cfg.min_endpoint_for(r) for r in roles}
         stages: dict[str, dict[str, int]] = {"proposed": {r: sizing[r].replicas for r in roles}}
         stages["floors"] = apply_floors(stages["proposed"], floors)
+        stages["stabilised"] = self._stabilise(now_s, stages["floors"], current)
         stages["step_cap"] = cap_change(
-            stages["floors"], current, max_step=cfg.max_throughput_scaling_replicas, floors=floors
+            stages["stabilised"],
+            current,
+            max_step=cfg.max_throughput_scaling_replicas,
+            floors=floors,
         )
         budget = apply_gpu_budget(
             stages["step_cap"],
@@ -462,6 +468,25 @@ class ThroughputPlanner:
             else ThroughputReason.SCALE
         )
         return ThroughputDecision(now_s, target, reason, explain, diagnostics)
+
+    def _stabilise(
+        self, now_s: float, proposed: Mapping[str, int], current: Mapping[str, int]
+    ) -> dict[str, int]:
+        """Scale-down stabilisation (the HPA's): a role goes down only to the highest
+        recommendation of the last ``scale_down_stabilization_seconds``, so a dip shorter
+        than the time it takes to bring replicas back does not cost a round trip."""
+        window = self.config.scale_down_stabilization_seconds
+        self._recommendations.append((now_s, dict(proposed)))
+        while self._recommendations and self._recommendations[0][0] < now_s - window:
+            self._recommendations.popleft()
+        out: dict[str, int] = {}
+        for role, want in proposed.items():
+            if want >= current[role]:
+                out[role] = want
+                continue
+            recent = max(r.get(role, 0) for _, r in self._recommendations)
+            out[role] = min(current[role], max(want, recent))
+        return out
 
     def _hold(
         self,

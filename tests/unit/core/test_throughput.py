@@ -256,3 +256,20 @@ def test_properties(h200_like_profile: Profile, low, extra, isl, osl, budget, mi
     assert gpus_of(small, gpus) <= budget and gpus_of(big, gpus) <= budget  # never above budget
     assert min(small.values()) >= min_ep and min(big.values()) >= min_ep  # floors kept
     assert sum(big.values()) >= sum(small.values())  # non-decreasing in load
+
+
+def test_scale_down_stabilisation_keeps_recent_peak(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile, scale_down_stabilization_seconds=150)
+    up = tp.tick(60, traffic(60, 4800), status(1, 1))
+    assert up.replicas is not None
+    p, d = up.replicas["prefill"], up.replicas["decode"]
+    # load drops at 120 s: the peak recommended 60 s ago still stands
+    dip = tp.tick(120, traffic(120, 600), status(p, d))
+    assert dip.replicas == {"prefill": p, "decode": d}
+    assert dip.diagnostics.stages["floors"]["prefill"] < p
+    # 240 s: the peak has left the 150 s window, the scale-down goes through
+    later = tp.tick(240, traffic(240, 600), status(p, d))
+    assert later.replicas is not None and later.replicas["prefill"] < p
+    # scale-ups are never delayed
+    again = tp.tick(300, traffic(300, 9600), status(*later.replicas.values()))
+    assert again.replicas is not None and again.replicas["prefill"] > later.replicas["prefill"]
