@@ -1,0 +1,373 @@
+"""The ramp experiment of vLLM's elastic-EP post (seed 002), replayed on the simulator.
+
+Usage::
+
+    python benchmarks/elastic_ep_ramp.py [--json] [--seed N]
+
+Scenario (the post's, with what it does not say filled in and marked):
+
+- one aggregated DeepSeek wide-EP engine on GB200, TP1, DP/EP 16 (``sim:deepseek-v3@gb200:
+  tp1:dp16:ep16``; the post served DeepSeek V4 Pro, which the simulator's catalogue does not
+  have, so DeepSeek-V3's architecture stands in), 16 GPUs at the start;
+- 11,391 requests whose rate ramps linearly from 8 to 16 req/s (949 s; Poisson arrivals
+  conditioned on the count, so every seed has exactly 11,391);
+- request lengths are not in the post: ISL uniform 7,000-11,000 and OSL uniform 1,200-2,800
+  tokens, chosen so that the 16-GPU engine saturates (rolling p95 TTFT above 5 s) inside the
+  ramp, at 13-14 req/s, and the 20-GPU engine carries 16 req/s, as in the post;
+- SLO: rolling 30 s p95 TTFT below 5 s, by arrival time; a request without a first token
+  within 30 s is abandoned by the client and counted as failed with a 30 s TTFT (the post's
+  penalty). The simulated frontend drops queued requests after 30 s; an engine keeps working
+  on abandoned requests it already holds (the simulator cannot abort them), which makes an
+  overloaded engine somewhat worse than a real one.
+
+Policies:
+
+- ``fixed-16``: 16 GPUs throughout;
+- ``restart-20``: the elastic policy times the change, which is done by restarting the engine
+  with 20 GPUs: 197 s without service (the post's measurement), all 20 GPUs allocated;
+- ``elastic-blocking`` / ``elastic-async`` / ``elastic-nixl``: the elastic policy
+  (:mod:`planner.core.elastic`, every 30 s, DP 16 -> 20 in one step of 4 ranks) resizing in
+  place with the mode's measured timings (:mod:`simulator.elastic_ep`).
+
+The policy sees what it would see in production: 30 s windows of the simulated frontend's
+Prometheus metrics, and sizes from the bundled DeepSeek-V3 GB200 DP16 profile. GPU-hours
+are metered from 0 to the last arrival. A simulated restart is an elastic resize without
+preparation whose whole duration is downtime (the simulator has no restart operation).
+
+``--json`` prints ``{"policies": [{"name", "requests", "completed",
+"max_rolling_p95_ttft_s", "seconds_above_slo", "gpu_hours"}]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from interpolation import load_profile
+from interpolation.profile import Profile
+from interpolation.registry import resolve_profile
+from planner.config.schema import PlannerConfig
+from planner.core.elastic import ElasticPlanner
+from planner.observe.window import snapshot_from_text, traffic_from_snapshots
+from predictors.traces import TraceRequest
+from simulator import elastic_ep
+from simulator.cluster import Cluster, ReplicaState
+from simulator.elastic_ep import ElasticEpMode, ResizeTiming
+from simulator.request import RequestRecord
+from simulator.workloads import LengthDist
+
+ENGINE = "sim:deepseek-v3@gb200:tp1:dp16:ep16"
+PROFILE = "gb200/vllm/deepseek-v3/tp1-dp16-ep16"
+ROLE = "agg"
+REQUESTS = 11_391
+START_RPS, END_RPS = 8.0, 16.0
+ISL = LengthDist("uniform", 7000, 11000)
+OSL = LengthDist("uniform", 1200, 2800)
+START_DP, MAX_DP, DP_STEP = 16, 20, 4
+TTFT_SLO_S = 5.0
+WINDOW_S = 30.0  # rolling p95 window
+PENALTY_S = 30.0  # client timeout = TTFT counted for a failed request
+RESTART_S = 197.0
+INTERVAL_S = 30.0  # planner tick
+ITL_TARGET_MS = 100.0  # the post sets no ITL target; decode is sized at this one
+POLICIES = ("fixed-16", "restart-20", "elastic-blocking", "elastic-async", "elastic-nixl")
+RESTART_MODE = "restart"
+
+
+# --- workload --------------------------------------------------------------------------------
+
+
+def ramp_duration_s(n: int, start_rps: float, end_rps: float) -> float:
+    """Length of a linear ramp whose mean rate carries ``n`` requests."""
+    return n / ((start_rps + end_rps) / 2.0)
+
+
+def ramp_requests(
+    n: int, *, start_rps: float, end_rps: float, seed: int, isl: LengthDist, osl: LengthDist
+) -> list[TraceRequest]:
+    """``n`` arrivals of a Poisson process with rate rising linearly from ``start_rps`` to
+    ``end_rps``, conditioned on ``n`` arrivals: i.i.d. times with density proportional to the
+    rate (inverse CDF of ``a t + (b - a) t^2 / 2D``), sorted."""
+    if n < 1 or start_rps <= 0 or end_rps <= 0:
+        raise ValueError(f"ramp: n={n}, start_rps={start_rps}, end_rps={end_rps} must be > 0")
+    duration = ramp_duration_s(n, start_rps, end_rps)
+    rng = random.Random(seed)
+    lengths = random.Random(seed + 1_000_003)
+    k = (end_rps - start_rps) / duration  # rate slope, req/s per s
+    total = (start_rps + end_rps) / 2.0 * duration
+    times = []
+    for _ in range(n):
+        u = rng.random() * total  # cumulative intensity to invert: a t + k t^2 / 2 = u
+        t = u / start_rps if k == 0 else (-start_rps + math.sqrt(start_rps**2 + 2 * k * u)) / k
+        times.append(min(t, duration))
+    times.sort()
+    return [
+        TraceRequest(
+            arrival_s=t, input_length=isl.sample(lengths), output_length=osl.sample(lengths)
+        )
+        for t in times
+    ]
+
+
+# --- accounting ------------------------------------------------------------------------------
+
+
+def effective_ttft_s(record: RequestRecord, *, penalty_s: float = PENALTY_S) -> float:
+    """TTFT as the client measures it: a failed request, or one without a first token within
+    the client timeout, counts as ``penalty_s``."""
+    if not record.ok or record.ttft_ms is None:
+        return penalty_s
+    return min(record.ttft_ms / 1000.0, penalty_s)
+
+
+def completed(record: RequestRecord, *, penalty_s: float = PENALTY_S) -> bool:
+    """Finished with its first token within the client timeout."""
+    return record.ok and record.ttft_ms is not None and record.ttft_ms / 1000.0 <= penalty_s
+
+
+def rolling_p95(
+    records: Sequence[RequestRecord],
+    *,
+    end_s: float,
+    window_s: float = WINDOW_S,
+    step_s: float = 1.0,
+    penalty_s: float = PENALTY_S,
+) -> list[tuple[float, float]]:
+    """``(t, p95)`` every ``step_s`` from ``window_s`` to ``end_s``: the 95th percentile
+    (linear interpolation) of the effective TTFT of requests arriving in ``(t - window_s, t]``;
+    a window without requests is skipped."""
+    ordered = sorted(records, key=lambda r: r.arrival_s)
+    arrivals = [r.arrival_s for r in ordered]
+    ttfts = np.array([effective_ttft_s(r, penalty_s=penalty_s) for r in ordered])
+    out: list[tuple[float, float]] = []
+    steps = math.floor((end_s - window_s) / step_s + 1e-9)
+    for i in range(steps + 1):
+        t = window_s + i * step_s
+        lo = bisect.bisect_right(arrivals, t - window_s)
+        hi = bisect.bisect_right(arrivals, t)
+        if hi > lo:
+            out.append((t, float(np.percentile(ttfts[lo:hi], 95))))
+    return out
+
+
+def seconds_above(series: Sequence[tuple[float, float]], threshold: float, step_s: float) -> float:
+    """Time during which the rolling value exceeds ``threshold`` (one step per point)."""
+    return float(sum(step_s for _, v in series if v > threshold))
+
+
+# --- running one policy ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def restart_mode(downtime_s: float) -> Iterator[ElasticEpMode]:
+    """A restart as the simulator can play it: a resize with no preparation whose whole
+    duration is downtime, registered under ``restart`` while the block runs."""
+    timing = ResizeTiming(total_s=downtime_s, downtime_s=downtime_s)
+    mode = ElasticEpMode(RESTART_MODE, up=timing, down=timing, description="engine restart")
+    elastic_ep.MODES[RESTART_MODE] = mode
+    try:
+        yield mode
+    finally:
+        elastic_ep.MODES.pop(RESTART_MODE, None)
+
+
+@dataclass
+class PolicyResult:
+    name: str
+    requests: int
+    completed: int
+    max_rolling_p95_ttft_s: float
+    seconds_above_slo: float
+    gpu_hours: float
+    resizes: list[str] = field(default_factory=list)
+    decisions: list[str] = field(default_factory=list)
+    p95_by_minute: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "requests": self.requests,
+            "completed": self.completed,
+            "max_rolling_p95_ttft_s": round(self.max_rolling_p95_ttft_s, 3),
+            "seconds_above_slo": round(self.seconds_above_slo, 1),
+            "gpu_hours": round(self.gpu_hours, 3),
+        }
+
+
+def planner_config() -> PlannerConfig:
+    return PlannerConfig(
+        mode="agg",
+        environment="virtual",
+        decode_engine_num_gpu=START_DP,
+        ttft_ms=TTFT_SLO_S * 1000.0,
+        itl_ms=ITL_TARGET_MS,
+        throughput_adjustment_interval_seconds=INTERVAL_S,
+        max_gpu_budget=-1,
+        elastic_ep=ROLE,
+        elastic_ep_mode="nixl",
+        elastic_ep_dp_step=DP_STEP,
+        elastic_ep_min_dp=START_DP,
+        elastic_ep_max_dp=MAX_DP,
+        elastic_ep_gpus_per_rank=1,
+    )
+
+
+def run_policy(
+    name: str, requests: Sequence[TraceRequest], *, profile: Profile, seed: int
+) -> PolicyResult:
+    """Replay ``requests`` under policy ``name`` (see the module doc)."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    wall0 = time.perf_counter()
+    cluster = Cluster(
+        engines={ROLE: ENGINE},
+        mode="agg",
+        replicas={ROLE: 1},
+        request_timeout_s=PENALTY_S,
+        seed=seed,
+    )
+    cluster.submit(requests)
+    last_arrival = requests[-1].arrival_s
+    decisions: list[str] = []
+    with contextlib.ExitStack() as stack:
+        mode_name: str | None = None
+        timing: ElasticEpMode | None = None
+        if name == "restart-20":
+            timing = stack.enter_context(restart_mode(RESTART_S))
+            mode_name = RESTART_MODE
+        elif name.startswith("elastic-"):
+            mode_name = {"blocking": "blocking", "async": "async", "nixl": "nixl_ep"}[
+                name.removeprefix("elastic-")
+            ]
+            timing = elastic_ep.mode(mode_name)
+        if mode_name is not None and timing is not None:
+            _drive(
+                cluster,
+                ElasticPlanner(config=planner_config(), profile=profile, timing=timing),
+                mode_name=mode_name,
+                until_s=last_arrival,
+                decisions=decisions,
+            )
+        cluster.run_until(last_arrival)
+        gpu_seconds = cluster.gpu_seconds
+        cluster.run_to_completion(limit_s=last_arrival + 3600.0)
+    records = list(cluster.records)
+    series = rolling_p95(records, end_s=last_arrival)
+    by_minute: dict[int, float] = {}
+    for t, v in series:
+        minute = int((t - 1e-9) // 60)
+        by_minute[minute] = max(by_minute.get(minute, 0.0), v)
+    return PolicyResult(
+        name=name,
+        requests=len(requests),
+        completed=sum(1 for r in records if completed(r)),
+        max_rolling_p95_ttft_s=max((v for _, v in series), default=0.0),
+        seconds_above_slo=seconds_above(series, TTFT_SLO_S, 1.0),
+        gpu_hours=gpu_seconds / 3600.0,
+        resizes=[
+            f"{p.from_dp}->{p.to_dp} {p.mode} at {p.start_s:.0f} s, serving paused "
+            f"{p.downtime_s:.1f} s from {p.downtime_start_s:.0f} s"
+            for p in cluster.resizes
+        ],
+        decisions=decisions,
+        p95_by_minute=[by_minute[m] for m in sorted(by_minute)],
+        wall_s=time.perf_counter() - wall0,
+    )
+
+
+def _drive(
+    cluster: Cluster,
+    planner: ElasticPlanner,
+    *,
+    mode_name: str,
+    until_s: float,
+    decisions: list[str],
+) -> None:
+    """Tick the policy every interval on 30 s windows of the simulated frontend's metrics."""
+    labels = cluster.frontend.labels
+    previous = snapshot_from_text(cluster.frontend.render_prometheus_text())
+    t = INTERVAL_S
+    while t <= until_s:
+        cluster.run_until(t)
+        current = snapshot_from_text(cluster.frontend.render_prometheus_text())
+        traffic = traffic_from_snapshots(
+            start=previous,
+            end=current,
+            start_s=t - INTERVAL_S,
+            end_s=t,
+            model_name=labels["model"],
+            namespace=labels["dynamo_namespace"],
+        )
+        previous = current
+        resizing = any(
+            x.resizing is not None for x in cluster.replicas if x.state is not ReplicaState.STOPPED
+        )
+        decision = planner.tick(
+            t, traffic, current_dp=cluster.engine_spec(ROLE).dp, resizing=resizing
+        )
+        if decision.target_dp is not None:
+            cluster.resize_dp(ROLE, decision.target_dp, mode_name)
+            decisions.append(f"{t:.0f} s {decision.reason.value}: {decision.message}")
+        t += INTERVAL_S
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def table(results: Sequence[PolicyResult]) -> str:
+    head = (
+        "| policy | requests | completed | max rolling p95 TTFT (s) | s above 5 s | GPU-hours |"
+        " resize |\n|---|---:|---:|---:|---:|---:|---|"
+    )
+    rows = [
+        f"| {r.name} | {r.requests} | {r.completed} | {r.max_rolling_p95_ttft_s:.2f} | "
+        f"{r.seconds_above_slo:.0f} | {r.gpu_hours:.2f} | {'; '.join(r.resizes) or '-'} |"
+        for r in results
+    ]
+    return "\n".join([head, *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the JSON summary only")
+    parser.add_argument("--seed", type=int, default=0, help="workload and simulator seed")
+    args = parser.parse_args(argv)
+    profile = load_profile(resolve_profile(PROFILE))
+    requests = ramp_requests(
+        REQUESTS, start_rps=START_RPS, end_rps=END_RPS, seed=args.seed, isl=ISL, osl=OSL
+    )
+    results = []
+    for name in POLICIES:
+        result = run_policy(name, requests, profile=profile, seed=args.seed)
+        results.append(result)
+        if not args.json:
+            print(f"{name}: {result.wall_s:.1f} s wall", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"policies": [r.public() for r in results]}, indent=2))
+        return 0
+    print(table(results))
+    print()
+    print("rolling 30 s p95 TTFT, highest per minute (s):")
+    for r in results:
+        print(f"  {r.name:17s} " + " ".join(f"{v:5.1f}" for v in r.p95_by_minute))
+    print()
+    for r in results:
+        for line in r.decisions:
+            print(f"{r.name}: {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

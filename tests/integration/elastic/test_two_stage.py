@@ -1,0 +1,386 @@
+"""The two-stage elastic-EP flow on Kubernetes: kmock as the API server (the DGD, the follower's
+DGDSA), the vLLM-like admin server as the engine, and a task playing the Dynamo operator
+(follower pods become ready some time after their replicas are raised)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from connectors.elastic_ep import (
+    RECORD_ANNOTATION,
+    ElasticEpController,
+    ElasticEpKubernetes,
+    FollowersNotReady,
+    ResizeOutcome,
+    ResizeOutcomeUnknown,
+    ResizePhase,
+    ResizeRecord,
+    ResizeRefused,
+    VllmElasticEpAdmin,
+)
+from planner.errors import DeploymentError
+from tests.integration.connectors.conftest import Cluster, frontend, k8s_config, worker
+from tests.integration.elastic.conftest import FakeVllmEngine
+
+pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+
+FOLLOWER = "decode-elastic"
+
+
+def services(followers: int) -> dict[str, dict[str, Any]]:
+    return {
+        "Frontend": frontend(),
+        "decode": worker("decode", 1, gpu_limit="16"),
+        FOLLOWER: {
+            "componentType": "worker",
+            "replicas": followers,
+            "resources": {"limits": {"gpu": "4"}},
+        },
+    }
+
+
+def follower_state(cluster: Cluster) -> tuple[int, int]:
+    dgd = cluster.dgd()
+    return (
+        dgd["spec"]["services"][FOLLOWER]["replicas"],
+        dgd["status"]["services"][FOLLOWER]["readyReplicas"],
+    )
+
+
+def record_of(cluster: Cluster) -> str | None:
+    annotations = cluster.dgd()["metadata"].get("annotations") or {}
+    return annotations.get(RECORD_ANNOTATION)
+
+
+@pytest.fixture
+def cluster(kmock: Any) -> Cluster:
+    return Cluster(kmock)
+
+
+@pytest.fixture
+async def operator(cluster: Cluster) -> AsyncIterator[dict[str, float | None]]:
+    """Follower pods become ready ``settings["ready_after_s"]`` after their replicas change
+    (never when None); fewer replicas are gone at once."""
+    settings: dict[str, float | None] = {"ready_after_s": 0.1}
+    changed: dict[str, float] = {}
+
+    async def play() -> None:
+        while True:
+            await asyncio.sleep(0.02)
+            try:
+                desired, ready = follower_state(cluster)
+            except KeyError:  # no DGD yet
+                continue
+            if desired != ready:
+                since = changed.setdefault(f"{desired}", time.monotonic())
+                delay = settings["ready_after_s"]
+                if desired < ready or (delay is not None and time.monotonic() - since >= delay):
+                    cluster.set_ready(FOLLOWER, desired)
+                    changed.clear()
+
+    task = asyncio.create_task(play())
+    try:
+        yield settings
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def make_controller(
+    api_client: Any, engine: FakeVllmEngine, **overrides: Any
+) -> tuple[ElasticEpController, ElasticEpKubernetes]:
+    values: dict[str, Any] = {
+        "mode": "agg",
+        "elastic_ep": "agg",
+        "elastic_ep_min_dp": 16,
+        "elastic_ep_max_dp": 24,
+        "elastic_ep_dp_step": 4,
+        "elastic_ep_follower_service": FOLLOWER,
+        "elastic_ep_admin_url": engine.url,
+        "elastic_ep_drain_timeout_seconds": 1,
+        "elastic_ep_resize_timeout_seconds": 5.0,
+        "scaling_max_wait_seconds": 5.0,
+        "scaling_check_interval_seconds": 0.05,
+        "kubernetes_api_backoff_seconds": 0.05,
+        "max_gpu_budget": -1,
+    }
+    values.update(overrides)
+    cfg = k8s_config(**values)
+    pool = ElasticEpKubernetes(cfg, api_client=api_client)
+    ctl = ElasticEpController(
+        cfg, admin=VllmElasticEpAdmin(engine.url), followers=pool, poll_interval_s=0.02
+    )
+    return ctl, pool
+
+
+def watch_scales(engine: FakeVllmEngine, cluster: Cluster) -> list[tuple[int, int, int]]:
+    """``(new_dp, follower replicas, followers ready)`` when each resize reaches the engine,
+    read on the test's event loop (kmock's objects live there)."""
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[int, int, int]] = []
+
+    def on_scale(new_dp: int) -> None:
+        async def read() -> tuple[int, int]:
+            return follower_state(cluster)
+
+        desired, ready = asyncio.run_coroutine_threadsafe(read(), loop).result(timeout=5)
+        seen.append((new_dp, desired, ready))
+
+    engine.on_scale = on_scale
+    return seen
+
+
+# --- grow and shrink --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adapter", [True, False])
+async def test_grow_raises_followers_waits_until_ready_then_resizes(
+    cluster, api_client, engine_factory, operator, adapter
+):
+    cluster.add_dgd(services(0))
+    if adapter:
+        cluster.add_adapter(FOLLOWER, 0)
+    engine = engine_factory(dp=16)
+    seen = watch_scales(engine, cluster)
+    ctl, _ = make_controller(api_client, engine)
+    assert await ctl.current_dp() == 16
+
+    result = await ctl.resize(20)
+
+    assert (result.outcome, result.from_dp, result.dp) == (ResizeOutcome.RESIZED, 16, 20)
+    assert seen == [(20, 1, 1)]  # the new GPUs existed and were ready before the resize
+    assert engine.dp == 20
+    assert follower_state(cluster) == (1, 1)
+    if adapter:
+        assert cluster.adapter(f"graph-{FOLLOWER}")["spec"]["replicas"] == 1
+    assert record_of(cluster) is None
+    assert await ctl.current_dp() == 20
+
+
+async def test_shrink_resizes_first_then_lowers_followers(
+    cluster, api_client, engine_factory, operator
+):
+    cluster.add_dgd(services(2))
+    cluster.add_adapter(FOLLOWER, 2)
+    engine = engine_factory(dp=24)
+    seen = watch_scales(engine, cluster)
+    ctl, _ = make_controller(api_client, engine)
+    assert await ctl.current_dp() == 24
+
+    result = await ctl.resize(16)
+
+    assert (result.outcome, result.from_dp, result.dp) == (ResizeOutcome.RESIZED, 24, 16)
+    assert seen == [(16, 2, 2)]  # the GPUs were still there while the engine shrank
+    assert cluster.adapter(f"graph-{FOLLOWER}")["spec"]["replicas"] == 0
+    assert follower_state(cluster)[0] == 0
+    assert record_of(cluster) is None
+
+
+async def test_refused_grow_rolls_the_followers_back(cluster, api_client, engine_factory, operator):
+    cluster.add_dgd(services(0))
+    engine = engine_factory(dp=16)
+    engine.fail_next = [500]
+    seen = watch_scales(engine, cluster)
+    ctl, _ = make_controller(api_client, engine)
+
+    with pytest.raises(ResizeRefused, match="500"):
+        await ctl.resize(20)
+
+    assert seen == [(20, 1, 1)]  # the follower was up when the engine failed
+    assert engine.dp == 16
+    assert follower_state(cluster)[0] == 0
+    assert record_of(cluster) is None
+    assert await ctl.current_dp() == 16
+
+
+async def test_followers_not_ready_in_time_are_lowered_and_the_engine_untouched(
+    cluster, api_client, engine_factory, operator
+):
+    operator["ready_after_s"] = None  # e.g. no node with free GPUs
+    cluster.add_dgd(services(0))
+    engine = engine_factory(dp=16)
+    ctl, _ = make_controller(api_client, engine, scaling_max_wait_seconds=0.3)
+
+    with pytest.raises(FollowersNotReady, match=r"1 follower pod\(s\) of DP 20.*stays at DP 16"):
+        await ctl.resize(20)
+
+    assert engine.scale_calls() == []
+    assert follower_state(cluster)[0] == 0
+    assert record_of(cluster) is None
+
+
+async def test_the_record_says_where_a_resize_stands(cluster, api_client, engine_factory, operator):
+    cluster.add_dgd(services(0))
+    engine = engine_factory(dp=16)
+    loop = asyncio.get_running_loop()
+    records: list[dict[str, Any]] = []
+
+    def on_scale(new_dp: int) -> None:
+        async def read() -> str | None:
+            return record_of(cluster)
+
+        text = asyncio.run_coroutine_threadsafe(read(), loop).result(timeout=5)
+        records.append(json.loads(text or "null"))
+
+    engine.on_scale = on_scale
+    ctl, _ = make_controller(api_client, engine)
+
+    await ctl.resize(20)
+
+    (during,) = records
+    assert during["type"] == "ElasticEpResizing" and during["status"] == "True"
+    assert during["reason"] == ResizePhase.RESIZING.value
+    assert (during["fromDp"], during["toDp"]) == (16, 20)
+    assert (during["fromFollowers"], during["toFollowers"]) == (0, 1)
+
+
+# --- a restarted controller -------------------------------------------------------------------
+
+
+def seed_record(cluster: Cluster, record: ResizeRecord) -> None:
+    cluster.edit_dgd({"metadata": {"annotations": {RECORD_ANNOTATION: record.to_json()}}})
+
+
+def record(
+    phase: ResizePhase, from_dp: int, to_dp: int, *, deadline_in_s: float = 60.0
+) -> ResizeRecord:
+    now = time.time()
+    return ResizeRecord(
+        phase=phase,
+        from_dp=from_dp,
+        to_dp=to_dp,
+        from_followers=(from_dp - 16) // 4,
+        to_followers=(to_dp - 16) // 4,
+        started_s=now - 30,
+        deadline_s=now + deadline_in_s,
+    )
+
+
+async def test_restart_during_the_resize_call_waits_and_finishes_it(
+    cluster, api_client, engine_factory, operator
+):
+    cluster.add_dgd(services(1))
+    seed_record(cluster, record(ResizePhase.RESIZING, 16, 20))
+    engine = engine_factory(dp=16)
+    engine.resize_in_background(20, seconds=0.3)  # the call the old controller made
+    await asyncio.sleep(0.05)
+    ctl, _ = make_controller(api_client, engine)
+    assert await ctl.current_dp() == 16  # not confirmed yet
+    assert await ctl.is_resizing()
+
+    result = await ctl.recover()
+
+    assert result is not None and (result.outcome, result.dp) == (ResizeOutcome.RESIZED, 20)
+    assert [c.body["new_data_parallel_size"] for c in engine.scale_calls()] == [20]  # no-op
+    assert record_of(cluster) is None
+    assert await ctl.current_dp() == 20
+    assert await ctl.recover() is None
+
+
+async def test_restart_while_adding_followers_past_the_deadline_rolls_back(
+    cluster, api_client, engine_factory, operator
+):
+    operator["ready_after_s"] = None
+    cluster.add_dgd(services(1), ready={"Frontend": 1, "decode": 1, FOLLOWER: 0})
+    seed_record(cluster, record(ResizePhase.ADDING_FOLLOWERS, 16, 20, deadline_in_s=-1))
+    engine = engine_factory(dp=16)
+    ctl, _ = make_controller(api_client, engine)
+
+    with pytest.raises(FollowersNotReady):
+        await ctl.recover()
+
+    assert follower_state(cluster)[0] == 0
+    assert record_of(cluster) is None
+    assert engine.scale_calls() == []
+
+
+async def test_restart_while_adding_followers_in_time_resumes_the_grow(
+    cluster, api_client, engine_factory, operator
+):
+    cluster.add_dgd(services(1), ready={"Frontend": 1, "decode": 1, FOLLOWER: 0})
+    seed_record(cluster, record(ResizePhase.ADDING_FOLLOWERS, 16, 20))
+    engine = engine_factory(dp=16)
+    ctl, _ = make_controller(api_client, engine)
+
+    result = await ctl.resize(20)  # the planner asks again: the recorded grow finishes first
+
+    assert engine.dp == 20 and [c.status for c in engine.scale_calls()] == [200]
+    assert result.outcome is ResizeOutcome.UNCHANGED and result.dp == 20
+    assert record_of(cluster) is None
+
+
+async def test_restart_while_removing_followers_finishes_the_shrink(
+    cluster, api_client, engine_factory, operator
+):
+    cluster.add_dgd(services(1))
+    seed_record(cluster, record(ResizePhase.REMOVING_FOLLOWERS, 20, 16))
+    engine = engine_factory(dp=16)
+    ctl, _ = make_controller(api_client, engine)
+    assert await ctl.current_dp() == 16  # the engine already shrank
+
+    result = await ctl.recover()
+
+    assert result is not None and result.dp == 16
+    assert follower_state(cluster)[0] == 0
+    assert engine.scale_calls() == []
+    assert record_of(cluster) is None
+
+
+async def test_unknown_outcome_keeps_the_record_until_a_later_call_resolves_it(
+    cluster, api_client, engine_factory, operator
+):
+    cluster.add_dgd(services(0))
+    engine = engine_factory(dp=16, resize_s=1.5)
+    ctl, _ = make_controller(api_client, engine, elastic_ep_resize_timeout_seconds=0.3)
+
+    with pytest.raises(ResizeOutcomeUnknown):
+        await ctl.resize(20)
+    left = json.loads(record_of(cluster) or "{}")
+    assert left["reason"] == "Resizing" and "outcome unknown" in left["message"]
+    assert follower_state(cluster)[0] == 1  # the new GPUs stay until the outcome is known
+
+    await _until(lambda: not engine.scaling, timeout_s=5)
+    result = await ctl.recover()
+
+    assert result is not None and result.dp == 20 and engine.dp == 20
+    assert record_of(cluster) is None
+
+
+async def test_a_malformed_record_is_a_deployment_error_naming_the_annotation(
+    cluster, api_client, engine_factory
+):
+    cluster.add_dgd(services(0))
+    cluster.edit_dgd({"metadata": {"annotations": {RECORD_ANNOTATION: '{"reason": "Paused"}'}}})
+    engine = engine_factory(dp=16)
+    ctl, _ = make_controller(api_client, engine)
+
+    with pytest.raises(DeploymentError, match=rf"{RECORD_ANNOTATION}: reason = 'Paused'"):
+        await ctl.resize(20)
+    assert engine.calls == []
+
+
+async def test_missing_follower_service_is_a_deployment_error(cluster, api_client, engine_factory):
+    dgd_services = services(0)
+    del dgd_services[FOLLOWER]
+    cluster.add_dgd(dgd_services)
+    engine = engine_factory(dp=16)
+    ctl, _ = make_controller(api_client, engine)
+
+    with pytest.raises(DeploymentError, match=f"no service '{FOLLOWER}'"):
+        await ctl.current_dp()
+
+
+async def _until(probe: Callable[[], bool], *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,391 @@
+"""The elastic-EP policy on constructed traffic: capacity from the bundled DeepSeek-V3 GB200
+DP16 profile, lead time per mode, the worth-it rule, scale-down rules, bounds and holds."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from interpolation import load_profile
+from interpolation.registry import resolve_profile
+from planner.config.schema import PlannerConfig
+from planner.core.elastic import (
+    ElasticDecision,
+    ElasticPlanner,
+    ElasticReason,
+    LoadTrend,
+    mode_timing,
+    request_gpu_seconds,
+)
+from planner.core.throughput import LoadForecast, size_agg, size_decode, size_prefill
+from planner.core.types import MissingObservation, TrafficObservation
+
+PROFILE = load_profile(resolve_profile("gb200/vllm/deepseek-v3/tp1-dp16-ep16"))
+ISL, OSL = 9000.0, 2000.0
+INTERVAL = 30.0
+TTFT_OBSERVED_MS = 800.0
+
+
+def config(**overrides: Any) -> PlannerConfig:
+    values: dict[str, Any] = {
+        "mode": "agg",
+        "environment": "virtual",
+        "decode_engine_num_gpu": 16,
+        "ttft_ms": 5000.0,
+        "itl_ms": 100.0,
+        "throughput_adjustment_interval_seconds": INTERVAL,
+        "max_gpu_budget": -1,
+        "elastic_ep": "agg",
+        "elastic_ep_mode": "nixl",
+        "elastic_ep_min_dp": 16,
+        "elastic_ep_max_dp": 20,
+        "elastic_ep_dp_step": 4,
+    }
+    values.update(overrides)
+    return PlannerConfig(**values)
+
+
+def rank_rps() -> float:
+    """Requests/s one DP rank (1 GPU) serves at ISL/OSL, from the profile."""
+    cost = request_gpu_seconds("agg", PROFILE, isl=ISL, osl=OSL, itl_ms=100.0, interval_s=INTERVAL)
+    assert cost.feasible
+    return 1.0 / cost.gpu_seconds
+
+
+CAP16 = 16 * rank_rps()
+
+
+def window(rate: Callable[[float], float], end_s: float) -> TrafficObservation:
+    """The window ``[end - 30, end]`` of a traffic whose rate is ``rate(t)`` (piecewise
+    linear within a window, so the trapezoid is exact)."""
+    start = end_s - INTERVAL
+    num = (rate(start) + rate(end_s)) / 2 * INTERVAL
+    return TrafficObservation(
+        end_s=end_s,
+        duration_s=INTERVAL,
+        num_req=num,
+        ttft_ms=TTFT_OBSERVED_MS if num > 0 else None,
+        isl=ISL if num > 0 else None,
+        osl=OSL if num > 0 else None,
+    )
+
+
+def trend_of(decision: ElasticDecision | None) -> LoadTrend:
+    assert decision is not None and decision.diagnostics.trend is not None
+    return decision.diagnostics.trend
+
+
+def run_until_decision(
+    planner: ElasticPlanner, rate: Callable[[float], float], *, current_dp: int, end_s: float
+) -> tuple[float, Any]:
+    """Tick every interval until the planner resizes; returns (time, decision)."""
+    t = INTERVAL
+    decision = None
+    while t <= end_s:
+        decision = planner.tick(t, window(rate, t), current_dp=current_dp)
+        if decision.target_dp is not None:
+            return t, decision
+        t += INTERVAL
+    return math.inf, decision
+
+
+# --- capacity -------------------------------------------------------------------------------
+
+
+def test_rank_count_is_the_throughput_loops_agg_sizing_per_gpu():
+    cost = request_gpu_seconds("agg", PROFILE, isl=ISL, osl=OSL, itl_ms=100.0, interval_s=60.0)
+    for rate in (3.0, 8.0, 12.5, 16.0):
+        forecast = LoadForecast(num_req=rate * 60.0, isl=ISL, osl=OSL)
+        prefill = size_prefill(
+            forecast, PROFILE.prefill, interval_s=60.0, correction=1.0, gpus_per_replica=1
+        )
+        decode = size_decode(
+            forecast,
+            PROFILE.decode,
+            interval_s=60.0,
+            itl_target_ms=100.0,
+            correction=1.0,
+            gpus_per_replica=1,
+        )
+        expected = size_agg(prefill, decode, gpus_per_replica=1).replicas
+        assert math.ceil(rate * cost.gpu_seconds - 1e-9) == expected
+
+
+def test_infeasible_itl_target_holds_with_the_profiles_reason():
+    planner = ElasticPlanner(config=config(itl_ms=0.5), profile=PROFILE)
+
+    decision = planner.tick(30.0, window(lambda t: 10.0, 30.0), current_dp=16)
+
+    assert decision.target_dp is None
+    assert decision.reason is ElasticReason.PROFILE_INFEASIBLE
+    assert "ITL 0.5 ms" in decision.message
+
+
+# --- lead time --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["blocking", "async", "nixl"])
+def test_scale_up_is_active_before_the_load_arrives_and_not_much_earlier(mode):
+    crossing = 1200.0  # the rising load exceeds 16 ranks' capacity here
+    slope = 0.01  # req/s per s
+
+    def rate(t: float) -> float:
+        return CAP16 + slope * (t - crossing)
+
+    planner = ElasticPlanner(config=config(elastic_ep_mode=mode), profile=PROFILE)
+    up = planner.timing.up
+
+    t, decision = run_until_decision(planner, rate, current_dp=16, end_s=crossing)
+
+    assert decision.reason is ElasticReason.SCALE_UP and decision.target_dp == 20
+    assert decision.diagnostics.lead_s == pytest.approx(up.total_s + INTERVAL)
+    # the new ranks serve before the load needs them ...
+    assert t + up.total_s <= crossing
+    # ... and the resize starts no more than one interval before it must
+    assert t > crossing - up.total_s - 2 * INTERVAL
+
+
+def test_a_longer_resize_is_started_earlier():
+    def rate(t: float) -> float:
+        return CAP16 + 0.01 * (t - 1200.0)
+
+    started = {}
+    for name, timing in (("nixl", None), ("slow", "250,1,10,1")):
+        planner = ElasticPlanner(
+            config=config(elastic_ep_mode="nixl", elastic_ep_timing=timing), profile=PROFILE
+        )
+        started[name], _ = run_until_decision(planner, rate, current_dp=16, end_s=1200.0)
+    # one interval apart at least: 250 s vs 92 s ahead of the same crossing
+    assert started["slow"] + 4 * INTERVAL <= started["nixl"]
+
+
+def test_measured_timing_replaces_the_modes_default_lead():
+    cfg = config(elastic_ep_mode="nixl", elastic_ep_timing="300,2,20,1")
+    timing = mode_timing(cfg)
+    assert (timing.up.total_s, timing.up.downtime_s) == (300.0, 2.0)
+    assert (timing.down.total_s, timing.down.downtime_s) == (20.0, 1.0)
+
+    def rate(t: float) -> float:
+        return CAP16 + 0.01 * (t - 1200.0)
+
+    t, decision = run_until_decision(
+        ElasticPlanner(config=cfg, profile=PROFILE), rate, current_dp=16, end_s=1200.0
+    )
+    assert decision.diagnostics.lead_s == pytest.approx(330.0)
+    assert t + 300.0 <= 1200.0 < t + 330.0 + INTERVAL
+
+
+# --- worth it -------------------------------------------------------------------------------
+
+
+def test_blocking_resize_needs_an_overload_longer_than_its_pause():
+    def rate(t: float) -> float:
+        return CAP16 + 0.01 * (t - 1200.0)
+
+    # Counting only 60 s of saved requests, a ~100 s pause never pays ...
+    short = ElasticPlanner(
+        config=config(elastic_ep_mode="blocking", elastic_ep_benefit_window_seconds=60.0),
+        profile=PROFILE,
+    )
+    t, decision = run_until_decision(short, rate, current_dp=16, end_s=1800.0)
+    assert t == math.inf
+    assert decision.reason is ElasticReason.HOLD_NOT_WORTH_DOWNTIME
+    d = decision.diagnostics
+    assert d.benefit_requests is not None and d.cost_requests is not None
+    assert 0 < d.benefit_requests < d.cost_requests
+    # cost = arrivals in the pause that cannot absorb it: rate x (downtime - TTFT slack)
+    up = short.timing.up
+    slack = (5000.0 - TTFT_OBSERVED_MS) / 1000.0
+    expected = rate(1800.0 + up.preparation_s) * (up.downtime_s - slack)
+    assert d.cost_requests == pytest.approx(expected, rel=1e-6)
+
+    # ... while a sustained overload (10 minutes counted) does, and so does NIXL EP's
+    # sub-second pause even over 60 s.
+    long = ElasticPlanner(config=config(elastic_ep_mode="blocking"), profile=PROFILE)
+    assert run_until_decision(long, rate, current_dp=16, end_s=1800.0)[0] < 1200.0
+    nixl = ElasticPlanner(
+        config=config(elastic_ep_mode="nixl", elastic_ep_benefit_window_seconds=60.0),
+        profile=PROFILE,
+    )
+    t, decision = run_until_decision(nixl, rate, current_dp=16, end_s=1800.0)
+    assert t < 1200.0 and decision.diagnostics.cost_requests == 0.0
+
+
+def test_no_resize_for_an_overload_that_is_over_before_the_capacity_would_arrive():
+    # 10% above capacity now, falling fast: below capacity long before 92 s from now.
+    def rate(t: float) -> float:
+        return CAP16 * 1.1 - 0.05 * (t - 300.0)
+
+    planner = ElasticPlanner(config=config(elastic_ep_mode="nixl"), profile=PROFILE)
+    for t in (240.0, 270.0):
+        planner.tick(t, window(rate, t), current_dp=16)
+    decision = planner.tick(300.0, window(rate, 300.0), current_dp=16)
+
+    assert decision.target_dp is None
+    assert decision.reason is ElasticReason.HOLD_NOT_WORTH_DOWNTIME
+    assert decision.diagnostics.benefit_requests == 0.0
+
+
+# --- scale down -----------------------------------------------------------------------------
+
+
+def steady(planner: ElasticPlanner, value: float, *, current_dp: int, until_s: float) -> Any:
+    decision = None
+    t = INTERVAL
+    while t <= until_s:
+        decision = planner.tick(t, window(lambda _t: value, t), current_dp=current_dp)
+        t += INTERVAL
+    return decision
+
+
+def test_nixl_shrinks_when_a_lower_load_is_sustained():
+    planner = ElasticPlanner(config=config(elastic_ep_mode="nixl"), profile=PROFILE)
+
+    decision = steady(planner, CAP16 * 0.5, current_dp=20, until_s=600.0)
+
+    assert decision.reason is ElasticReason.SCALE_DOWN and decision.target_dp == 16
+    assert decision.diagnostics.cost_requests == 0.0  # a 1.96 s pause within the TTFT slack
+
+
+@pytest.mark.parametrize("mode", ["blocking", "async"])
+def test_a_shrink_that_pauses_serving_waits_for_idle_traffic(mode):
+    planner = ElasticPlanner(config=config(elastic_ep_mode=mode), profile=PROFILE)
+
+    busy = steady(planner, CAP16 * 0.5, current_dp=20, until_s=600.0)
+    assert busy.reason is ElasticReason.HOLD_SCALE_DOWN_COSTS_SLO and busy.target_dp is None
+    assert busy.diagnostics.cost_requests > 0
+
+    t = 630.0
+    while t <= 1000.0:  # traffic stops; lengths are remembered from before
+        idle = planner.tick(t, window(lambda _t: 0.0, t), current_dp=20)
+        t += INTERVAL
+    assert idle.reason is ElasticReason.SCALE_DOWN and idle.target_dp == 16
+
+
+def test_a_recent_peak_blocks_the_shrink():
+    def rate(t: float) -> float:
+        return CAP16 * 1.2 if t < 240.0 else CAP16 * 0.3
+
+    planner = ElasticPlanner(config=config(elastic_ep_mode="nixl"), profile=PROFILE)
+    decision = None
+    for t in range(30, 301, 30):
+        decision = planner.tick(float(t), window(rate, float(t)), current_dp=20)
+
+    assert decision is not None
+    assert decision.reason is ElasticReason.HOLD_SCALE_DOWN_NOT_SUSTAINED
+    assert trend_of(decision).max_observed_rps > CAP16
+
+
+def test_no_traffic_ever_shrinks_to_the_leader():
+    planner = ElasticPlanner(config=config(elastic_ep_mode="blocking"), profile=PROFILE)
+
+    decision = planner.tick(30.0, window(lambda t: 0.0, 30.0), current_dp=20)
+
+    assert decision.reason is ElasticReason.SCALE_DOWN and decision.target_dp == 16
+
+
+# --- bounds, budget, holds ---------------------------------------------------------------------
+
+
+def test_at_max_dp_holds_and_a_need_beyond_max_is_capped():
+    planner = ElasticPlanner(config=config(), profile=PROFILE)
+    decision = planner.tick(30.0, window(lambda t: CAP16 * 2, 30.0), current_dp=20)
+    assert decision.reason is ElasticReason.AT_MAX_DP and decision.target_dp is None
+
+    wide = ElasticPlanner(config=config(elastic_ep_max_dp=24), profile=PROFILE)
+    decision = wide.tick(30.0, window(lambda t: CAP16 * 2, 30.0), current_dp=16)
+    assert decision.reason is ElasticReason.SCALE_UP_CAPPED and decision.target_dp == 24
+    assert (decision.diagnostics.ranks_needed or 0) > 24
+
+
+def test_targets_are_on_the_step_grid():
+    planner = ElasticPlanner(config=config(elastic_ep_max_dp=28), profile=PROFILE)
+    # 17 ranks needed -> one follower of 4 ranks
+    decision = planner.tick(30.0, window(lambda t: 16.5 * rank_rps(), 30.0), current_dp=16)
+    assert decision.diagnostics.ranks_needed == 17
+    assert decision.target_dp == 20
+
+
+def test_gpu_budget_caps_the_size_and_reconciles_an_engine_above_it():
+    planner = ElasticPlanner(config=config(max_gpu_budget=19), profile=PROFILE)
+    assert planner.max_dp_within_budget(0) == 16  # 19 GPUs hold no full step above 16
+    assert (
+        ElasticPlanner(config=config(max_gpu_budget=40), profile=PROFILE).max_dp_within_budget(18)
+        == 20
+    )
+
+    decision = planner.tick(30.0, window(lambda t: CAP16 * 2, 30.0), current_dp=20)
+    assert decision.reason is ElasticReason.RECONCILE_TO_BOUNDS and decision.target_dp == 16
+
+
+def test_holds_without_fresh_data_or_during_a_resize():
+    planner = ElasticPlanner(config=config(), profile=PROFILE)
+
+    missing = planner.tick(30.0, MissingObservation("no_series", "frontend down"), current_dp=16)
+    assert missing.reason is ElasticReason.NO_TRAFFIC_DATA and "frontend down" in missing.message
+
+    stale = planner.tick(300.0, window(lambda t: CAP16 * 2, 60.0), current_dp=16)
+    assert stale.reason is ElasticReason.STALE_TRAFFIC_DATA and stale.target_dp is None
+
+    busy = planner.tick(330.0, window(lambda t: CAP16 * 2, 330.0), current_dp=16, resizing=True)
+    assert busy.reason is ElasticReason.RESIZE_IN_FLIGHT and busy.target_dp is None
+    # the window seen while resizing still counts for the trend
+    after = planner.tick(360.0, window(lambda t: CAP16 * 2, 360.0), current_dp=20)
+    assert trend_of(after).points == 2
+
+
+def test_elastic_planner_needs_an_elastic_config():
+    with pytest.raises(ValueError, match="elastic_ep"):
+        ElasticPlanner(
+            config=PlannerConfig(mode="agg", environment="virtual", decode_engine_num_gpu=1),
+            profile=PROFILE,
+        )
+
+
+# --- the trend --------------------------------------------------------------------------------
+
+
+def test_trend_recovers_a_line_and_weights_lengths_by_requests():
+    planner = ElasticPlanner(config=config(), profile=PROFILE)
+    lengths = {30.0: (1000.0, 100.0), 60.0: (3000.0, 300.0), 90.0: (5000.0, 500.0)}
+    decision = None
+    for t, (isl, osl) in lengths.items():
+        rate = 2.0 + 0.05 * (t - 15.0)  # at the window's middle
+        obs = TrafficObservation(
+            end_s=t, duration_s=INTERVAL, num_req=rate * INTERVAL, isl=isl, osl=osl
+        )
+        decision = planner.tick(t, obs, current_dp=16)
+    fitted = trend_of(decision)
+    assert fitted.slope_rps_per_s == pytest.approx(0.05)
+    assert fitted.level_rps == pytest.approx(2.0 + 0.05 * 90.0)
+    counts = {t: (2.0 + 0.05 * (t - 15.0)) * INTERVAL for t in lengths}
+    total = sum(counts.values())
+    assert fitted.isl == pytest.approx(sum(counts[t] * lengths[t][0] for t in lengths) / total)
+    assert fitted.osl == pytest.approx(sum(counts[t] * lengths[t][1] for t in lengths) / total)
+
+
+@pytest.mark.parametrize(
+    ("level", "slope", "threshold"),
+    [(10.0, 0.02, 11.0), (10.0, -0.02, 9.0), (10.0, 0.0, 9.0), (10.0, 0.0, 11.0), (1.0, -0.1, 0.0)],
+)
+def test_requests_above_matches_numeric_integration(level, slope, threshold):
+    trend = LoadTrend(
+        now_s=100.0,
+        level_rps=level,
+        slope_rps_per_s=slope,
+        isl=1.0,
+        osl=1.0,
+        points=2,
+        max_observed_rps=level,
+    )
+    t0, t1, n = 150.0, 400.0, 250_000
+    dt = (t1 - t0) / n
+    numeric = 0.0
+    for i in range(n):
+        r = trend.rate_at(t0 + (i + 0.5) * dt)
+        if r > threshold:
+            numeric += r * dt
+    assert trend.requests_above(t0, t1, threshold) == pytest.approx(numeric, rel=1e-3, abs=1e-2)
