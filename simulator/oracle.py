@@ -8,7 +8,8 @@ sustain at a mean ISL/OSL, so that the ideal replica count for a load is
   (chunked when ``ISL > mnbt``), so one rank serves a request every ``s = t_batch / k``.
   Mean TTFT = frontend latency + own prefill time + KV transfer + M/D/1 wait
   ``rho * s / (2 (1 - rho))``; the largest ``rho = lambda * s`` keeping it within the target
-  gives ``rate = dp * rho / s``.
+  gives ``rate = dp * rho / s``. With a ``quantile``, the target must hold for that share of
+  requests instead: :func:`interpolation.queueing.max_utilisation` gives ``rho``.
 - **Decode**: the largest per-rank batch ``B`` (KV cache and ``max_num_seqs`` permitting)
   whose step time at context ``ISL + OSL/2`` meets the ITL target; by Little's law one
   engine finishes ``dp * B / (OSL * step)`` requests per second.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from interpolation.queueing import max_utilisation
 from simulator import catalogue
 from simulator.engine_model import EngineModel
 from simulator.engine_spec import EngineSpec
@@ -42,8 +44,10 @@ def prefill_capacity_rps(
     ttft_ms: float,
     kv_transfer_s: float = 0.0,
     frontend_s: float | None = None,
+    quantile: float | None = None,
 ) -> tuple[float, float]:
-    """(requests/s one engine sustains, lone-request TTFT in ms); see the module doc."""
+    """(requests/s one engine sustains, lone-request TTFT in ms); see the module doc. With
+    ``quantile``, the target holds for that share of requests instead of on average."""
     spec = model.spec
     fe = catalogue.efficiency().ttft_overhead_s if frontend_s is None else frontend_s
     alone = model.prefill_time_s(isl)
@@ -59,6 +63,11 @@ def prefill_capacity_rps(
     ttft_alone_ms = (fe + alone + kv_transfer_s) * 1000.0
     if slack <= 0:
         return 0.0, ttft_alone_ms
+    if quantile is not None:
+        # the share of requests meeting the target, not the mean: GI/G/1 waiting-time tail
+        # (batched prefill is close to deterministic service, so its variability is 0)
+        rho = max_utilisation(slack_s=slack, service_s=s, quantile=quantile, service_scv=0.0)
+        return spec.dp * rho / s, ttft_alone_ms
     x = 2.0 * slack / s  # rho / (1 - rho) <= x
     rho = x / (1.0 + x)
     return spec.dp * rho / s, ttft_alone_ms
@@ -90,6 +99,7 @@ def capacity(
     ttft_ms: float,
     itl_ms: float,
     kv_transfer_bandwidth_bps: float | None = None,
+    ttft_quantile: float | None = None,
 ) -> EngineCapacity:
     """Prefill and decode capacity of one replica of ``spec`` (disaggregated serving)."""
     model = EngineModel(spec)
@@ -97,7 +107,7 @@ def capacity(
     if kv_transfer_bandwidth_bps:
         transfer = isl * model.kv_bytes_per_token / kv_transfer_bandwidth_bps
     p_rps, ttft_alone = prefill_capacity_rps(
-        model, isl=isl, ttft_ms=ttft_ms, kv_transfer_s=transfer
+        model, isl=isl, ttft_ms=ttft_ms, kv_transfer_s=transfer, quantile=ttft_quantile
     )
     d_rps, batch, step_ms = decode_capacity_rps(model, isl=isl, osl=osl, itl_ms=itl_ms)
     return EngineCapacity(

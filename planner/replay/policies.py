@@ -179,7 +179,9 @@ class StaticPolicy:
 
 
 class HpaPolicy:
-    """One HPA per role on the mean busy fraction of the role's ready engines."""
+    """One HPA per role on the metric platform teams scale vLLM on: busy time (GPU
+    utilisation) for prefill, KV-cache usage (``vllm:gpu_cache_usage_perc``) for decode, the
+    larger of the two for aggregated engines."""
 
     def __init__(self, roles: tuple[str, ...], behavior: HpaBehavior) -> None:
         self.name = "hpa"
@@ -191,25 +193,39 @@ class HpaPolicy:
     def next_wakeup_s(self) -> float:
         return self._next
 
+    def _busy_fraction(self, cluster: Cluster, role: str, now: float) -> float | None:
+        fractions = []
+        for engine in cluster.engines(role):
+            key = (engine.worker_id, engine.dp_rank)
+            previous = self._busy.get(key)
+            self._busy[key] = (now, engine.busy_time_s)
+            if previous is not None and now > previous[0]:
+                fractions.append(min(1.0, (engine.busy_time_s - previous[1]) / (now - previous[0])))
+        return sum(fractions) / len(fractions) if fractions else None
+
+    @staticmethod
+    def _kv_usage(cluster: Cluster, role: str) -> float | None:
+        capacity = cluster.capabilities(role).max_kv_tokens
+        usage = [
+            (f.scheduled_requests.sum_decode_kv_tokens + f.queued_requests.sum_decode_kv_tokens)
+            / capacity
+            for f in cluster.latest_fpm(role).values()
+        ]
+        return sum(usage) / len(usage) if usage and capacity > 0 else None
+
     def wake(self, cluster: Cluster) -> PolicyStep:
         now = cluster.now
         self._next = now + self.behavior.sync_period_s
         target: dict[str, int] = {}
         notes = []
         for role, hpa in self.hpas.items():
-            fractions = []
-            for engine in cluster.engines(role):
-                key = (engine.worker_id, engine.dp_rank)
-                previous = self._busy.get(key)
-                self._busy[key] = (now, engine.busy_time_s)
-                if previous is not None and now > previous[0]:
-                    fractions.append(
-                        min(1.0, (engine.busy_time_s - previous[1]) / (now - previous[0]))
-                    )
-            utilisation = sum(fractions) / len(fractions) if fractions else None
+            busy = self._busy_fraction(cluster, role, now) if role != "decode" else None
+            kv = self._kv_usage(cluster, role) if role != "prefill" else None
+            signals = [v for v in (busy, kv) if v is not None]
+            utilisation = max(signals) if signals else None
             current = cluster.desired_replicas(role)
             target[role] = hpa.recommend(now_s=now, current=current, utilisation=utilisation)
             if utilisation is not None:
-                notes.append(f"{role} busy {utilisation:.0%}")
+                notes.append(f"{role} {utilisation:.0%}")
         changed = any(target[r] != cluster.desired_replicas(r) for r in target)
         return PolicyStep(now, target if changed else None, "hpa", ", ".join(notes))

@@ -139,6 +139,8 @@ DYNAMO_DEFAULTS: dict[str, Any] = {
     "throughput_adjustment_interval_seconds": 180.0,
     "no_correction": False,
     "load_predictor_quantile": None,
+    "ttft_attainment_target": None,
+    "scale_down_stabilization_seconds": 0.0,
 }
 
 
