@@ -26,6 +26,7 @@ _GROUP_TITLES = {
     "prometheus": "traffic metrics (Prometheus)",
     "load": "load-based scaling",
     "reporting": "planner metrics and reports",
+    "elastic": "elastic expert parallelism (resize an engine's data-parallel size)",
 }
 
 
