@@ -45,6 +45,12 @@ def register(sub: Any) -> None:
     src.add_argument("--speedup", type=float, help="Compress time by X.")
     src.add_argument("--scale-load", type=float, help="Clone each request K times (jittered).")
     src.add_argument("--duration", type=float, help="Keep arrivals before this time (s).")
+    src.add_argument(
+        "--clone-jitter",
+        type=float,
+        default=30.0,
+        help="Seconds over which the clones of --scale-load spread (default 30).",
+    )
     sim = parser.add_argument_group("simulated cluster")
     sim.add_argument(
         "--engine", metavar="sim:MODEL@GPU[:tpN]", help="Engine (default: the profile's)."
@@ -56,6 +62,13 @@ def register(sub: Any) -> None:
         help=f"Seconds from scale-up to ready (default {DEFAULT_STARTUP_DELAY_S:g}).",
     )
     sim.add_argument("--seed", type=int, default=0, help="Seed of every random choice.")
+    sim.add_argument(
+        "--router",
+        choices=["least_loaded", "round_robin"],
+        default="least_loaded",
+        help="How the frontend picks an engine (default: least_loaded, as Dynamo's shared "
+        "prefill queue and KV router behave).",
+    )
     sim.add_argument(
         "--initial",
         metavar="ROLE=N",
@@ -100,6 +113,7 @@ def _replay(args: argparse.Namespace) -> int:
         scale_load=args.scale_load if args.scale_load is not None else scale,
         duration_s=args.duration if args.duration is not None else duration,
         seed=args.seed,
+        clone_jitter_s=args.clone_jitter,
     )
     plan = prepare(
         config,
@@ -107,6 +121,7 @@ def _replay(args: argparse.Namespace) -> int:
         engine=args.engine,
         startup_delay_s=args.startup_delay,
         initial=_parse_initial(args.initial) or None,
+        router=args.router,
     )
     out_dir = Path(args.output_dir)
     results = run_many(

@@ -42,7 +42,9 @@ class ClusterSetup:
     initial_replicas: dict[str, int]
     startup_delay_s: float
     seed: int
-    router: str = "round_robin"
+    # Dynamo's prefill workers pull from a shared queue and its KV router balances decode
+    # load, so a request goes to the least-loaded engine rather than the next in turn.
+    router: str = "least_loaded"
     model_label: str = "model"
     namespace: str = "dynamo"
 

@@ -46,6 +46,9 @@ class WorkloadSpec:
     scale_load: float = 1.0
     duration_s: float | None = None  # keep only arrivals before this time
     seed: int = 0
+    # Clones of one request (scale_load) arrive spread over this many seconds, as independent
+    # users would; a 1 s spread turns every request into a synchronised burst of K.
+    clone_jitter_s: float = 30.0
 
 
 def load_requests(spec: WorkloadSpec) -> list[RequestLike]:
@@ -63,7 +66,9 @@ def load_requests(spec: WorkloadSpec) -> list[RequestLike]:
         limit = spec.duration_s
         source = (r for r in _until(source, limit))
     if spec.scale_load != 1.0:
-        source = scale_load(source, spec.scale_load, seed=spec.seed)
+        source = scale_load(
+            source, spec.scale_load, seed=spec.seed, jitter_s=spec.clone_jitter_s
+        )
     requests: list[RequestLike] = list(source)
     if not requests:
         raise SpecError("the workload has no requests")
@@ -95,6 +100,7 @@ def prepare(
     engine: str | None = None,
     startup_delay_s: float = 120.0,
     initial: dict[str, int] | None = None,
+    router: str = "least_loaded",
 ) -> ReplayPlan:
     if config.mode not in ("disagg", "agg"):
         raise SpecError(f"replay simulates disagg or agg deployments, not mode={config.mode}")
@@ -126,6 +132,7 @@ def prepare(
         initial_replicas=start,
         startup_delay_s=startup_delay_s,
         seed=workload.seed,
+        router=router,
         model_label=config.model_name or spec.model.name,
         namespace=config.namespace,
     )
