@@ -100,7 +100,7 @@ class Rendered:
         return found[0]
 
 
-def render_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def render_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
     try:
         import helm_sdkpy  # noqa: F401
     except ImportError:
@@ -122,13 +122,13 @@ def render_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
     if result.returncode != 0:
         pytest.fail(f"helm_render failed ({result.returncode}):\n{result.stderr[-4000:]}")
-    out: list[dict[str, Any]] = json.loads(result.stdout)
+    out: dict[str, Any] = json.loads(result.stdout)
     return out
 
 
 @pytest.fixture(scope="session")
-def rendered() -> dict[str, Rendered]:
-    """Every case (valid and invalid) rendered by one Helm process."""
+def helm_output() -> dict[str, Any]:
+    """``helm lint`` of the chart and every case (valid and invalid), from one Helm process."""
     cases: list[dict[str, Any]] = [
         {"name": name, "namespace": RELEASE_NAMESPACE, "values": values}
         for name, values in VALID_CASES.items()
@@ -136,8 +136,15 @@ def rendered() -> dict[str, Rendered]:
         {"name": name, "namespace": RELEASE_NAMESPACE, "values": values}
         for name, (values, _) in INVALID_CASES.items()
     ]
-    values: dict[str, dict[str, Any]] = {c["name"]: c["values"] for c in cases}
+    out = render_cases(cases)
+    out["values"] = {c["name"]: c["values"] for c in cases}
+    return out
+
+
+@pytest.fixture(scope="session")
+def rendered(helm_output: dict[str, Any]) -> dict[str, Rendered]:
+    values = helm_output["values"]
     return {
         r["name"]: Rendered(r["name"], values[r["name"]], r["manifest"], r["error"])
-        for r in render_cases(cases)
+        for r in helm_output["cases"]
     }

@@ -11,8 +11,9 @@ Run in its own process (the Go runtime reads the environment once, when the libr
 
     HELM_DRIVER=memory python -m tests.unit.deploy.helm_render CHART_DIR < cases.json
 
-``cases.json``: ``[{"name": ..., "namespace": ..., "values": {...}}, ...]``; the output is
-``[{"name": ..., "manifest": "..." | null, "error": "..." | null}, ...]`` on stdout.
+``cases.json``: ``[{"name": ..., "namespace": ..., "values": {...}}, ...]``; the output on
+stdout is ``{"lint": <helm lint result>, "cases": [{"name": ..., "manifest": "..." | null,
+"error": "..." | null}, ...]}``.
 """
 
 from __future__ import annotations
@@ -118,10 +119,18 @@ def render(chart: str, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return results
 
 
+def lint(chart: str) -> Any:
+    """``helm lint`` of the chart with its default values."""
+    import helm_sdkpy
+
+    config = helm_sdkpy.Configuration(namespace="default")
+    return asyncio.run(helm_sdkpy.Lint(config).run(chart))
+
+
 def main() -> None:
     chart = sys.argv[1]
     cases = json.load(sys.stdin)
-    json.dump(render(chart, cases), sys.stdout)
+    json.dump({"lint": lint(chart), "cases": render(chart, cases)}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,14 @@ def container(r: Rendered) -> dict[str, Any]:
     return dict(only)
 
 
+def test_helm_lint_finds_nothing_above_info(helm_output: dict[str, Any]):
+    lint = helm_output["lint"]
+    assert lint["TotalChartsLinted"] == 1
+    assert lint["Errors"] is None
+    # helm's severities: 1 info (e.g. "icon is recommended"), 2 warning, 3 error
+    assert [m for m in lint["Messages"] if m["Severity"] > 1] == []
+
+
 @pytest.mark.parametrize("case", sorted(VALID_CASES))
 def test_every_rendered_object_is_valid_kubernetes(rendered: dict[str, Rendered], case: str):
     r = rendered[case]
