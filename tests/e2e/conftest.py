@@ -16,7 +16,6 @@ OSL-100 load needs. At 2 req/s both roles need one replica; at 6 req/s prefill n
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -299,7 +298,3 @@ def wait_for(probe: Any, *, live: Live, timeout_s: float, what: str, every_s: fl
         return poll(probe, timeout_s=timeout_s, what=what, interval_s=every_s)
     except TimeoutError as exc:
         raise AssertionError(f"{exc}{live.diagnostics()}") from None
-
-
-def monotonic() -> float:
-    return time.monotonic()
