@@ -1,0 +1,151 @@
+"""``planner backtest`` end to end on real trace slices, and the backtest's metrics."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.cli.main import main
+from predictors.backtest import JSON_KEYS, backtest_series, run_backtest
+from predictors.constant import ConstantPredictor
+from predictors.traces import bucket_trace, read_trace
+
+DATA = Path(__file__).parent / "data"
+AZURE_HEAD = DATA / "azure_conv_2023_head300.csv"
+MOONCAKE_HEAD = DATA / "mooncake_conversation_head300.jsonl"
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:
+    assert main(["backtest", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["results"]
+
+
+def test_json_shape_and_constant_scores_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
+    results = run_json(
+        capsys, "--trace", str(AZURE_HEAD), "--interval", "5", "--predictor", "constant", "kalman"
+    )
+    assert [(r["predictor"], r["series"]) for r in results] == [
+        (p, s) for p in ("constant", "kalman") for s in ("num_req", "isl", "osl")
+    ]
+    assert all(tuple(r) == JSON_KEYS for r in results)
+    # by hand: the constant forecast of interval t is the count of t - 1; the last, partial
+    # interval is left out and interval 0 has no forecast
+    counts = np.array([iv.num_req for iv in bucket_trace(read_trace(AZURE_HEAD), interval_s=5)])
+    actual, forecast = counts[1:-1], counts[:-2]
+    constant = results[0]
+    assert constant["intervals"] == len(actual)
+    assert constant["mape"] == pytest.approx(np.mean(np.abs(forecast - actual) / actual) * 100)
+    assert constant["rmse"] == pytest.approx(math.sqrt(np.mean((forecast - actual) ** 2)))
+    assert constant["under_rate"] == pytest.approx(np.mean(forecast < actual))
+    assert constant["p90_step_ms"] >= 0
+
+
+def test_all_predictors_table_on_mooncake(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["backtest", "--trace", str(MOONCAKE_HEAD), "--interval", "6"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{MOONCAKE_HEAD}: mooncake, 300 requests; 17 intervals of 6 s")
+    assert out[1].split() == [
+        "predictor",
+        "series",
+        "MAPE",
+        "%",
+        "sMAPE",
+        "%",
+        "RMSE",
+        "under",
+        "%",
+        "p90",
+        "ms",
+        "n",
+    ]
+    rows = [line.split() for line in out[2:]]
+    assert [(r[0], r[1]) for r in rows] == [
+        (p, s)
+        for p in ("constant", "arima", "kalman", "prophet", "auto")
+        for s in ("num_req", "isl", "osl")
+    ]
+    assert all(r[-1] == "16" for r in rows)
+
+
+def test_quantile_scores_the_upper_forecast(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--trace", str(AZURE_HEAD), "--interval", "2", "--predictor", "constant"]
+    point = run_json(capsys, *args, "--series", "num_req")[0]
+    upper = run_json(capsys, *args, "--series", "num_req", "--load-predictor-quantile", "0.9")[0]
+    assert upper["under_rate"] < point["under_rate"]
+
+
+def test_bad_trace_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    lines = AZURE_HEAD.read_bytes().decode().splitlines(keepends=True)
+    bad.write_bytes(
+        "".join([*lines[:50], "2023-11-16 18:16:00.0,many,3\r\n", *lines[50:]]).encode()
+    )
+    assert main(["backtest", "--trace", str(bad), "--interval", "5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"planner: invalid trace: {bad}:51: ContextTokens = 'many': expected a whole "
+        "number of tokens >= 0"
+    ]
+
+    assert (
+        main(
+            [
+                "backtest",
+                "--trace",
+                str(bad),
+                "--interval",
+                "5",
+                "--predictor",
+                "constant",
+                "--skip-bad-rows",
+            ]
+        )
+        == 0
+    )
+    captured = capsys.readouterr()
+    assert "300 requests, 1 bad row(s) skipped" in captured.out
+    assert f"{bad}:51" in captured.err  # the warning names the first bad row
+
+
+def test_too_short_and_missing_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["backtest", "--trace", str(AZURE_HEAD), "--interval", "600"]) == 2
+    assert "a backtest needs at least 3" in capsys.readouterr().err
+    assert main(["backtest", "--trace", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--predictor", "lstm"], ["--interval", "0"], ["--interval", "soon"], ["--series", "rps"]],
+)
+def test_bad_arguments_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["backtest", "--trace", str(AZURE_HEAD), *args])
+    assert info.value.code == 2
+    assert "backtest" in capsys.readouterr().err
+
+
+# --- metric definitions -------------------------------------------------------------------------
+
+
+def test_metrics_skip_missing_actuals_and_zero_for_mape() -> None:
+    result = backtest_series(
+        ConstantPredictor(), [10.0, 20.0, math.nan, 0.0, 10.0], name="constant", series="isl"
+    )
+    # forecasts: 0 (unscored), 10 (a=20), 20 (a=NaN: unscored), 20 (a=0), 0 (a=10)
+    assert result.forecasts == (0.0, 10.0, 20.0, 20.0, 0.0)
+    assert result.intervals == 3
+    assert result.mape == pytest.approx((10 / 20 + 10 / 10) / 2 * 100)  # a=0 has no APE
+    assert result.smape == pytest.approx((20 / 30 + 2.0 + 2.0) / 3 * 100)
+    assert result.under_rate == pytest.approx(2 / 3)
+
+
+def test_run_backtest_rejects_unknown_series() -> None:
+    with pytest.raises(ValueError, match=r"series \['rps'\]"):
+        run_backtest([], predictors=["constant"], series=["rps"])
