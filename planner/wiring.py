@@ -54,7 +54,19 @@ def build_core(
         profile=profile,
         predictor_factory=predictor_factory(config) if config.throughput_scaling_active else None,
         engine_limits=engine_limits,
+        decode_max_num_seqs=decode_max_num_seqs(config, profile),
     )
+
+
+def decode_max_num_seqs(config: PlannerConfig, profile: Profile | None) -> int | None:
+    """Sequence slots of one decode (or aggregated) engine: the config's value, else the
+    profiled engine's (manifest), else unknown."""
+    if config.max_num_seqs is not None:
+        return config.max_num_seqs
+    manifest = profile.manifest if profile is not None else None
+    if manifest is None:
+        return None
+    return manifest.decode_engine.max_num_seqs or manifest.engine.max_num_seqs
 
 
 def gpus_per_replica(config: PlannerConfig, profile: Profile | None, role: str) -> int:

@@ -105,6 +105,7 @@ class PlannerCore:
         profile: CapacityProfile | None = None,
         predictor_factory: Callable[[str], LoadPredictor] | None = None,
         engine_limits: EngineLimits | None = None,
+        decode_max_num_seqs: int | None = None,
     ) -> None:
         self.config = config
         self.throughput: ThroughputPlanner | None = None
@@ -112,7 +113,10 @@ class PlannerCore:
             if profile is None or predictor_factory is None:
                 raise ValueError("throughput scaling needs a profile and a predictor factory")
             self.throughput = ThroughputPlanner(
-                config=config, profile=profile, predictor_factory=predictor_factory
+                config=config,
+                profile=profile,
+                predictor_factory=predictor_factory,
+                decode_max_num_seqs=decode_max_num_seqs,
             )
         self.load_models: dict[str, LoadModel] = {}
         if config.load_scaling_active:

@@ -36,6 +36,9 @@ from predictors.base import Forecast, LoadPredictor
 SERIES = ("num_req", "isl", "osl")
 # Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
 MIN_UTILISATION = 0.2
+# Plan decode engines to fill at most this share of their sequence slots: arrivals
+# fluctuate, and a request that finds every slot taken waits for its first token.
+DECODE_SEQ_UTILISATION = 0.8
 
 
 # --- what the core needs of a profile (interpolation.Profile satisfies it) ---------------------
@@ -49,6 +52,8 @@ class PrefillCurve(Protocol):
 class DecodeBestPoint(Protocol):
     @property
     def thpt_per_gpu(self) -> float: ...
+    @property
+    def itl_ms(self) -> float: ...
     @property
     def feasible(self) -> bool: ...
 
@@ -233,11 +238,21 @@ def size_decode(
     itl_target_ms: float,
     correction: float,
     gpus_per_replica: int,
+    max_num_seqs: int | None = None,
+    seq_utilisation: float = 1.0,
 ) -> RoleSizing:
     """``ceil(num_req x osl / interval / thpt / gpus)`` with ``thpt`` the best throughput per
-    GPU whose ITL meets ``itl / d_corr`` at context ``isl + osl/2``."""
+    GPU whose ITL meets ``itl / d_corr`` at context ``isl + osl/2`` (Dynamo's formula).
+
+    Beyond Dynamo: the correction only ever tightens the ITL (``d_corr`` below 1, engines
+    faster than profiled, never licenses fewer replicas than the profile asks for), and
+    with ``max_num_seqs`` the throughput is capped at what ``seq_utilisation x max_num_seqs``
+    concurrent requests per engine deliver at that ITL: an engine that runs out of sequence
+    slots queues new requests before their first token, which no ITL shows.
+    """
     demand = forecast.num_req * forecast.osl / interval_s
-    corrected_itl = itl_target_ms / correction if correction > 0 else itl_target_ms
+    factor = max(1.0, correction)
+    corrected_itl = itl_target_ms / factor
     context = forecast.isl + forecast.osl / 2
     best = decode.find_best_throughput_per_gpu(corrected_itl, max(context, 1.0))
     if demand <= 0:
@@ -254,12 +269,21 @@ def size_decode(
             feasible=False,
             note=f"no profiled point meets ITL {corrected_itl:.1f} ms at context {context:.0f}",
         )
+    thpt, note, utilisation = best.thpt_per_gpu, "", 1.0
+    if max_num_seqs is not None and best.itl_ms > 0:
+        slots = max_num_seqs * seq_utilisation
+        slot_thpt = slots * 1000.0 / best.itl_ms / gpus_per_replica
+        if slot_thpt < thpt:
+            utilisation = slot_thpt / thpt
+            note = f"capped by {slots:.0f} of {max_num_seqs} sequence slots per engine"
     return RoleSizing(
         "decode",
-        math.ceil(demand / best.thpt_per_gpu / gpus_per_replica),
+        math.ceil(demand / (thpt * utilisation) / gpus_per_replica),
         demand,
-        best.thpt_per_gpu,
+        thpt,
         gpus_per_replica,
+        note=note,
+        utilisation=utilisation,
     )
 
 
@@ -268,7 +292,7 @@ def size_agg(prefill: RoleSizing, decode: RoleSizing, *, gpus_per_replica: int) 
     gpus = 0.0
     for part in (prefill, decode):
         if part.demand_tokens_per_s > 0 and part.thpt_per_gpu > 0:
-            gpus += part.demand_tokens_per_s / part.thpt_per_gpu
+            gpus += part.demand_tokens_per_s / (part.thpt_per_gpu * part.utilisation)
     feasible = prefill.feasible and decode.feasible
     return RoleSizing(
         "agg",
@@ -296,9 +320,11 @@ class ThroughputPlanner:
         config: PlannerConfig,
         profile: CapacityProfile,
         predictor_factory: PredictorFactory,
+        decode_max_num_seqs: int | None = None,
     ) -> None:
         self.config = config
         self.profile = profile
+        self.decode_max_num_seqs = decode_max_num_seqs
         self.predictors: dict[str, LoadPredictor] = {s: predictor_factory(s) for s in SERIES}
         self.corrections = CorrectionFactors()
         self._last_action_s: float | None = None
@@ -536,6 +562,8 @@ class ThroughputPlanner:
             itl_target_ms=cfg.itl_ms,
             correction=corr.decode,
             gpus_per_replica=engine_gpus_d,
+            max_num_seqs=self.decode_max_num_seqs,
+            seq_utilisation=DECODE_SEQ_UTILISATION,
         )
         if cfg.mode == "agg":
             out["agg"] = size_agg(prefill, decode, gpus_per_replica=gpus["agg"])

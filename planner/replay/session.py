@@ -125,7 +125,10 @@ def prepare(
         floors=floors,
         kv_transfer_bandwidth_bps=64e9,
     )
-    start = initial or initial_replicas(needs, window_s=ORACLE_WINDOW_S, lead_s=startup_delay_s)
+    # Every policy starts warm, sized for what the trace needs until a first decision could
+    # land (one interval plus one startup): the trace begins mid-day, not at a cold start.
+    lead = startup_delay_s + config.throughput_adjustment_interval_seconds
+    start = initial or initial_replicas(needs, window_s=ORACLE_WINDOW_S, lead_s=lead)
     setup = ClusterSetup(
         mode=config.mode,
         specs=specs,

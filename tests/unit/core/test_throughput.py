@@ -273,3 +273,50 @@ def test_scale_down_stabilisation_keeps_recent_peak(h200_like_profile: Profile) 
     # scale-ups are never delayed
     again = tp.tick(300, traffic(300, 9600), status(*later.replicas.values()))
     assert again.replicas is not None and again.replicas["prefill"] > later.replicas["prefill"]
+
+
+def test_decode_correction_never_licenses_fewer_replicas(h200_like_profile: Profile) -> None:
+    forecast = LoadForecast(num_req=6000, isl=3000, osl=300)
+    base = size_decode(
+        forecast,
+        h200_like_profile.decode,
+        interval_s=60,
+        itl_target_ms=30,
+        correction=1.0,
+        gpus_per_replica=1,
+    )
+    fast = size_decode(
+        forecast,
+        h200_like_profile.decode,
+        interval_s=60,
+        itl_target_ms=30,
+        correction=0.3,
+        gpus_per_replica=1,
+    )
+    assert fast.replicas == base.replicas
+
+
+def test_decode_is_capped_by_sequence_slots(h200_like_profile: Profile) -> None:
+    forecast = LoadForecast(num_req=60000, isl=500, osl=300)  # many short requests
+    free = size_decode(
+        forecast,
+        h200_like_profile.decode,
+        interval_s=60,
+        itl_target_ms=30,
+        correction=1.0,
+        gpus_per_replica=1,
+    )
+    capped = size_decode(
+        forecast,
+        h200_like_profile.decode,
+        interval_s=60,
+        itl_target_ms=30,
+        correction=1.0,
+        gpus_per_replica=1,
+        max_num_seqs=32,
+        seq_utilisation=0.8,
+    )
+    best = h200_like_profile.decode.find_best_throughput_per_gpu(30, 650)
+    slot_thpt = 32 * 0.8 * 1000 / best.itl_ms
+    assert capped.replicas == math.ceil(free.demand_tokens_per_s / slot_thpt) > free.replicas
+    assert "sequence slots" in capped.note
