@@ -24,8 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.config import PlannerConfig
-from planner.replay.session import WorkloadSpec, prepare, run
+# Run as a script, this folder comes first on sys.path, and benchmarks/predictors.py would
+# shadow the predictors package: look in the repository root first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planner.config import PlannerConfig  # noqa: E402
+from planner.replay.session import WorkloadSpec, prepare, run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "planner" / "data" / "traces"
