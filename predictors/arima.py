@@ -10,10 +10,10 @@ What differs from Dynamo's ARIMA, and why (measured on the shared Azure and Moon
   window's mean and lags every level shift of the traffic by many intervals (Dynamo's
   ``(0,0,0)`` on 5 points, and our own ``(2,0,0)`` picks, lagged a 300 -> 500 req/min ramp
   by 100+ requests); ``(p,1,q)`` contains exponential smoothing and the random walk.
-- The order is not chosen once from the first 5 points. It is re-selected at 5, 10, 20, 40
-  points and then every ``reselect_every`` points, each time on the last ``window`` points
-  only. Re-selection also refits, so the model's history and the cost of ``update`` stay
-  bounded.
+- The order is not chosen once from the first 5 points. It is re-selected whenever the
+  points seen have doubled (5, 10, 20, 40, 80) until the gap reaches ``reselect_every`` (48),
+  then every ``reselect_every`` points, each time on the last ``window`` points only.
+  Re-selection also refits, so the model's history and the cost of ``update`` stay bounded.
 - The *spiky-series* rule: when the raw series selects ``(0, d, 0)`` (no dynamics), the
   log1p series is also fitted (same ``d``) and kept if its AIC, corrected to the raw scale
   by the Jacobian ``2 sum log1p(y)`` (approximately: the burn-in points are counted), is
@@ -135,7 +135,8 @@ class ArimaPredictor(BasePredictor):
         except Exception as exc:  # any numerical failure: keep serving, retry later
             self._model, self._pending = None, []
             self._points_at_selection = self.points
-            return last, None, f"arima failed ({type(exc).__name__}: {exc}): last value"
+            reason = (str(exc).splitlines() or [""])[0]
+            return last, None, f"arima failed ({type(exc).__name__}: {reason}): last value"
         order = self._model.order
         space = "log1p" if self._log_space else "raw"
         if value > 2.0 * hi + (hi - lo):

@@ -111,7 +111,8 @@ class ProphetPredictor(BasePredictor):
                 ds = _EPOCH + pd.Timedelta(seconds=self._step * self.interval_s)
                 yhat = next_yhat(model, ds)
         except Exception as exc:  # Stan can fail on degenerate windows: keep serving
-            return last, None, f"prophet failed ({type(exc).__name__}: {exc}): last value"
+            reason = (str(exc).splitlines() or [""])[0]
+            return last, None, f"prophet failed ({type(exc).__name__}: {reason}): last value"
         return from_model(yhat, self.log1p), None, f"prophet on {len(ys)} points"
 
 

@@ -297,6 +297,33 @@ def test_arima_flat_series_needs_no_fit() -> None:
     assert arima.selections == []
 
 
+def test_arima_failure_answers_the_last_value_and_says_why() -> None:
+    arima = ArimaPredictor()
+    for value in [1e300, 1.0] * 5:  # no ARIMA fits this
+        arima.observe(value)
+    forecast = arima.predict_next()
+    assert (forecast.value, forecast.fallback) == (1.0, False)
+    assert forecast.note.startswith("arima failed (ValueError: ")
+    assert "\n" not in forecast.note
+
+
+@pytest.mark.filterwarnings("ignore:The inplace keyword")  # prophet's own pandas usage
+def test_prophet_trend_shortcut_equals_its_predict() -> None:
+    import pandas as pd
+    from prophet import Prophet
+
+    from predictors.prophet import next_yhat
+
+    frame = pd.DataFrame(
+        {"ds": pd.date_range("2024-01-01", periods=20, freq="min"), "y": LINE[:20]}
+    )
+    model = Prophet(n_changepoints=3, uncertainty_samples=0).fit(frame)
+    ds = pd.Timestamp("2024-01-01 00:20:00")
+    assert not model.seasonalities
+    expected = float(model.predict(pd.DataFrame({"ds": [ds]}))["yhat"].iloc[0])
+    assert next_yhat(model, ds) == pytest.approx(expected, rel=1e-9)
+
+
 # --- auto specifics --------------------------------------------------------------------------
 
 
