@@ -36,8 +36,9 @@ from predictors.base import Forecast, LoadPredictor
 SERIES = ("num_req", "isl", "osl")
 # Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
 MIN_UTILISATION = 0.2
-# Plan decode engines to fill at most this share of their sequence slots: arrivals
-# fluctuate, and a request that finds every slot taken waits for its first token.
+# Plan decode engines at this share of their profiled throughput and sequence slots:
+# arrivals and output lengths fluctuate within an interval, and a request that finds every
+# slot taken waits for its first token.
 DECODE_SEQ_UTILISATION = 0.8
 
 
@@ -245,10 +246,11 @@ def size_decode(
     GPU whose ITL meets ``itl / d_corr`` at context ``isl + osl/2`` (Dynamo's formula).
 
     Beyond Dynamo: the correction only ever tightens the ITL (``d_corr`` below 1, engines
-    faster than profiled, never licenses fewer replicas than the profile asks for), and
-    with ``max_num_seqs`` the throughput is capped at what ``seq_utilisation x max_num_seqs``
-    concurrent requests per engine deliver at that ITL: an engine that runs out of sequence
-    slots queues new requests before their first token, which no ITL shows.
+    faster than profiled, never licenses fewer replicas than the profile asks for); engines
+    are planned at ``seq_utilisation`` of that throughput, and with ``max_num_seqs`` at most
+    at what ``seq_utilisation x max_num_seqs`` concurrent requests per engine deliver at that
+    ITL. A decode engine that runs full queues new requests before their first token, which
+    no ITL shows and which then takes minutes to drain.
     """
     demand = forecast.num_req * forecast.osl / interval_s
     factor = max(1.0, correction)
@@ -269,11 +271,11 @@ def size_decode(
             feasible=False,
             note=f"no profiled point meets ITL {corrected_itl:.1f} ms at context {context:.0f}",
         )
-    thpt, note, utilisation = best.thpt_per_gpu, "", 1.0
+    thpt, note, utilisation = best.thpt_per_gpu, "", seq_utilisation
     if max_num_seqs is not None and best.itl_ms > 0:
         slots = max_num_seqs * seq_utilisation
         slot_thpt = slots * 1000.0 / best.itl_ms / gpus_per_replica
-        if slot_thpt < thpt:
+        if slot_thpt < thpt * utilisation:
             utilisation = slot_thpt / thpt
             note = f"capped by {slots:.0f} of {max_num_seqs} sequence slots per engine"
     return RoleSizing(
