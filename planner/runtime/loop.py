@@ -151,6 +151,7 @@ class DeploymentLoop:
         self._gpu_hours = 0.0
         self._last_gpu_sample: tuple[float, int] | None = None
         self._failures = 0  # consecutive ticks (or start attempts) the connector failed
+        self._traffic_problem: Problem | None = None  # the last throughput tick's, if any
         self._not_before_s = float("-inf")
         self._dropped_seen: dict[tuple[str, str], int] = {}
         intervals = []
@@ -363,6 +364,13 @@ class DeploymentLoop:
         traffic: TrafficObservation | MissingObservation | None = None
         if run_throughput and self.traffic is not None:
             traffic = await self._observe_traffic(now, problems)
+            self._traffic_problem = next(
+                (p for p in problems if p.kind is ProblemKind.TRAFFIC_MISSING), None
+            )
+        elif self._traffic_problem is not None:
+            # Traffic is read on throughput ticks only: an outage stands until the next one
+            # reads it again, so load-only ticks in between do not clear Degraded.
+            problems.append(self._traffic_problem)
         engines: dict[str, dict[EngineKey, ForwardPassMetrics]] = {}
         seen: dict[str, dict[EngineKey, float]] = {}
         dp_size: dict[str, int] = {}

@@ -365,3 +365,25 @@ async def test_a_refused_write_is_reported_and_the_loop_carries_on(
     assert following.problems == ()
     assert following.held == {}
     assert spec_replicas(cluster) == refused.scale_to
+
+
+async def test_a_traffic_outage_stays_degraded_between_throughput_ticks(
+    cluster, harness_factory, prometheus: CannedPrometheus
+) -> None:
+    # Found by the live e2e: load-only ticks between two throughput ticks cleared Degraded
+    # while Prometheus was still down, so the condition flapped.
+    healthy = prometheus.reply
+    prometheus.reply = Reply(status=500, body=b'{"status":"error","error":"boom"}')
+    h = harness_factory(
+        loop_config(enable_load_scaling=True, load_adjustment_interval_seconds=20.0)
+    )
+    await h.start()
+    outcomes = [await h.next_tick() for _ in range(3)]  # 20 s, 40 s (load), 60 s (both)
+    assert outcomes[-1].problem(ProblemKind.TRAFFIC_MISSING) is not None
+    after = await h.next_tick()  # 80 s: load only, Prometheus still down
+    assert after.problem(ProblemKind.TRAFFIC_MISSING) is not None
+    prometheus.reply = healthy
+    for _ in range(2):
+        await h.next_tick()  # 100 s load, 120 s both: traffic read again
+    recovered = await h.next_tick()  # 140 s: load only
+    assert recovered.problem(ProblemKind.TRAFFIC_MISSING) is None
