@@ -42,6 +42,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from interpolation.queueing import max_utilisation
 from planner.config.schema import PlannerConfig
 from planner.core.types import LoadReason, Role
 from regression.estimators import (
@@ -154,6 +155,7 @@ def decide_load(
     last_seen_s: Mapping[EngineKey, float] | None = None,
     kv_hit_rate: float | None = None,
     accept_length: float = 1.0,
+    busy_fraction: Mapping[EngineKey, float] | None = None,
 ) -> LoadDecision:
     """Decide one role's replicas for this load tick (see the module docstring for rules).
 
@@ -162,6 +164,9 @@ def decide_load(
     staleness). ``throughput_floor``: the throughput loop's replicas for this role, or None.
     ``kv_hit_rate``: prefix-cache hit rate discounting queued prompts (None: no discount).
     ``accept_length``: speculative-decoding tokens per step (1 without).
+    ``busy_fraction``: share of recent wall time each engine spent in iterations (the sum of
+    its FPM ``wall_time`` over a window); with it, a prefill (or agg) scale-down is refused
+    when the busy time spread over one engine fewer would pass the sensitivity.
     """
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
@@ -208,6 +213,7 @@ def decide_load(
             estimates=estimates,
             ready=ready_replicas,
             config=config,
+            busy_fraction=busy_fraction,
         )
     return _apply_floors(
         role=role,
@@ -404,6 +410,7 @@ def _propose(
     estimates: Mapping[EngineKey, EngineEstimate],
     ready: int,
     config: PlannerConfig,
+    busy_fraction: Mapping[EngineKey, float] | None = None,
 ) -> _Proposal:
     for key, est in sorted(estimates.items()):
         missing = [
@@ -461,11 +468,43 @@ def _propose(
                     LoadReason.SCALE_DOWN_REFUSED_CONSOLIDATION,
                     f"{summary}; {ready} -> {ready - 1} refused at engine {key}: {refusal}",
                 )
+    if rule.uses_ttft and busy_fraction:
+        # A queue snapshot says little about how busy an engine is: at 80 % utilisation the
+        # queue is usually empty, yet halving the engines overloads them. Refuse when the
+        # busy time of N engines spread over N - 1 would pass the sensitivity.
+        shares = [busy_fraction[k] for k in engines if k in busy_fraction]
+        if shares:
+            projected = sum(shares) / len(shares) * c
+            owns = [rule.ttft(r, queue=0.0) for r in engines.values()]
+            own = min((o for o in owns if o is not None and _finite(o)), default=0.0)
+            limit = _busy_limit(own, ttft_sla, config.ttft_attainment_target, s)
+            if projected > limit:
+                return _Proposal(
+                    ready,
+                    LoadReason.SCALE_DOWN_REFUSED_CONSOLIDATION,
+                    f"{summary}; {ready} -> {ready - 1} refused: engines busy "
+                    f"{sum(shares) / len(shares):.0%} would be {projected:.0%} > {limit:.0%}",
+                )
     return _Proposal(
         ready - 1,
         LoadReason.SCALE_DOWN,
         f"{summary}; all below {s:.2f} x SLA and {ready - 1} replicas carry the load",
     )
+
+
+def _busy_limit(
+    own_ms: float, ttft_sla_ms: float, attainment: float | None, sensitivity: float
+) -> float:
+    """How busy prefill engines may be after a scale-down: the utilisation at which the
+    TTFT target still holds for ``attainment`` of requests (a request's own prefill time
+    ``own_ms`` taken as the service time; :func:`interpolation.queueing.max_utilisation`),
+    and never above the sensitivity."""
+    if attainment is None or own_ms <= 0 or own_ms >= ttft_sla_ms:
+        return sensitivity
+    rho = max_utilisation(
+        slack_s=(ttft_sla_ms - own_ms) / 1000.0, service_s=own_ms / 1000.0, quantile=attainment
+    )
+    return min(sensitivity, rho)
 
 
 def _summary(ttfts: list[float], itls: list[float], ttft_sla: float, itl_sla: float) -> str:

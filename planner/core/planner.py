@@ -52,6 +52,8 @@ class Observation:
     engines: Mapping[str, Mapping[EngineKey, ForwardPassMetrics]] | None = None
     engine_last_seen_s: Mapping[str, Mapping[EngineKey, float]] | None = None
     dp_size: Mapping[str, int] = field(default_factory=dict)
+    # share of recent time each engine spent in iterations (sum of FPM wall_time / window)
+    engine_busy_fraction: Mapping[str, Mapping[EngineKey, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,7 @@ class PlannerCore:
         out: dict[str, LoadDecision] = {}
         engines = observation.engines or {}
         seen = observation.engine_last_seen_s or {}
+        busy = observation.engine_busy_fraction or {}
         for role, model in self.load_models.items():
             role_status = status.roles[role]
             floor: int | None = None
@@ -206,6 +209,7 @@ class PlannerCore:
                 engine_limits=self.engine_limits,
                 throughput_floor=floor,
                 last_seen_s=seen.get(role),
+                busy_fraction=busy.get(role),
             )
         return out
 

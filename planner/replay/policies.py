@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,6 +33,8 @@ from simulator.cluster import Cluster
 # between load ticks. Production feeds every iteration; one sample per engine per second
 # keeps the regression window fresh at a fraction of the cost.
 FPM_SAMPLE_PERIOD_S = 1.0
+# Engines' busy share is measured over this long a window (one load tick is too noisy).
+BUSY_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class PlannerPolicy:
         self._snapshots: dict[float, Snapshot] = {}
         self._fed: dict[tuple[str, int], int] = {}  # engine -> last counter fed to the models
         self._next_sample_s = FPM_SAMPLE_PERIOD_S
+        self._busy_seen: dict[tuple[str, int], deque[tuple[float, float]]] = {}
 
     def start(self, cluster: Cluster) -> None:
         self._snapshots[cluster.now] = snapshot_from_text(cluster.frontend.render_prometheus_text())
@@ -144,16 +148,41 @@ class PlannerPolicy:
                     namespace=cluster.frontend.labels["dynamo_namespace"],
                 )
         engines: dict[str, Mapping[tuple[str, int], ForwardPassMetrics]] | None = None
+        busy: dict[str, dict[tuple[str, int], float]] | None = None
         if due.run_load:
             engines = {role: cluster.latest_fpm(role) for role in cluster.roles}
+            busy = self._busy_fractions(cluster, now)
         effects = self.core.tick(
             now,
-            Observation(status=deployment_status(cluster), traffic=traffic, engines=engines),
+            Observation(
+                status=deployment_status(cluster),
+                traffic=traffic,
+                engines=engines,
+                engine_busy_fraction=busy,
+            ),
         )
         reason = "/".join(
             r.value for r in (effects.throughput_reason, effects.load_reason) if r is not None
         )
         return PolicyStep(now, effects.scale_to, reason, effects.message, effects)
+
+    def _busy_fractions(
+        self, cluster: Cluster, now: float
+    ) -> dict[str, dict[tuple[str, int], float]]:
+        """Each engine's busy share over the last ``BUSY_WINDOW_S``: what summing the
+        wall_time of every FPM it published over that time gives in production."""
+        out: dict[str, dict[tuple[str, int], float]] = {}
+        for role in cluster.roles:
+            for engine in cluster.engines(role):
+                key = (engine.worker_id, engine.dp_rank)
+                history = self._busy_seen.setdefault(key, deque())
+                history.append((now, engine.busy_time_s))
+                while len(history) > 2 and history[1][0] <= now - BUSY_WINDOW_S:
+                    history.popleft()
+                (t0, b0), (t1, b1) = history[0], history[-1]
+                if t1 > t0:
+                    out.setdefault(role, {})[key] = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
+        return out
 
     def _snapshot_at(self, t_s: float) -> Snapshot | None:
         for t, snap in self._snapshots.items():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -61,6 +62,9 @@ from planner.wiring import build_core, profile_for
 from signals.fpm import ForwardPassMetrics
 
 log = logging.getLogger(__name__)
+
+# Engines' busy share (sum of FPM wall_time) is measured over this window.
+BUSY_WINDOW_S = 60.0
 
 MAX_BACKOFF_S = 300.0
 SHUTDOWN_GRACE_S = 5.0
@@ -152,6 +156,8 @@ class DeploymentLoop:
         self._last_gpu_sample: tuple[float, int] | None = None
         self._failures = 0  # consecutive ticks (or start attempts) the connector failed
         self._traffic_problem: Problem | None = None  # the last throughput tick's, if any
+        self._busy_total: dict[EngineKey, float] = {}  # wall time of every FPM received
+        self._busy_history: dict[EngineKey, deque[tuple[float, float]]] = {}
         self._not_before_s = float("-inf")
         self._dropped_seen: dict[tuple[str, str], int] = {}
         intervals = []
@@ -355,10 +361,13 @@ class DeploymentLoop:
         assert self.core is not None
         core = self.core
         problems: list[Problem] = []
-        # The load models learn from every iteration, not only the ones at ticks.
+        # The load models learn from every iteration, not only the ones at ticks; the wall
+        # time of those iterations is each engine's busy time.
         for role, source in self.engine_sources.items():
             for report in source.drain_samples():
                 core.observe_iteration(role, report)
+                key = (report.worker_id, report.dp_rank)
+                self._busy_total[key] = self._busy_total.get(key, 0.0) + report.wall_time
 
         status = await self._read_status(problems)
         traffic: TrafficObservation | MissingObservation | None = None
@@ -374,11 +383,13 @@ class DeploymentLoop:
         engines: dict[str, dict[EngineKey, ForwardPassMetrics]] = {}
         seen: dict[str, dict[EngineKey, float]] = {}
         dp_size: dict[str, int] = {}
+        busy: dict[str, dict[EngineKey, float]] = {}
         if run_load:
             for role, source in self.engine_sources.items():
                 engines[role] = source.snapshot(now)
                 seen[role] = source.last_seen()
                 dp_size[role] = _dp_size(engines[role])
+                busy[role] = self._busy_fractions(now, engines[role])
 
         effects = core.tick(
             now,
@@ -388,6 +399,7 @@ class DeploymentLoop:
                 engines=engines or None,
                 engine_last_seen_s=seen or None,
                 dp_size=dp_size,
+                engine_busy_fraction=busy or None,
             ),
         )
         applied, held = await self._apply(effects, status, problems)
@@ -459,6 +471,24 @@ class DeploymentLoop:
                 Problem(ProblemKind.CONNECTOR_ERROR, "connector_error", str(exc), "status")
             )
             return MissingObservation("connector_error", str(exc))
+
+    def _busy_fractions(
+        self, now: float, engines: Mapping[EngineKey, ForwardPassMetrics]
+    ) -> dict[EngineKey, float]:
+        """Each live engine's share of the last ``BUSY_WINDOW_S`` spent in iterations."""
+        out: dict[EngineKey, float] = {}
+        for key in engines:
+            history = self._busy_history.setdefault(key, deque())
+            history.append((now, self._busy_total.get(key, 0.0)))
+            while len(history) > 2 and history[1][0] <= now - BUSY_WINDOW_S:
+                history.popleft()
+            (t0, b0), (t1, b1) = history[0], history[-1]
+            if t1 > t0:
+                out[key] = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
+        for gone in set(self._busy_history) - set(engines):
+            del self._busy_history[gone]
+            self._busy_total.pop(gone, None)
+        return out
 
     async def _observe_traffic(
         self, now: float, problems: list[Problem]

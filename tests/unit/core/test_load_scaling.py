@@ -699,3 +699,32 @@ def test_property_reason_matches_the_step(snap: dict[str, Any]) -> None:
         assert decision.replicas == snap["ready"] + 1
     if decision.replicas < snap["ready"] and snap["desired"] == snap["ready"]:
         assert decision.reason is R.SCALE_DOWN
+
+
+@pytest.mark.parametrize(
+    ("busy", "expect", "reason"),
+    [
+        (0.10, 1, R.SCALE_DOWN),  # 20 % on one engine: the TTFT tail holds
+        (0.45, 2, R.SCALE_DOWN_REFUSED_CONSOLIDATION),  # 90 % on one engine would queue
+    ],
+)
+def test_prefill_scale_down_respects_busy_time(busy: float, expect: int, reason: R) -> None:
+    # Empty queues say nothing of how busy the engines are: the same snapshot that lets the
+    # queue-only rule scale down is refused when the engines' busy time would not fit.
+    engines = prefill_engines(5000, 5000)
+    decision = decide_load(
+        role="prefill",
+        now_s=100.0,
+        engines=engines,
+        model=model_for("prefill"),
+        ready_replicas=2,
+        desired_replicas=2,
+        dp_size=1,
+        config=config(),
+        engine_limits=EngineLimits(),
+        throughput_floor=None,
+        busy_fraction=dict.fromkeys(engines, busy),
+    )
+    assert (decision.replicas, decision.reason) == (expect, reason), decision.message
+    if reason is R.SCALE_DOWN_REFUSED_CONSOLIDATION:
+        assert "would be 90%" in decision.message
