@@ -66,9 +66,7 @@ def load_requests(spec: WorkloadSpec) -> list[RequestLike]:
         limit = spec.duration_s
         source = (r for r in _until(source, limit))
     if spec.scale_load != 1.0:
-        source = scale_load(
-            source, spec.scale_load, seed=spec.seed, jitter_s=spec.clone_jitter_s
-        )
+        source = scale_load(source, spec.scale_load, seed=spec.seed, jitter_s=spec.clone_jitter_s)
     requests: list[RequestLike] = list(source)
     if not requests:
         raise SpecError("the workload has no requests")
