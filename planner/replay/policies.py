@@ -208,9 +208,9 @@ class StaticPolicy:
 
 
 class HpaPolicy:
-    """One HPA per role on the metric platform teams scale vLLM on: busy time (GPU
-    utilisation) for prefill, KV-cache usage (``vllm:gpu_cache_usage_perc``) for decode, the
-    larger of the two for aggregated engines."""
+    """One HPA per role on the metrics platform teams scale vLLM on: busy time (GPU
+    utilisation) for prefill, KV-cache or sequence-slot usage for decode, the larger of the
+    two for aggregated engines."""
 
     def __init__(self, roles: tuple[str, ...], behavior: HpaBehavior) -> None:
         self.name = "hpa"
@@ -234,13 +234,16 @@ class HpaPolicy:
 
     @staticmethod
     def _kv_usage(cluster: Cluster, role: str) -> float | None:
-        capacity = cluster.capabilities(role).max_kv_tokens
-        usage = [
-            (f.scheduled_requests.sum_decode_kv_tokens + f.queued_requests.sum_decode_kv_tokens)
-            / capacity
-            for f in cluster.latest_fpm(role).values()
-        ]
-        return sum(usage) / len(usage) if usage and capacity > 0 else None
+        """KV-cache usage (``vllm:gpu_cache_usage_perc``) or, when higher, the share of
+        sequence slots taken (``vllm:num_requests_running`` over ``max_num_seqs``): an engine
+        runs out of either."""
+        caps = cluster.capabilities(role)
+        usage = []
+        for f in cluster.latest_fpm(role).values():
+            kv = f.scheduled_requests.sum_decode_kv_tokens + f.queued_requests.sum_decode_kv_tokens
+            seqs = f.scheduled_requests.num_decode_requests + f.queued_requests.num_decode_requests
+            usage.append(max(kv / caps.max_kv_tokens, seqs / caps.max_num_seqs))
+        return sum(usage) / len(usage) if usage and caps.max_kv_tokens > 0 else None
 
     def wake(self, cluster: Cluster) -> PolicyStep:
         now = cluster.now
