@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+from typing import Any
 
 _NOISY_LIBRARIES = ("cmdstanpy", "prophet", "urllib3", "kubernetes", "aiohttp", "kopf")
 
@@ -34,9 +35,22 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, so a replaced stderr
+    (a test's capture, a daemon's redirect) never leaves the handler on a closed stream."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        return
+
+
 def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     """Send every package's records to stderr in the chosen format (idempotent)."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
