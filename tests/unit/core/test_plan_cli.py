@@ -177,3 +177,22 @@ def test_bad_input_is_one_line(profile_dir: Path, capsys: pytest.CaptureFixture[
         == 2
     )
     assert "--num-req" in capsys.readouterr().err
+
+
+def test_elastic_ep_is_refused_by_the_live_loop_not_ignored(capsys, tmp_path: Path) -> None:
+    code = main(
+        [
+            "replay",
+            "--workload",
+            "poisson:rate=1,isl=100,osl=10,duration=10",
+            "--elastic-ep",
+            "decode",
+            "--elastic-ep-max-dp",
+            "8",
+            "--no-progress",
+            "-o",
+            "/tmp/planner-elastic-refused",
+        ]
+    )
+    assert code == 2
+    assert "does not drive it yet" in capsys.readouterr().err
