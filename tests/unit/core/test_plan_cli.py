@@ -191,7 +191,7 @@ def test_elastic_ep_is_refused_by_the_live_loop_not_ignored(capsys, tmp_path: Pa
             "8",
             "--no-progress",
             "-o",
-            "/tmp/planner-elastic-refused",
+            str(tmp_path),
         ]
     )
     assert code == 2
