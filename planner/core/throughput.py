@@ -27,6 +27,7 @@ from planner.config.schema import PlannerConfig
 from planner.core.budget import apply_floors, apply_gpu_budget, cap_change
 from planner.core.types import (
     DeploymentStatus,
+    Histogram,
     MissingObservation,
     ThroughputReason,
     TrafficObservation,
@@ -177,6 +178,7 @@ def size_prefill(
     gpus_per_replica: int,
     ttft_target_ms: float | None = None,
     attainment: float | None = None,
+    service_scv: float = 1.0,
 ) -> RoleSizing:
     """``ceil(num_req x isl / interval x min(1, corr) / (thpt_per_gpu(isl) x rho) / gpus)``.
 
@@ -184,7 +186,8 @@ def size_prefill(
     throughput, i.e. fully busy. Given a TTFT target and an ``attainment`` share, ``rho`` is
     the utilisation at which no more than ``1 - attainment`` of requests wait longer than the
     target leaves after their own prefill (:func:`interpolation.queueing.max_utilisation`;
-    service time per request ``isl / (thpt_per_gpu x gpus)``).
+    service time per request ``isl / (thpt_per_gpu x gpus)``, its variability
+    ``service_scv`` that of the prompt lengths).
 
     The correction only ever lowers the demand here (Dynamo's ``min(1, p_corr)``): a slow
     TTFT is a queueing symptom that more prefill replicas fix, which the raw demand already
@@ -211,7 +214,12 @@ def size_prefill(
         slack_s = (ttft_target_ms - own_ms) / 1000.0
         if slack_s > 0:
             rho = max(
-                max_utilisation(slack_s=slack_s, service_s=service_s, quantile=attainment),
+                max_utilisation(
+                    slack_s=slack_s,
+                    service_s=service_s,
+                    quantile=attainment,
+                    service_scv=service_scv,
+                ),
                 MIN_UTILISATION,
             )
             note = f"sized at {rho:.0%} utilisation for {attainment:.0%} TTFT attainment"
@@ -229,6 +237,28 @@ def size_prefill(
         note=note,
         utilisation=rho,
     )
+
+
+def histogram_scv(histogram: Histogram) -> float | None:
+    """Squared coefficient of variation (variance / mean^2) of a bucketed distribution, each
+    bucket at its midpoint (the overflow at 1.5 x the last bound); None when empty.
+
+    >>> histogram_scv(Histogram(bounds=(1024.0, 2048.0, 4096.0), counts=(0.0, 0.0, 10.0)))
+    0.0
+    """
+    total = histogram.total
+    if total <= 0 or not histogram.bounds:
+        return None
+    lows = (0.0, *histogram.bounds[:-1])
+    points = [(lo + hi) / 2 for lo, hi in zip(lows, histogram.bounds, strict=True)]
+    weights = list(histogram.counts)
+    points.append(histogram.bounds[-1] * 1.5)
+    weights.append(histogram.overflow)
+    mean = sum(p * w for p, w in zip(points, weights, strict=True)) / total
+    if mean <= 0:
+        return None
+    var = sum(w * (p - mean) ** 2 for p, w in zip(points, weights, strict=True)) / total
+    return var / mean**2
 
 
 def size_decode(
@@ -327,6 +357,9 @@ class ThroughputPlanner:
         self.config = config
         self.profile = profile
         self.decode_max_num_seqs = decode_max_num_seqs
+        # Variability of prompt lengths (squared coefficient of variation) from the observed
+        # ISL histogram; until one is seen, the exponential case (1.0) is assumed.
+        self.isl_scv = 1.0
         self.predictors: dict[str, LoadPredictor] = {s: predictor_factory(s) for s in SERIES}
         self.corrections = CorrectionFactors()
         self._last_action_s: float | None = None
@@ -407,6 +440,10 @@ class ThroughputPlanner:
         roles = cfg.roles
         gpus = {r: status.roles[r].gpus_per_replica for r in roles}
         current = {r: status.desired(r) for r in roles}
+        if traffic.num_req > 0 and traffic.isl_histogram is not None:
+            scv = histogram_scv(traffic.isl_histogram)
+            if scv is not None:
+                self.isl_scv = scv
         sizing = self._size(forecast, gpus)
         diagnostics = ThroughputDiagnostics(
             observed=traffic,
@@ -556,6 +593,7 @@ class ThroughputPlanner:
             gpus_per_replica=engine_gpus_p,
             ttft_target_ms=cfg.ttft_ms,
             attainment=cfg.ttft_attainment_target,
+            service_scv=self.isl_scv,
         )
         decode = size_decode(
             forecast,

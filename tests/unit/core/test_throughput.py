@@ -320,3 +320,19 @@ def test_decode_is_capped_by_sequence_slots(h200_like_profile: Profile) -> None:
     slot_thpt = 32 * 0.8 * 1000 / best.itl_ms
     assert capped.replicas == math.ceil(free.demand_tokens_per_s / slot_thpt) > free.replicas
     assert "sequence slots" in capped.note
+
+
+def test_prompt_length_variability_sets_the_prefill_headroom(h200_like_profile: Profile) -> None:
+    from planner.core.types import Histogram
+
+    bounds = (1024.0, 2048.0, 4096.0, 8192.0)
+    same = Histogram(bounds=bounds, counts=(0.0, 0.0, 600.0, 0.0))  # every prompt ~3000
+    mixed = Histogram(bounds=bounds, counts=(300.0, 100.0, 100.0, 60.0), overflow=40.0)
+
+    def prefill_utilisation(histogram: Histogram) -> float:
+        tp = planner(h200_like_profile, max_throughput_scaling_replicas=100)
+        obs = traffic(60, 6000, isl_histogram=histogram)
+        decision = tp.tick(60, obs, status(1, 1))
+        return decision.diagnostics.sizing["prefill"].utilisation
+
+    assert prefill_utilisation(same) > prefill_utilisation(mixed)

@@ -72,9 +72,15 @@ def test_every_request_is_counted_once(step_plan, tmp_path: Path) -> None:
     assert (tmp_path / "report.html").stat().st_size > 10_000
 
 
-def test_the_planner_scales_up_for_the_step(step_plan) -> None:
-    result = run(step_plan, "planner", progress=False)
-    assert result.summary["max_replicas"]["prefill"] > step_plan.setup.initial_replicas["prefill"]
+def test_the_planner_scales_up_for_the_step() -> None:
+    cold = prepare(
+        config(),
+        WorkloadSpec(workload=STEP, seed=3),
+        startup_delay_s=60,
+        initial={"prefill": 1, "decode": 1},
+    )
+    result = run(cold, "planner", progress=False)
+    assert result.summary["max_replicas"]["prefill"] > 1
     assert result.summary["scale_actions"]["prefill"] >= 1
 
 
