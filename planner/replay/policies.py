@@ -222,7 +222,7 @@ class HpaPolicy:
     def next_wakeup_s(self) -> float:
         return self._next
 
-    def _busy_fraction(self, cluster: Cluster, role: str, now: float) -> float | None:
+    def _busy_fraction(self, cluster: Cluster, role: str, now: float) -> list[float]:
         fractions = []
         for engine in cluster.engines(role):
             key = (engine.worker_id, engine.dp_rank)
@@ -230,10 +230,10 @@ class HpaPolicy:
             self._busy[key] = (now, engine.busy_time_s)
             if previous is not None and now > previous[0]:
                 fractions.append(min(1.0, (engine.busy_time_s - previous[1]) / (now - previous[0])))
-        return sum(fractions) / len(fractions) if fractions else None
+        return fractions
 
     @staticmethod
-    def _kv_usage(cluster: Cluster, role: str) -> float | None:
+    def _kv_usage(cluster: Cluster, role: str) -> list[float]:
         """KV-cache usage (``vllm:gpu_cache_usage_perc``) or, when higher, the share of
         sequence slots taken (``vllm:num_requests_running`` over ``max_num_seqs``): an engine
         runs out of either."""
@@ -243,7 +243,25 @@ class HpaPolicy:
             kv = f.scheduled_requests.sum_decode_kv_tokens + f.queued_requests.sum_decode_kv_tokens
             seqs = f.scheduled_requests.num_decode_requests + f.queued_requests.num_decode_requests
             usage.append(max(kv / caps.max_kv_tokens, seqs / caps.max_num_seqs))
-        return sum(usage) / len(usage) if usage and caps.max_kv_tokens > 0 else None
+        return usage
+
+    def _utilisation(self, per_engine: list[float], expected: int) -> float | None:
+        """The HPA's readiness rule: pods without a metric (still starting) count as 0 % when
+        the others say scale up and as 100 % when they say scale down, and may not flip the
+        direction; otherwise a scale-up would be multiplied again at every sync while the
+        new pods start."""
+        if not per_engine:
+            return None
+        target = self.behavior.target_utilisation
+        missing = max(0, expected - len(per_engine))
+        total = len(per_engine) + missing
+        up = sum(per_engine) / total
+        down = (sum(per_engine) + missing) / total
+        if up > target:
+            return up
+        if down < target:
+            return down
+        return target  # the substitutions disagree: no change
 
     def wake(self, cluster: Cluster) -> PolicyStep:
         now = cluster.now
@@ -251,11 +269,20 @@ class HpaPolicy:
         target: dict[str, int] = {}
         notes = []
         for role, hpa in self.hpas.items():
-            busy = self._busy_fraction(cluster, role, now) if role != "decode" else None
-            kv = self._kv_usage(cluster, role) if role != "prefill" else None
+            current = cluster.desired_replicas(role)
+            expected = current * cluster.capabilities(role).dp
+            busy = (
+                self._utilisation(self._busy_fraction(cluster, role, now), expected)
+                if role != "decode"
+                else None
+            )
+            kv = (
+                self._utilisation(self._kv_usage(cluster, role), expected)
+                if role != "prefill"
+                else None
+            )
             signals = [v for v in (busy, kv) if v is not None]
             utilisation = max(signals) if signals else None
-            current = cluster.desired_replicas(role)
             target[role] = hpa.recommend(now_s=now, current=current, utilisation=utilisation)
             if utilisation is not None:
                 notes.append(f"{role} {utilisation:.0%}")
