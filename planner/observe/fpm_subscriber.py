@@ -250,6 +250,11 @@ class FpmSubscriber:
         try:
             while not self._stop.is_set():
                 self._sync_sockets(context, poller, sockets, failed_at)
+                if not sockets:
+                    # zmq.Poller with nothing registered returns at once: without this wait
+                    # a subscriber that has no (reachable) endpoint spins a whole core
+                    self._stop.wait(self._poll_ms / 1000.0)
+                    continue
                 endpoint_of = {sock: endpoint for endpoint, sock in sockets.items()}
                 for sock, _ in poller.poll(self._poll_ms):
                     endpoint = endpoint_of[sock]

@@ -252,3 +252,21 @@ def test_from_config_and_bad_endpoints() -> None:
         FpmSubscriber(endpoints=["http://x:1"])
     with pytest.raises(ValueError, match="staleness_s must be > 0"):
         FpmSubscriber(staleness_s=0)
+
+
+def test_a_subscriber_without_endpoints_sleeps_instead_of_spinning() -> None:
+    # Found in CI: zmq.Poller with nothing registered returns at once, so an idle subscriber
+    # (load loop on, no engine reachable yet) burned a whole core and starved other threads.
+    import time
+
+    from planner.observe.fpm_subscriber import FpmSubscriber
+
+    sub = FpmSubscriber(endpoints=(), name="idle")
+    sub.start()
+    try:
+        before = time.process_time()
+        time.sleep(1.0)
+        used = time.process_time() - before
+    finally:
+        sub.stop()
+    assert used < 0.5  # a spinning receiver thread uses about 1 CPU-second per second
