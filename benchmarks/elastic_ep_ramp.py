@@ -50,9 +50,14 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# Run as a script, this folder comes first on sys.path, and benchmarks/predictors.py would
+# shadow the predictors package: look in the repository root first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interpolation import load_profile
 from interpolation.profile import Profile

@@ -20,6 +20,11 @@ import math
 import statistics
 import sys
 import time
+from pathlib import Path
+
+# Run as a script, this folder comes first on sys.path, and benchmarks/predictors.py would
+# shadow the predictors package: look in the repository root first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from predictors.traces import read_trace
 from simulator.cluster import Cluster
