@@ -9,6 +9,7 @@ GPU time is metered up to that horizon for every policy alike.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -22,7 +23,13 @@ from interpolation import Profile
 from planner.config.schema import PlannerConfig
 from planner.replay.oracle import WindowNeed, lower_bound_gpu_hours
 from planner.replay.policies import Policy, PolicyStep, engine_queues
-from planner.replay.summary import ScaleLog, TimelineRow, score_requests
+from planner.replay.summary import (
+    ScaleLog,
+    TimelineRow,
+    score_requests,
+    write_requests_csv,
+    write_timeline_csv,
+)
 from planner.report.recorder import DiagnosticsRecorder, TickSnapshot
 from simulator.cluster import Cluster
 from simulator.engine_spec import EngineSpec
@@ -254,10 +261,6 @@ def write_outputs(
     out_dir: Path, result: ReplayResult, *, config: PlannerConfig | None, roles: Sequence[str]
 ) -> None:
     """summary.json, requests.csv, timeline.csv for one policy (the report is separate)."""
-    import json
-
-    from planner.replay.summary import write_requests_csv, write_timeline_csv
-
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = dict(result.summary)
     if config is not None:
