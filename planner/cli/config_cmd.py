@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from planner.config import load_config
-from planner.config.flags import add_config_arguments, config_flags
+from planner.config.flags import add_config_arguments, config_flags, flag_summary
 from planner.errors import ConfigError
 
 
@@ -19,6 +19,8 @@ def register(sub: Any) -> None:
         help="Show or validate the effective configuration.",
         description="Show or validate the effective configuration. Precedence, lowest first: "
         "defaults < --config < environment (PLANNER_*, Dynamo's names) < flags.",
+        epilog=flag_summary(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="config_action", metavar="ACTION", required=True)
 

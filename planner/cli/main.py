@@ -24,6 +24,7 @@ from planner.cli import (
     replay_cmd,
     run_cmd,
 )
+from planner.config.flags import flag_summary
 from planner.errors import classify
 from planner.logging_setup import configure_logging
 
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="planner",
         description="SLO-driven autoscaler for disaggregated LLM inference on Kubernetes.",
+        epilog=flag_summary(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"planner {__version__}")
     parser.add_argument(

@@ -9,6 +9,7 @@ them together with the other sources, so a bad flag is reported like a bad file 
 from __future__ import annotations
 
 import argparse
+import textwrap
 import typing
 from typing import Any, get_args, get_origin
 
@@ -122,6 +123,27 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=None if choices else name.split("_")[-1].upper(),
             help=help_text,
         )
+
+
+def flag_summary() -> str:
+    """Every config flag spelling, for the epilog of ``planner --help``/``config --help``."""
+    spellings: list[str] = []
+    aliases: dict[str, list[str]] = {}
+    for key, name in field_names_by_key().items():
+        if key != name:
+            aliases.setdefault(name, []).append(key)
+    for name, info in PlannerConfig.model_fields.items():
+        keys = [name, *aliases.get(name, [])]
+        if _is_bool(info.annotation):
+            spellings += [f"{_flag(k)}/--no-{k.replace('_', '-')}" for k in keys[:1]]
+            spellings += [_flag(k) for k in keys[1:]]
+        else:
+            spellings += [_flag(k) for k in keys]
+    text = (
+        "Planner settings (flags of config show, plan, replay, run and operator; also "
+        "--config FILE and PLANNER_* variables): " + ", ".join(spellings)
+    )
+    return textwrap.fill(text, width=88, break_on_hyphens=False, break_long_words=False)
 
 
 def config_flags(namespace: argparse.Namespace) -> dict[str, Any]:

@@ -292,3 +292,24 @@ def test_help_lists_dynamo_flags(capsys: pytest.CaptureFixture[str]) -> None:
         "--load-adjustment-interval",
     ):
         assert flag in out, flag
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["config", "--help"]])
+def test_top_level_and_config_help_list_the_flags(argv, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(argv)
+    out = capsys.readouterr().out
+    for flag in (
+        "--adjustment-interval",
+        "--load-predictor",
+        "--no-correction",
+        "--ttft",
+        "--itl",
+        "--max-gpu-budget",
+        "--min-endpoint",
+        "--kalman-min-points",
+        "--enable-load-scaling/--no-enable-load-scaling",
+        "--metric-pulling-prometheus-endpoint",
+        "--load-predictor-warmup-trace",
+    ):
+        assert flag in out, flag
