@@ -9,7 +9,6 @@ from interpolation import Profile, load_profile, resolve_profile
 from planner.config.schema import PlannerConfig
 from planner.core.load_scaling import EngineLimits
 from planner.core.planner import PlannerCore
-from planner.errors import SpecError
 from predictors import make_predictor
 from predictors.base import LoadPredictor
 
@@ -47,14 +46,6 @@ def build_core(
 ) -> PlannerCore:
     """A PlannerCore for ``config``; the profile is loaded only when the throughput loop
     needs one."""
-    if config.elastic_ep is not None:
-        # Better a clear refusal than a setting the live loop would silently ignore.
-        raise SpecError(
-            f"elastic_ep={config.elastic_ep}: resizing engines in place is planned by "
-            "planner.core.elastic and measured by benchmarks/elastic_ep_ramp.py, but the live "
-            "loop (planner run / operator / replay) does not drive it yet; unset elastic_ep "
-            "to scale this deployment by replicas (see docs/elastic-ep.md)"
-        )
     if config.throughput_scaling_active and profile is None:
         profile = profile_for(config)
     return PlannerCore(

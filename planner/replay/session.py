@@ -100,6 +100,14 @@ def prepare(
     initial: dict[str, int] | None = None,
     router: str = "least_loaded",
 ) -> ReplayPlan:
+    if config.elastic_ep is not None:
+        # Better a clear refusal than a setting the replay would silently ignore.
+        raise SpecError(
+            f"elastic_ep={config.elastic_ep}: resizing engines in place is driven by the live "
+            "loop (planner run / operator) and measured by benchmarks/elastic_ep_ramp.py, but "
+            "planner replay does not drive it yet; unset elastic_ep to replay this deployment "
+            "scaled by replicas (see docs/elastic-ep.md)"
+        )
     if config.mode not in ("disagg", "agg"):
         raise SpecError(f"replay simulates disagg or agg deployments, not mode={config.mode}")
     profile = profile_for(config) if (config.throughput_scaling_active or engine is None) else None

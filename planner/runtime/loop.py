@@ -13,6 +13,8 @@ The loop owns the clock and all per-tick I/O; the core decides. Shared by ``plan
         traffic <- Prometheus window [now - I, now]   throughput ticks only
         engines <- latest FPM per engine          load ticks only
         effects = core.tick(now, observation)
+        elastic EP role (if any): dropped from scale_to; its DP size is planned and resized
+                                  in the background (planner.runtime.elastic)
         connector.set_replicas(scale_to)          unless advisory or held
         gauges, diagnostics snapshot, outcome callback (the operator's status)
 
@@ -31,7 +33,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from connectors.base import Connector, advisory_holds
@@ -50,6 +52,7 @@ from planner.exporter import HealthState, PlannerMetrics
 from planner.observe import TrafficObserver
 from planner.report.recorder import DiagnosticsRecorder
 from planner.runtime.clock import Clock, WallClock
+from planner.runtime.elastic import ElasticDriver, ElasticTick
 from planner.runtime.outcome import (
     Problem,
     ProblemKind,
@@ -159,6 +162,7 @@ class DeploymentLoop:
         self._busy_total: dict[EngineKey, float] = {}  # wall time of every FPM received
         self._busy_history: dict[EngineKey, deque[tuple[float, float]]] = {}
         self._not_before_s = float("-inf")
+        self.elastic: ElasticDriver | None = None
         self._dropped_seen: dict[tuple[str, str], int] = {}
         intervals = []
         if config.throughput_scaling_active:
@@ -212,6 +216,8 @@ class DeploymentLoop:
     async def close(self) -> None:
         """Stop the FPM subscribers this loop started, close the observer and the connector,
         write the last diagnostics report."""
+        if self.elastic is not None:
+            await self.elastic.close()
         for source in self._owned_sources:
             await asyncio.to_thread(source.stop)
         self._owned_sources.clear()
@@ -260,12 +266,16 @@ class DeploymentLoop:
             if profile is None and cfg.throughput_scaling_active:
                 profile = await asyncio.to_thread(profile_for, cfg)  # file I/O
             self.core = build_core(cfg, start_s=self.clock.now(), profile=profile)
+            if cfg.elastic_ep is not None:
+                self.elastic = ElasticDriver(cfg, profile=profile, connector=self.connector)
         except Exception as exc:
             if not is_spec_error(exc):
                 raise
             problem = Problem(ProblemKind.INVALID_SPEC, type(exc).__name__, str(exc), "spec")
             await self._emit(TickOutcome(t_s=self.clock.now(), problems=(problem,)))
             raise
+        if self.elastic is not None:
+            self.elastic.start()
         if self.metrics is not None:
             self.metrics.set_slo(
                 self.ref.namespace, self.ref.name, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms
@@ -402,6 +412,11 @@ class DeploymentLoop:
                 engine_busy_fraction=busy or None,
             ),
         )
+        elastic: ElasticTick | None = None
+        if self.elastic is not None:
+            effects = self._without_elastic_role(effects, status)
+            if traffic is not None:
+                elastic = await self.elastic.tick(now, traffic, status, problems)
         applied, held = await self._apply(effects, status, problems)
         tp_reason = effects.throughput_reason.value if effects.throughput_reason else None
         if held and tp_reason in _SCALING_REASONS:
@@ -417,6 +432,14 @@ class DeploymentLoop:
         message = effects.message
         if held:
             message += f" | held: {', '.join(f'{r} ({why})' for r, why in held.items())}"
+        extra: dict[str, object] = {
+            "applied": applied,
+            "held": held,
+            "problems": [p.render() for p in problems],
+        }
+        if elastic is not None and self.elastic is not None:
+            message += " | " + elastic.render(self.elastic.role, advisory=self.config.advisory)
+            extra["elastic"] = elastic.as_extra()
         snapshot = build_snapshot(
             t_s=now,
             status=status_ok,
@@ -427,7 +450,7 @@ class DeploymentLoop:
             load_reason=load_reason,
             message=message,
             engines=engine_queues(engines),
-            extra={"applied": applied, "held": held, "problems": [p.render() for p in problems]},
+            extra=extra,
         )
         outcome = TickOutcome(
             t_s=now,
@@ -445,6 +468,7 @@ class DeploymentLoop:
             message=message,
             advisory=self.config.advisory,
             snapshot=snapshot,
+            elastic=elastic.decision if elastic is not None else None,
         )
         self._publish(outcome)
         if self.recorder is not None:
@@ -457,6 +481,28 @@ class DeploymentLoop:
             log.info("%s: first successful observation; ready", self.ref)
         self._log_summary(outcome)
         return outcome
+
+    def _without_elastic_role(
+        self, effects: Effects, status: DeploymentStatus | MissingObservation
+    ) -> Effects:
+        """The core's effects without a replica target for the elastic role: its capacity
+        moves by DP size, and a replica change would fight the resize."""
+        assert self.elastic is not None
+        role = self.elastic.role
+        if not effects.scale_to or role not in effects.scale_to:
+            return effects
+        wanted = effects.scale_to[role]
+        current = status.desired(role) if isinstance(status, DeploymentStatus) else None
+        if wanted != current:
+            log.info(
+                "%s: not scaling %s to %d replicas: it is the elastic-EP role, whose capacity "
+                "changes by data-parallel size",
+                self.ref,
+                role,
+                wanted,
+            )
+        rest = {r: n for r, n in effects.scale_to.items() if r != role}
+        return replace(effects, scale_to=rest or None)
 
     async def _read_status(self, problems: list[Problem]) -> DeploymentStatus | MissingObservation:
         try:

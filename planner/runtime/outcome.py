@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from connectors.base import Hold
+from planner.core.elastic import ElasticDecision
 from planner.core.planner import Effects, forecast_rate
 from planner.core.types import DeploymentStatus, TrafficObservation
 from planner.report.recorder import EngineQueues, TickSnapshot
@@ -58,7 +59,8 @@ class TickOutcome:
     to scale but a connector hold or advisory mode kept the replicas, the throughput reason
     says so (``manual_override_hold``, ``advisory``, ``scaling_in_progress`` while a virtual
     decision awaits its acknowledgement). ``held`` maps each role that was not changed to the
-    hold's reason.
+    hold's reason. ``elastic`` is the elastic-EP policy's decision of a throughput tick when
+    a role is elastic (its DP target; the resize itself runs in the background).
     """
 
     t_s: float
@@ -76,6 +78,7 @@ class TickOutcome:
     message: str = ""
     advisory: bool = False
     snapshot: TickSnapshot | None = None
+    elastic: ElasticDecision | None = None
 
     @property
     def observed_ok(self) -> bool:

@@ -40,6 +40,13 @@ def make_connector(
         from connectors.virtual import VirtualConnector
 
         return VirtualConnector(config, clock=clock.now, sleep=clock.sleep)
+    if config.elastic_ep is not None and config.elastic_ep_follower_service:
+        # The DGD connector that also scales the elastic role's follower pods (two stages).
+        from connectors.elastic_ep import ElasticEpKubernetes
+
+        return ElasticEpKubernetes(
+            config, api_client=api_client, clock=clock.now, sleep=clock.sleep
+        )
     from connectors.kubernetes import KubernetesConnector
 
     return KubernetesConnector(config, api_client=api_client, clock=clock.now, sleep=clock.sleep)

@@ -1,0 +1,227 @@
+"""The live loop drives elastic EP: kmock as the Kubernetes API with the real connector, the
+canned Prometheus with the real observer, the vLLM-like admin server as the engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from planner.core.elastic import ElasticReason
+from planner.runtime.outcome import ProblemKind
+from tests.integration.elastic.conftest import FakeVllmEngine
+from tests.unit.observe.canned_prometheus import vector_reply
+from tests.unit.runtime.conftest import loop_config, spec_replicas, traffic_parts
+
+pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+
+MAX_DP = 16
+
+
+def elastic_config(engine: FakeVllmEngine, **overrides: Any) -> Any:
+    values: dict[str, Any] = {
+        "elastic_ep": "decode",
+        "elastic_ep_mode": "nixl",
+        "elastic_ep_min_dp": 1,
+        "elastic_ep_max_dp": MAX_DP,
+        "elastic_ep_admin_url": engine.url,
+    }
+    values.update(overrides)
+    return loop_config(**values)
+
+
+async def run_ramp(h: Any, prometheus: Any, rates: list[float]) -> list[Any]:
+    """One throughput tick per rate (req/s over the 60 s window); each tick's background
+    resize is let finish before the next tick, as a resize shorter than a tick would."""
+    outcomes = []
+    for rate in rates:
+        prometheus.reply = vector_reply(traffic_parts(rate, 60.0))
+        outcome = await h.next_tick()
+        assert outcome is not None and outcome.ran_throughput
+        outcomes.append(outcome)
+        assert h.loop.elastic is not None
+        await h.loop.elastic.wait_idle()
+    return outcomes
+
+
+@pytest.fixture
+def engine() -> Iterator[FakeVllmEngine]:
+    engine = FakeVllmEngine(dp=1, max_dp=MAX_DP)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+async def test_rising_traffic_resizes_the_engine_to_the_planned_dp(
+    cluster, harness_factory, prometheus, engine
+) -> None:
+    h = harness_factory(elastic_config(engine))
+    await h.start()
+
+    # One decode rank serves ~28 req/s of ISL 3000 / OSL 150 on this profile.
+    outcomes = await run_ramp(h, prometheus, [5.0, 40.0, 80.0, 120.0])
+
+    first = outcomes[0]
+    assert first.elastic is not None and first.elastic.target_dp is None
+    assert first.elastic.reason is ElasticReason.NO_CHANGE
+    resizes = [o for o in outcomes if o.elastic is not None and o.elastic.target_dp is not None]
+    assert resizes, [o.message for o in outcomes]
+    planned = [o.elastic.target_dp for o in resizes]
+    assert all(
+        o.elastic.reason in (ElasticReason.SCALE_UP, ElasticReason.SCALE_UP_CAPPED) for o in resizes
+    )
+    # each planned size reached the engine's admin API, in order, and nothing else did
+    sent = [c.body["new_data_parallel_size"] for c in engine.scale_calls()]
+    assert sent == planned
+    assert all(c.status == 200 for c in engine.scale_calls())
+    assert engine.dp == planned[-1] > 1
+    assert engine.max_active == 1
+    # the next tick plans from the size the resize reached
+    later = await run_ramp(h, prometheus, [120.0])
+    assert later[0].elastic is not None and later[0].elastic.current_dp == engine.dp
+    # the elastic role keeps its replicas while the core scales the others
+    replicas = spec_replicas(cluster)
+    assert replicas["decode"] == 1
+    assert replicas["prefill"] > 1
+    assert all("decode" not in o.applied for o in outcomes)
+    # the decision is reported in the message and the snapshot
+    last = resizes[-1]
+    assert f"elastic decode: resizing DP {last.elastic.current_dp} -> {planned[-1]}" in (
+        last.message
+    )
+    assert last.snapshot.extra["elastic"]["target_dp"] == planned[-1]
+    assert last.snapshot.extra["elastic"]["reason"] == last.elastic.reason.value
+    assert all(o.problems == () for o in outcomes + later)
+
+
+async def test_advisory_plans_the_dp_but_never_resizes(
+    cluster, harness_factory, prometheus, engine
+) -> None:
+    h = harness_factory(elastic_config(engine, advisory=True))
+    await h.start()
+
+    outcomes = await run_ramp(h, prometheus, [5.0, 40.0, 80.0, 120.0])
+
+    planned = [o for o in outcomes if o.elastic is not None and o.elastic.target_dp is not None]
+    assert planned, [o.message for o in outcomes]
+    assert "[ADVISORY: not resized]" in planned[-1].message
+    assert engine.scale_calls() == []
+    assert engine.dp == 1
+    assert spec_replicas(cluster) == {"prefill": 1, "decode": 1}
+
+
+async def test_a_refused_resize_is_a_problem_and_the_loop_goes_on(
+    cluster, harness_factory, prometheus, engine
+) -> None:
+    engine.fail_next = [500]
+    h = harness_factory(elastic_config(engine))
+    await h.start()
+
+    failed, reported = await run_ramp(h, prometheus, [120.0, 120.0])
+
+    assert failed.elastic is not None and failed.elastic.target_dp is not None
+    target = failed.elastic.target_dp
+    # the resize ran in the background; its 500 is reported by the next tick
+    problem = reported.problem(ProblemKind.CONNECTOR_ERROR)
+    assert problem is not None and problem.source == "elastic"
+    assert "500" in problem.detail and "keeps its size" in problem.detail
+    # the same tick planned again from the size the engine kept, and the retry went through
+    assert reported.elastic is not None and reported.elastic.current_dp == 1
+    assert reported.elastic.target_dp == target
+    assert [c.status for c in engine.scale_calls()] == [500, 200]
+    assert engine.dp == target
+    (after,) = await run_ramp(h, prometheus, [120.0])
+    assert after.problems == ()
+    assert after.elastic is not None and after.elastic.current_dp == target
+
+
+async def test_an_unreachable_engine_is_a_problem_and_the_next_tick_runs(
+    cluster, harness_factory, prometheus, engine
+) -> None:
+    config = elastic_config(engine)
+    engine.stop()
+    h = harness_factory(config)
+    await h.start()
+
+    first = await h.next_tick()
+    second = await h.next_tick()
+
+    for outcome in (first, second):
+        assert outcome is not None and outcome.ran_throughput
+        assert outcome.elastic is None
+        problem = outcome.problem(ProblemKind.CONNECTOR_ERROR)
+        assert problem is not None and problem.source == "elastic"
+        assert "cannot reach the engine" in problem.detail
+        assert outcome.status is not None  # the rest of the tick ran
+    assert second.t_s > first.t_s
+
+
+async def test_make_connector_scales_followers_on_kubernetes(engine, api_client) -> None:
+    from connectors.elastic_ep import ElasticEpKubernetes
+    from connectors.kubernetes import KubernetesConnector
+    from planner.runtime.clock import WallClock
+    from planner.runtime.service import make_connector
+
+    clock = WallClock()
+    with_followers = elastic_config(engine, elastic_ep_follower_service="decode-elastic")
+    two_stage = make_connector(with_followers, clock=clock, api_client=api_client)
+    assert isinstance(two_stage, ElasticEpKubernetes)
+    plain = make_connector(elastic_config(engine), clock=clock, api_client=api_client)
+    assert isinstance(plain, KubernetesConnector)
+    assert not isinstance(plain, ElasticEpKubernetes)
+
+
+async def test_on_kubernetes_followers_are_ready_before_the_grow_reaches_the_engine(
+    cluster, harness_factory, prometheus, engine, api_client
+) -> None:
+    from connectors.elastic_ep import RECORD_ANNOTATION, ElasticEpKubernetes
+    from tests.integration.connectors.conftest import frontend, worker
+    from tests.integration.elastic.test_two_stage import FOLLOWER, follower_state, watch_scales
+
+    follower = FOLLOWER  # watch_scales reads this service
+    cluster.add_dgd(
+        {
+            "Frontend": frontend(),
+            "prefill": worker("prefill", 1),
+            "decode": worker("decode", 1),
+            follower: {"componentType": "worker", "replicas": 0},
+        }
+    )
+    config = elastic_config(
+        engine,
+        elastic_ep_dp_step=2,
+        elastic_ep_max_dp=9,
+        elastic_ep_follower_service=follower,
+        scaling_check_interval_seconds=0.02,
+    )
+    h = harness_factory(config)
+    h.loop.connector = ElasticEpKubernetes(
+        config, api_client=api_client, clock=h.clock.now, sleep=h.clock.sleep
+    )
+
+    async def operator() -> None:  # follower pods become ready as soon as they are asked for
+        while True:
+            await asyncio.sleep(0.01)
+            desired, ready = follower_state(cluster)
+            if desired != ready:
+                cluster.set_ready(follower, desired)
+
+    seen = watch_scales(engine, cluster)
+    playing = asyncio.create_task(operator())
+    try:
+        await h.start()
+        (grow,) = await run_ramp(h, prometheus, [120.0])
+    finally:
+        playing.cancel()
+        await asyncio.gather(playing, return_exceptions=True)
+
+    assert grow.elastic is not None and grow.elastic.target_dp is not None
+    target = grow.elastic.target_dp
+    followers = (target - 1) // 2
+    # stage one raised the followers and waited for them; stage two resized the engine
+    assert seen == [(target, followers, followers)]
+    assert engine.dp == target
+    assert follower_state(cluster) == (followers, followers)
+    assert RECORD_ANNOTATION not in (cluster.dgd()["metadata"].get("annotations") or {})
