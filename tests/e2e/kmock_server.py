@@ -39,9 +39,8 @@ from planner.operator.crd import PLURAL as POLICY_PLURAL
 from planner.operator.crd import SHORT_NAMES as POLICY_SHORT_NAMES
 from planner.operator.crd import SINGULAR as POLICY_SINGULAR
 from planner.operator.crd import VERSION as POLICY_VERSION
+from tests.kube_dynamo import declare_dynamo_resources
 
-DGD = "nvidia.com/v1alpha1/dynamographdeployments"
-DGDSA = "nvidia.com/v1alpha1/dynamographdeploymentscalingadapters"
 POLICY = f"{POLICY_GROUP}/{POLICY_VERSION}/{POLICY_PLURAL}"
 PEERING = "kopf.dev/v1/kopfpeerings"
 CLUSTER_PEERING = "kopf.dev/v1/clusterkopfpeerings"
@@ -95,22 +94,7 @@ def declare_resources(k8s: Any) -> None:
     """The built-ins plus every custom resource the planner, kopf and the chart use."""
     k8s.resources.load_bundled()
     verbs = set(_VERBS)
-    k8s.resources[DGD] = kmock.ResourceInfo(
-        kind="DynamoGraphDeployment",
-        singular="dynamographdeployment",
-        namespaced=True,
-        verbs=verbs,
-        shortnames={"dgd"},
-        subresources={"status"},
-    )
-    k8s.resources[DGDSA] = kmock.ResourceInfo(
-        kind="DynamoGraphDeploymentScalingAdapter",
-        singular="dynamographdeploymentscalingadapter",
-        namespaced=True,
-        verbs=verbs,
-        shortnames={"dgdsa"},
-        subresources={"status", "scale"},
-    )
+    declare_dynamo_resources(k8s.resources, verbs=verbs)
     k8s.resources[POLICY] = kmock.ResourceInfo(
         kind=POLICY_KIND,
         singular=POLICY_SINGULAR,

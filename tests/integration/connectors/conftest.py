@@ -28,13 +28,16 @@ import pytest
 from kubernetes import client as k8s_client
 
 from planner.config.schema import PlannerConfig
+from tests.kube_dynamo import (  # noqa: F401  (re-exported to the connector tests)
+    DGD,
+    DGD_PLURAL,
+    DGDSA,
+    DGDSA_PLURAL,
+    GROUP,
+    VERSION,
+    declare_dynamo_resources,
+)
 
-GROUP = "nvidia.com"
-VERSION = "v1alpha1"
-DGD_PLURAL = "dynamographdeployments"
-DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
-DGD = f"{GROUP}/{VERSION}/{DGD_PLURAL}"
-DGDSA = f"{GROUP}/{VERSION}/{DGDSA_PLURAL}"
 NS = "default"
 DGD_NAME = "graph"
 
@@ -106,22 +109,8 @@ class Cluster:
     def __init__(self, kmock: Any) -> None:
         self.kmock = kmock
         kmock.resources.load_bundled()  # v1/events and the other built-ins
-        verbs = {"get", "list", "watch", "create", "patch", "delete"}
-        kmock.resources[DGD] = kmock_lib.ResourceInfo(
-            kind="DynamoGraphDeployment",
-            singular="dynamographdeployment",
-            namespaced=True,
-            verbs=verbs,
-            shortnames={"dgd"},
-            subresources={"status"},
-        )
-        kmock.resources[DGDSA] = kmock_lib.ResourceInfo(
-            kind="DynamoGraphDeploymentScalingAdapter",
-            singular="dynamographdeploymentscalingadapter",
-            namespaced=True,
-            verbs=verbs,
-            shortnames={"dgdsa"},
-            subresources={"status", "scale"},
+        declare_dynamo_resources(
+            kmock.resources, verbs={"get", "list", "watch", "create", "patch", "delete"}
         )
         scale = kmock_lib.subresource("scale")
         kmock["patch", kmock_lib.resource(GROUP, VERSION, DGDSA_PLURAL), scale] << self._scale

@@ -19,7 +19,8 @@ from connectors.kubernetes import KubernetesConnector
 from interpolation.registry import list_bundled
 from planner.operator.crd import API_VERSION, KIND, policy_crd
 from planner.operator.policy import OperatorDefaults, config_from_spec, target_of
-from tests.e2e.kmock_server import DGD, declare_resources
+from tests.e2e.kmock_server import declare_resources
+from tests.kube_dynamo import DGD
 from tests.unit.deploy.conftest import CHART, REPO
 
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
