@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -28,6 +27,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from planner.config.schema import PlannerConfig
+from tests.integration.conftest import free_port
 from tests.kube_dynamo import (  # noqa: F401  (re-exported to the connector tests)
     DGD,
     DGD_PLURAL,
@@ -267,13 +267,6 @@ def k8s_config(**overrides: Any) -> PlannerConfig:
 ETCD_BINARY = shutil.which("etcd") or "/usr/bin/etcd"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=1) as response:
@@ -288,8 +281,8 @@ def etcd_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not Path(ETCD_BINARY).is_file():
         pytest.fail(f"etcd not found at {ETCD_BINARY}: install Debian 'etcd-server' (.ci/run does)")
     workdir = tmp_path_factory.mktemp("etcd")
-    client_url = f"http://127.0.0.1:{_free_port()}"
-    peer_url = f"http://127.0.0.1:{_free_port()}"
+    client_url = f"http://127.0.0.1:{free_port()}"
+    peer_url = f"http://127.0.0.1:{free_port()}"
     log = (workdir / "etcd.log").open("wb")
     process = subprocess.Popen(
         [

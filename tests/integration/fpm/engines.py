@@ -3,7 +3,6 @@ a Dynamo engine sends, ``[topic, sequence (8 bytes big-endian), msgpack payload]
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -13,6 +12,7 @@ import zmq
 
 from planner.observe.fpm_subscriber import FpmSubscriber
 from signals.fpm import ForwardPassMetrics, encode
+from tests.integration.conftest import free_port  # noqa: F401  (used by the FPM tests)
 from tests.unit.regression.fpm_factory import fpm
 
 T = TypeVar("T")
@@ -81,14 +81,6 @@ class EnginePublisher:
 
     def close(self) -> None:
         self._sock.close(linger=0)
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on (a moment ago)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def connect(publisher: EnginePublisher, subscriber: FpmSubscriber, timeout_s: float = 10.0) -> None:
