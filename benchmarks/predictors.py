@@ -6,14 +6,18 @@ step ahead (``predictors.backtest``: last, partial interval left out). Printed a
 ``benchmarks/RESULTS.md`` between ``<!-- BEGIN predictors -->`` and ``<!-- END predictors -->``:
 
 - MAPE per predictor, the best single predictor and auto's ratio to it (the issue's target:
-  auto within 5% of the best single predictor);
+  auto within 5% of the best single predictor), for auto's default answer (a blend of the
+  candidates) and for ``auto-best`` (the single best recent candidate, with hysteresis);
+- the same at held-out intervals (45, 90, 120, 240 s): auto's settings were chosen on the
+  30/60/180 s backtests, these say whether the choice carries over;
 - the under-forecast rate of each predictor on the request count;
 - step times: p90 over all steps, and p90 after the first 20 intervals (warm);
 - ARIMA's order re-selections: how often, at which points, and what they cost.
 
 Usage::
 
-    python benchmarks/predictors.py [TRACE ...] [--intervals 30 60 180] [--no-write]
+    python benchmarks/predictors.py [TRACE ...] [--intervals 30 60 180]
+        [--held-out-intervals 45 90 120 240] [--no-write]
 
 Without TRACE arguments the traces bundled under ``planner/data/traces/`` are used.
 """
@@ -37,14 +41,19 @@ sys.path.insert(0, str(REPO))
 
 from predictors import PREDICTOR_NAMES  # noqa: E402
 from predictors.arima import ArimaPredictor  # noqa: E402
-from predictors.backtest import BacktestResult, run_backtest  # noqa: E402
+from predictors.auto import AutoPredictor  # noqa: E402
+from predictors.backtest import BacktestResult, backtest_series, run_backtest  # noqa: E402
+from predictors.base import BasePredictor  # noqa: E402
+from predictors.factory import AUTO_CANDIDATES, make_predictor  # noqa: E402
 from predictors.traces import bucket_trace, read_trace  # noqa: E402
-from predictors.warmup import SERIES  # noqa: E402
+from predictors.warmup import SERIES, series_of  # noqa: E402
 
 DEFAULT_TRACE_DIR = REPO / "planner" / "data" / "traces"
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- BEGIN predictors -->", "<!-- END predictors -->"
 SINGLES = ("constant", "arima", "kalman", "prophet")
+AUTO_BEST = "auto-best"
+COLUMNS = (*PREDICTOR_NAMES, AUTO_BEST)
 WARM_STEPS = 20
 TARGET = 1.05
 
@@ -78,6 +87,7 @@ def run_all(traces: Sequence[Path], intervals: Sequence[float]) -> list[Run]:
             results = run_backtest(
                 buckets, predictors=PREDICTOR_NAMES, settings={"interval_s": interval}
             )
+            results += auto_best(buckets, interval)
             runs.append((label_of(path), interval, results))
             print(
                 f"{label_of(path)} @ {interval:g} s: {len(buckets) - 1} intervals, "
@@ -85,6 +95,24 @@ def run_all(traces: Sequence[Path], intervals: Sequence[float]) -> list[Run]:
                 file=sys.stderr,
             )
     return runs
+
+
+def auto_best(buckets: list, interval: float) -> list[BacktestResult]:
+    """Backtest auto answering with its single best recent candidate (``answer="best"``)."""
+    values = series_of(buckets[:-1])  # the last, partial interval left out, as run_backtest
+    out = []
+    for key in SERIES:
+        candidates: dict[str, BasePredictor] = {}
+        for name in AUTO_CANDIDATES:
+            single = make_predictor(name, interval_s=interval)
+            assert isinstance(single, BasePredictor)
+            candidates[name] = single
+        out.append(
+            backtest_series(
+                AutoPredictor(candidates, answer="best"), values[key], name=AUTO_BEST, series=key
+            )
+        )
+    return out
 
 
 def timing_repeats(
@@ -120,43 +148,67 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def mape_table(runs: list[Run]) -> tuple[list[str], list[str]]:
+AUTOS = ("auto", AUTO_BEST)
+Ratios = dict[str, list[tuple[str, float]]]  # auto variant -> (row label, MAPE / best single)
+
+
+def mape_table(runs: list[Run]) -> tuple[list[str], Ratios]:
+    """The MAPE table, and per auto variant its ratio to the best single predictor per row."""
     lines = [
-        "| trace | interval | series | n | " + " | ".join(PREDICTOR_NAMES) + " | best single "
-        "| auto / best |",
-        "|---|---:|---|---:|" + "---:|" * (len(PREDICTOR_NAMES) + 2),
+        "| trace | interval | series | n | " + " | ".join(COLUMNS) + " | best single "
+        "| auto / best | auto-best / best |",
+        "|---|---:|---|---:|" + "---:|" * (len(COLUMNS) + 3),
     ]
-    misses: list[str] = []
+    ratios: Ratios = {a: [] for a in AUTOS}
     for label, interval, results in runs:
         by = _by(results)
         for series in SERIES:
-            mapes = {p: by[(p, series)].mape for p in PREDICTOR_NAMES}
+            mapes = {p: by[(p, series)].mape for p in COLUMNS}
             singles = {p: m for p, m in mapes.items() if p in SINGLES and m is not None}
             best = min(singles, key=lambda p: singles[p])
-            auto = mapes["auto"]
-            ratio = auto / singles[best] if auto is not None else None
-            if ratio is not None and ratio > TARGET:
-                misses.append(f"{label} {interval:g} s {series} ({ratio:.3f})")
+            row: dict[str, float | None] = {}
+            for variant in AUTOS:
+                got = mapes[variant]
+                ratio = got / singles[best] if got is not None else None
+                row[variant] = ratio
+                if ratio is not None:
+                    ratios[variant].append((f"{label} {interval:g} s {series}", ratio))
             cells = []
-            for p in PREDICTOR_NAMES:
+            for p in COLUMNS:
                 text = _fmt(mapes[p])
                 cells.append(f"**{text}**" if p == best else text)
             lines.append(
                 f"| {label} | {interval:g} s | {series} | {by[('auto', series)].intervals} | "
                 + " | ".join(cells)
-                + f" | {best} | {_fmt(ratio, '.3f')} |"
+                + f" | {best} | "
+                + " | ".join(_fmt(row[v], ".3f") for v in AUTOS)
+                + " |"
             )
-    return lines, misses
+    return lines, ratios
+
+
+def hit_lines(ratios: Ratios) -> list[str]:
+    out = []
+    for variant in AUTOS:
+        rows = ratios[variant]
+        missed = [f"{label} ({r:.3f})" for label, r in rows if r > TARGET]
+        values = [r for _, r in rows]
+        out.append(
+            f"- `{variant}` within {TARGET - 1:.0%} of the best single predictor in "
+            f"{len(rows) - len(missed)} of {len(rows)} rows (mean ratio {np.mean(values):.3f}, "
+            f"worst {max(values):.3f})" + (f"; missed: {'; '.join(missed)}." if missed else ".")
+        )
+    return out
 
 
 def under_table(runs: list[Run]) -> list[str]:
     lines = [
-        "| trace | interval | " + " | ".join(PREDICTOR_NAMES) + " |",
-        "|---|---:|" + "---:|" * len(PREDICTOR_NAMES),
+        "| trace | interval | " + " | ".join(COLUMNS) + " |",
+        "|---|---:|" + "---:|" * len(COLUMNS),
     ]
     for label, interval, results in runs:
         by = _by(results)
-        cells = [_fmt(by[(p, "num_req")].under_rate, ".2f") for p in PREDICTOR_NAMES]
+        cells = [_fmt(by[(p, "num_req")].under_rate, ".2f") for p in COLUMNS]
         lines.append(f"| {label} | {interval:g} s | " + " | ".join(cells) + " |")
     return lines
 
@@ -207,24 +259,43 @@ def arima_lines(runs: list[Run]) -> list[str]:
     ]
 
 
-def render(runs: list[Run], best_of: dict[str, list[float]], repeat: int, command: str) -> str:
-    mape_lines, misses = mape_table(runs)
+def render(
+    runs: list[Run],
+    held_out: list[Run],
+    best_of: dict[str, list[float]],
+    repeat: int,
+    command: str,
+) -> str:
+    mape_lines, ratios = mape_table(runs)
     load = os.getloadavg()[0]
-    hits = sum(1 for _, _, rs in runs for _ in SERIES) - len(misses)
     out = [
         BEGIN,
         "## Load predictors (`benchmarks/predictors.py`)",
         "",
         "One-step-ahead rolling backtest (`predictors.backtest`, the same code as "
         "`planner backtest`), cold start, last partial interval left out. MAPE in percent "
-        "(best single predictor in bold); `auto / best` is auto's MAPE over the best single "
+        "(best single predictor in bold). `auto` is the default (a blend of the four, weighted "
+        "by their recent errors); `auto-best` answers with the single best recent candidate, "
+        "switching with hysteresis. The ratios are each one's MAPE over the best single "
         f"predictor's (target <= {TARGET}).",
         "",
         *mape_lines,
         "",
-        f"auto within {TARGET - 1:.0%} of the best single predictor in {hits} of "
-        f"{hits + len(misses)} rows" + (f"; missed: {'; '.join(misses)}." if misses else "."),
+        *hit_lines(ratios),
         "",
+    ]
+    if held_out:
+        held_lines, held_ratios = mape_table(held_out)
+        out += [
+            "Held out: the same at intervals auto's settings (sharpness, window) were not "
+            "chosen on:",
+            "",
+            *held_lines,
+            "",
+            *hit_lines(held_ratios),
+            "",
+        ]
+    out += [
         "Under-forecast rate (share of intervals forecast below the actual), request count:",
         "",
         *under_table(runs),
@@ -265,6 +336,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="*", type=Path, help="trace files (default: bundled)")
     parser.add_argument("--intervals", nargs="+", type=float, default=[30.0, 60.0, 180.0])
+    parser.add_argument(
+        "--held-out-intervals",
+        nargs="*",
+        type=float,
+        default=[45.0, 90.0, 120.0, 240.0],
+        help="intervals reported apart (auto's settings were not chosen on them); none: skip",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timing runs per predictor")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -272,11 +350,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not traces:
         parser.error(f"no traces given and none under {DEFAULT_TRACE_DIR}")
     runs = run_all(traces, args.intervals)
+    held_out = run_all(traces, args.held_out_intervals)
     best_of = timing_repeats(traces, interval=30.0, repeat=args.repeat)
     command = "python benchmarks/predictors.py " + shlex.join(
         sys.argv[1:] if argv is None else list(argv)
     )
-    section = render(runs, best_of, args.repeat, command.strip())
+    section = render(runs, held_out, best_of, args.repeat, command.strip())
     print(section)
     if not args.no_write:
         write_section(section)

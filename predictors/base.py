@@ -118,7 +118,8 @@ class BasePredictor:
     def recent_errors(self) -> tuple[tuple[float, float], ...]:
         """``(actual, forecast error = actual - forecast)`` for recent forecast intervals.
 
-        Recorded whenever ``predict_next`` was called before the interval's value arrived.
+        Recorded whenever ``predict_next`` was called before the interval's value arrived,
+        except the forecast made before any value (0, not a model's skill).
         """
         return tuple(zip(self._actuals, self._errors, strict=True))
 
@@ -134,7 +135,7 @@ class BasePredictor:
         if v == 0.0 and self._skip_zeros:
             return
         self._skip_zeros = False
-        if forecast is not None:
+        if forecast is not None and self._history:  # a forecast made on no data is no skill
             self._actuals.append(v)
             self._errors.append(v - forecast.value)
         self._history.append(v)

@@ -48,7 +48,7 @@ def make_predictor(
     if name == "auto":
         from predictors.auto import AutoPredictor
 
-        return AutoPredictor({n: build(n) for n in AUTO_CANDIDATES}, initial="constant")
+        return AutoPredictor({n: build(n) for n in AUTO_CANDIDATES}, quantile=quantile)
     return build(name)
 
 

@@ -327,31 +327,113 @@ def test_prophet_trend_shortcut_equals_its_predict() -> None:
 # --- auto specifics --------------------------------------------------------------------------
 
 
-def cheap_auto(**kwargs: float) -> AutoPredictor:
+def cheap_auto(**kwargs: object) -> AutoPredictor:
     return AutoPredictor(
         {"constant": ConstantPredictor(), "kalman": KalmanPredictor()},
-        initial="constant",
         **kwargs,  # type: ignore[arg-type]
     )
 
 
-def test_auto_waits_for_min_scored_intervals() -> None:
-    auto = cheap_auto(min_scored=8)
-    feed(auto, 100.0 + 10.0 * np.arange(7))  # errors start at the second value
+RAMP = 100.0 + 10.0 * np.arange(20)
+
+
+def test_auto_best_waits_for_min_scored_intervals() -> None:
+    auto = cheap_auto(answer="best", min_scored=8)
+    # the forecast before the first value is not scored: 7 values leave 6 scored intervals
+    feed(auto, RAMP[:7])
     assert auto.choice == "constant"
-    feed(auto, [170.0, 180.0])
+    feed(auto, RAMP[7:9])
     assert auto.choice == "kalman"
 
 
-def test_auto_hysteresis_keeps_the_choice_unless_clearly_better() -> None:
-    ramp = 100.0 + 10.0 * np.arange(20)
-    stubborn = cheap_auto(hysteresis=0.99)
-    feed(stubborn, ramp)
+def test_auto_best_hysteresis_keeps_the_choice_unless_clearly_better() -> None:
+    stubborn = cheap_auto(answer="best", hysteresis=0.99)
+    feed(stubborn, RAMP)
     assert (stubborn.choice, stubborn.switches) == ("constant", 0)
-    eager = cheap_auto(hysteresis=0.0)
-    feed(eager, ramp)
+    eager = cheap_auto(answer="best", hysteresis=0.0)
+    feed(eager, RAMP)
     assert (eager.choice, eager.switches) == ("kalman", 1)
     assert "auto -> kalman" in eager.predict_next().note
+    # the answer is exactly the chosen candidate's forecast
+    assert eager.predict_next().value == eager.candidates["kalman"].predict_next().value
+
+
+def test_auto_blend_starts_as_the_plain_mean_of_the_candidates() -> None:
+    auto = cheap_auto()
+    assert auto.predict_next().value == 0.0
+    assert auto.predict_next().note == "auto: no data yet"
+    for value in RAMP[:6]:
+        auto.observe(float(value))
+    weights = auto.weights()
+    assert weights["constant"] > 0 and weights["kalman"] > 0
+    # unscored evidence counts for nothing: with sharpness 0 the blend is the plain mean
+    flat = cheap_auto(sharpness=0.0)
+    feed(flat, RAMP)
+    expected = np.mean([c.predict_next().value for c in flat.candidates.values()])
+    assert flat.predict_next().value == pytest.approx(expected)
+
+
+def test_auto_blend_moves_its_weight_to_the_better_candidate() -> None:
+    auto = cheap_auto()
+    errors: list[tuple[float, float, float]] = []  # (auto, constant, kalman) absolute errors
+    for value in RAMP:
+        forecasts = [auto.predict_next().value] + [
+            c.predict_next().value for c in auto.candidates.values()
+        ]
+        weights = auto.weights()
+        blend_bound = sum(
+            weights[n] * abs(value - c.predict_next().value) for n, c in auto.candidates.items()
+        )
+        # the absolute error is convex: the blend is never worse than its weighted candidates
+        assert abs(value - forecasts[0]) <= blend_bound + 1e-9
+        errors.append(tuple(abs(value - f) for f in forecasts))  # type: ignore[arg-type]
+        auto.observe(float(value))
+    weights = auto.weights()
+    assert weights["kalman"] > 0.9  # the constant lags the ramp by 10 every interval
+    assert auto.choice == "kalman"
+    assert auto.predict_next().note.startswith("auto blend of kalman")
+    late = np.array(errors[-5:])
+    assert late[:, 0].mean() < 0.5 * late[:, 1].mean()
+
+
+def test_auto_blend_forgets_errors_older_than_its_window() -> None:
+    # a ramp (the constant lags) then a flat stretch (kalman overshoots, then settles):
+    # with a short window only the flat stretch counts and the constant takes the lead back
+    series = np.concatenate([RAMP, np.full(12, RAMP[-1])])
+    short = cheap_auto(window=6, min_scored=1)
+    long = cheap_auto(window=48)
+    feed(short, series)
+    feed(long, series)
+    assert short.weights()["constant"] > 0.5
+    assert long.weights()["kalman"] > 0.5
+
+
+def test_auto_upper_quantile_from_its_own_errors() -> None:
+    auto = AutoPredictor(
+        {"constant": ConstantPredictor(quantile=0.9), "kalman": KalmanPredictor(quantile=0.9)},
+        quantile=0.9,
+    )
+    noisy = 100.0 + RNG.normal(0.0, 10.0, 40)
+    forecast = feed(auto, noisy)
+    assert forecast.upper is not None and forecast.upper > forecast.value
+    mine = list(auto._errors)
+    assert len(mine) >= 8
+    assert forecast.upper == pytest.approx(forecast.value + float(np.quantile(mine, 0.9)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"answer": "vote"}, "auto answer = 'vote'"),
+        ({"sharpness": -1.0}, "auto sharpness = -1.0"),
+        ({"window": 100}, "auto window = 100"),
+        ({"initial": "prophet"}, "auto initial = 'prophet'"),
+        ({"hysteresis": 1.0}, "auto hysteresis = 1.0"),
+    ],
+)
+def test_auto_bad_settings_name_the_setting(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        cheap_auto(**kwargs)
 
 
 # --- construction ------------------------------------------------------------------------------
