@@ -41,9 +41,9 @@ sys.path.insert(0, str(REPO))
 
 from predictors import PREDICTOR_NAMES  # noqa: E402
 from predictors.arima import ArimaPredictor  # noqa: E402
-from predictors.auto import AutoPredictor  # noqa: E402
-from predictors.backtest import BacktestResult, backtest_series, run_backtest  # noqa: E402
-from predictors.base import BasePredictor  # noqa: E402
+from predictors.auto import AutoPredictor, EvidencePool  # noqa: E402
+from predictors.backtest import BacktestResult, backtest_family, run_backtest  # noqa: E402
+from predictors.base import BasePredictor, LoadPredictor  # noqa: E402
 from predictors.factory import AUTO_CANDIDATES, make_predictor  # noqa: E402
 from predictors.traces import bucket_trace, read_trace  # noqa: E402
 from predictors.warmup import SERIES, series_of  # noqa: E402
@@ -98,21 +98,19 @@ def run_all(traces: Sequence[Path], intervals: Sequence[float]) -> list[Run]:
 
 
 def auto_best(buckets: list, interval: float) -> list[BacktestResult]:
-    """Backtest auto answering with its single best recent candidate (``answer="best"``)."""
+    """Backtest auto answering with its single best recent candidate (``answer="best"``),
+    its three series sharing evidence as the default auto's do."""
     values = series_of(buckets[:-1])  # the last, partial interval left out, as run_backtest
-    out = []
+    pool = EvidencePool()
+    family: dict[str, LoadPredictor] = {}
     for key in SERIES:
         candidates: dict[str, BasePredictor] = {}
         for name in AUTO_CANDIDATES:
             single = make_predictor(name, interval_s=interval)
             assert isinstance(single, BasePredictor)
             candidates[name] = single
-        out.append(
-            backtest_series(
-                AutoPredictor(candidates, answer="best"), values[key], name=AUTO_BEST, series=key
-            )
-        )
-    return out
+        family[key] = AutoPredictor(candidates, answer="best", pool=pool)
+    return backtest_family(family, values, name=AUTO_BEST)
 
 
 def timing_repeats(

@@ -3,33 +3,38 @@ share (profile resolution, predictor settings, engine limits)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Mapping
+from functools import partial
 
 from interpolation import Profile, load_profile, resolve_profile
 from planner.config.schema import PlannerConfig
 from planner.core.load_scaling import EngineLimits
 from planner.core.planner import PlannerCore
-from predictors import make_predictor
+from planner.core.throughput import PredictorFactory
+from planner.errors import TraceError
+from predictors import make_predictors
 from predictors.base import LoadPredictor
+from predictors.traces import TraceError as LibraryTraceError
+from predictors.warmup import WarmupReport, warm_up
+
+log = logging.getLogger(__name__)
 
 
-def predictor_factory(config: PlannerConfig) -> Callable[[str], LoadPredictor]:
-    """A new predictor per series (num_req, isl, osl), configured as the config says."""
-
-    def build(_series: str) -> LoadPredictor:
-        return make_predictor(
-            config.load_predictor,
-            log1p=config.load_predictor_log1p,
-            quantile=config.load_predictor_quantile,
-            prophet_window_size=config.prophet_window_size,
-            kalman_q_level=config.kalman_q_level,
-            kalman_q_trend=config.kalman_q_trend,
-            kalman_r=config.kalman_r,
-            kalman_min_points=config.kalman_min_points,
-            interval_s=config.throughput_adjustment_interval_seconds,
-        )
-
-    return build
+def predictor_factory(config: PlannerConfig) -> PredictorFactory:
+    """New predictors for the given series (num_req, isl, osl), configured as the config says."""
+    return partial(
+        make_predictors,
+        config.load_predictor,
+        log1p=config.load_predictor_log1p,
+        quantile=config.load_predictor_quantile,
+        prophet_window_size=config.prophet_window_size,
+        kalman_q_level=config.kalman_q_level,
+        kalman_q_trend=config.kalman_q_trend,
+        kalman_r=config.kalman_r,
+        kalman_min_points=config.kalman_min_points,
+        interval_s=config.throughput_adjustment_interval_seconds,
+    )
 
 
 def profile_for(config: PlannerConfig) -> Profile:
@@ -48,7 +53,7 @@ def build_core(
     needs one."""
     if config.throughput_scaling_active and profile is None:
         profile = profile_for(config)
-    return PlannerCore(
+    core = PlannerCore(
         config=config,
         start_s=start_s,
         profile=profile,
@@ -56,6 +61,34 @@ def build_core(
         engine_limits=engine_limits,
         decode_max_num_seqs=decode_max_num_seqs(config, profile),
     )
+    if core.throughput is not None and config.load_predictor_warmup_trace:
+        warm_up_predictors(core.throughput.predictors, config)
+    return core
+
+
+def warm_up_predictors(
+    predictors: Mapping[str, LoadPredictor], config: PlannerConfig
+) -> WarmupReport:
+    """Feed the predictors the trace of ``--load-predictor-warmup-trace``, bucketed with the
+    throughput interval. Raises TraceError naming the setting, the file and what is wrong."""
+    path = config.load_predictor_warmup_trace
+    assert path is not None
+    interval = config.throughput_adjustment_interval_seconds
+    try:
+        report = warm_up(predictors, path, interval_s=interval)
+    except LibraryTraceError as exc:
+        raise TraceError(f"load_predictor_warmup_trace = {path!r}: {exc}") from exc
+    log.info(
+        "predictor warm-up: %d intervals of %g s from %s (%s, %d requests)",
+        report.intervals,
+        interval,
+        path,
+        report.trace_format,
+        report.requests,
+    )
+    if report.intervals == 0:
+        log.warning("predictor warm-up: %s has no complete interval of %g s", path, interval)
+    return report
 
 
 def decode_max_num_seqs(config: PlannerConfig, profile: Profile | None) -> int | None:

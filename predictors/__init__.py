@@ -4,7 +4,15 @@ and the request-trace readers that feed them.
 It imports nothing from the other project packages, so it can be tested and reused alone.
 """
 
-from predictors.base import Forecast, LoadPredictor
-from predictors.factory import AUTO_CANDIDATES, PREDICTOR_NAMES, make_predictor
+from predictors.base import SERIES, Forecast, LoadPredictor
+from predictors.factory import AUTO_CANDIDATES, PREDICTOR_NAMES, make_predictor, make_predictors
 
-__all__ = ["AUTO_CANDIDATES", "PREDICTOR_NAMES", "Forecast", "LoadPredictor", "make_predictor"]
+__all__ = [
+    "AUTO_CANDIDATES",
+    "PREDICTOR_NAMES",
+    "SERIES",
+    "Forecast",
+    "LoadPredictor",
+    "make_predictor",
+    "make_predictors",
+]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from predictors.base import LoadPredictor
-from predictors.factory import make_predictor
+from predictors.factory import make_predictors
 from predictors.traces import TraceInterval
 from predictors.warmup import SERIES, series_of
 
@@ -74,34 +74,66 @@ def backtest_series(
     score_upper: bool = False,
 ) -> BacktestResult:
     """Roll ``predictor`` over ``actuals`` (NaN = missing) and score it."""
-    forecasts: list[float] = []
-    steps: list[float] = []
-    pairs: list[tuple[float, float]] = []
-    for t, actual in enumerate(actuals):
-        started = time.perf_counter()
-        if t > 0:
-            predictor.observe(actuals[t - 1])
-        forecast = predictor.predict_next()
-        elapsed = time.perf_counter() - started
-        value = forecast.value
-        if score_upper and forecast.upper is not None:
-            value = forecast.upper
-        forecasts.append(value)
-        if t == 0:
-            continue
-        steps.append(elapsed * 1000.0)
-        if math.isfinite(actual):
-            pairs.append((value, float(actual)))
-    return BacktestResult(
-        predictor=name,
-        series=series,
-        **_scores(pairs),
-        p90_step_ms=float(np.percentile(steps, 90)) if steps else None,
-        intervals=len(pairs),
-        step_ms=tuple(steps),
-        forecasts=tuple(forecasts),
-        model=predictor,
+    (result,) = backtest_family(
+        {series: predictor}, {series: actuals}, name=name, score_upper=score_upper
     )
+    return result
+
+
+def backtest_family(
+    predictors: Mapping[str, LoadPredictor],
+    actuals: Mapping[str, Sequence[float]],
+    *,
+    name: str,
+    score_upper: bool = False,
+) -> list[BacktestResult]:
+    """Roll the predictors of several series in step, as the planner does (every series
+    observes interval ``t - 1`` before any forecasts ``t``), and score each.
+
+    In step matters for ``auto``, whose series share evidence. ``actuals`` has the same keys
+    as ``predictors`` and equally long sequences.
+    """
+    lengths = {key: len(actuals[key]) for key in predictors}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"backtest series lengths {lengths}: expected equal lengths")
+    n = next(iter(lengths.values()), 0)
+    forecasts: dict[str, list[float]] = {key: [] for key in predictors}
+    steps: dict[str, list[float]] = {key: [] for key in predictors}
+    pairs: dict[str, list[tuple[float, float]]] = {key: [] for key in predictors}
+    for t in range(n):
+        observe_ms: dict[str, float] = {}
+        for key, predictor in predictors.items():
+            started = time.perf_counter()
+            if t > 0:
+                predictor.observe(actuals[key][t - 1])
+            observe_ms[key] = (time.perf_counter() - started) * 1000.0
+        for key, predictor in predictors.items():
+            started = time.perf_counter()
+            forecast = predictor.predict_next()
+            elapsed_ms = observe_ms[key] + (time.perf_counter() - started) * 1000.0
+            value = forecast.value
+            if score_upper and forecast.upper is not None:
+                value = forecast.upper
+            forecasts[key].append(value)
+            if t == 0:
+                continue
+            steps[key].append(elapsed_ms)
+            actual = actuals[key][t]
+            if math.isfinite(actual):
+                pairs[key].append((value, float(actual)))
+    return [
+        BacktestResult(
+            predictor=name,
+            series=key,
+            **_scores(pairs[key]),
+            p90_step_ms=float(np.percentile(steps[key], 90)) if steps[key] else None,
+            intervals=len(pairs[key]),
+            step_ms=tuple(steps[key]),
+            forecasts=tuple(forecasts[key]),
+            model=predictor,
+        )
+        for key, predictor in predictors.items()
+    ]
 
 
 def _scores(pairs: Sequence[tuple[float, float]]) -> dict[str, float | None]:
@@ -142,17 +174,16 @@ def run_backtest(
     kwargs = dict(settings or {})
     used = list(intervals[:-1] if drop_last_interval else intervals)
     values = series_of(used)
-    results = []
+    results: list[BacktestResult] = []
     for name in predictors:
-        for key in series:
-            predictor = make_predictor(name, **kwargs)
-            results.append(
-                backtest_series(
-                    predictor,
-                    values[key],
-                    name=name,
-                    series=key,
-                    score_upper=kwargs.get("quantile") is not None,
-                )
-            )
+        # auto's series share evidence: all three run, as in the planner, whatever is reported
+        family = make_predictors(name, SERIES if name == "auto" else series, **kwargs)
+        scored = backtest_family(
+            family,
+            {key: values[key] for key in family},
+            name=name,
+            score_upper=kwargs.get("quantile") is not None,
+        )
+        by_series = {r.series: r for r in scored}
+        results.extend(by_series[key] for key in series)
     return results

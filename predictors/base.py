@@ -28,6 +28,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+# The series the planner forecasts, one predictor each: requests per interval, mean ISL, mean OSL.
+SERIES: tuple[str, ...] = ("num_req", "isl", "osl")
 # One-step errors kept for residual quantiles and for scoring (``auto``).
 ERROR_WINDOW = 60
 # Fewest recorded errors before an empirical quantile is trusted.

@@ -7,9 +7,14 @@ in time). Heavy libraries (pmdarima, prophet) are imported only when their predi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from predictors.base import BasePredictor, LoadPredictor, check_quantile
+from predictors.base import SERIES, BasePredictor, LoadPredictor, check_quantile
+
+if TYPE_CHECKING:
+    from predictors.auto import EvidencePool
 
 PREDICTOR_NAMES: tuple[str, ...] = ("constant", "arima", "kalman", "prophet", "auto")
 AUTO_CANDIDATES: tuple[str, ...] = ("constant", "arima", "kalman", "prophet")
@@ -26,12 +31,15 @@ def make_predictor(
     kalman_r: float = 10.0,
     kalman_min_points: int = 5,
     interval_s: float = 180.0,
+    pool: EvidencePool | None = None,
 ) -> LoadPredictor:
     """A new predictor ``name`` (one of :data:`PREDICTOR_NAMES`) for one series.
 
     ``log1p`` models ``log1p(value)`` (ARIMA, Kalman, Prophet; the constant predictor has
     nothing to transform). ``quantile`` (0 < q < 1) makes every forecast carry that upper
-    quantile in ``Forecast.upper``. Raises ValueError naming the bad argument.
+    quantile in ``Forecast.upper``. ``pool`` (auto only) is the evidence shared with the
+    other series' auto (see :func:`make_predictors`). Raises ValueError naming the bad
+    argument.
     """
     check_quantile(quantile)
     build = partial(
@@ -48,8 +56,23 @@ def make_predictor(
     if name == "auto":
         from predictors.auto import AutoPredictor
 
-        return AutoPredictor({n: build(n) for n in AUTO_CANDIDATES}, quantile=quantile)
+        return AutoPredictor({n: build(n) for n in AUTO_CANDIDATES}, quantile=quantile, pool=pool)
     return build(name)
+
+
+def make_predictors(
+    name: str, series: Sequence[str] = SERIES, **settings: Any
+) -> dict[str, LoadPredictor]:
+    """One new predictor ``name`` per series, as the planner keeps them.
+
+    ``settings`` are :func:`make_predictor`'s. For ``auto`` the predictors of the series share
+    one evidence pool (each weighs its candidates also by their errors on the other series).
+    """
+    if name == "auto":
+        from predictors.auto import EvidencePool
+
+        settings = {**settings, "pool": EvidencePool()}
+    return {key: make_predictor(name, **settings) for key in series}
 
 
 def _single(

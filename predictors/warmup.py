@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from predictors.base import LoadPredictor
+from predictors.base import SERIES, LoadPredictor
 from predictors.traces import TraceInterval, bucket_trace, read_trace
 
-SERIES: tuple[str, ...] = ("num_req", "isl", "osl")
+__all__ = ["SERIES", "WarmupReport", "series_of", "warm_up"]
 
 
 def series_of(intervals: Sequence[TraceInterval]) -> dict[str, list[float]]:

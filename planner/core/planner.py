@@ -14,7 +14,7 @@ runs, the throughput result is a floor for it rather than a target. No I/O, no c
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from planner.config.schema import PlannerConfig
@@ -29,7 +29,12 @@ from planner.core.load_scaling import (
     resolve_engine_limits,
 )
 from planner.core.schedule import DueTick, TickSchedule
-from planner.core.throughput import CapacityProfile, ThroughputDecision, ThroughputPlanner
+from planner.core.throughput import (
+    CapacityProfile,
+    PredictorFactory,
+    ThroughputDecision,
+    ThroughputPlanner,
+)
 from planner.core.types import (
     DeploymentStatus,
     LoadReason,
@@ -38,7 +43,6 @@ from planner.core.types import (
     ThroughputReason,
     TrafficObservation,
 )
-from predictors.base import LoadPredictor
 from signals.fpm import ForwardPassMetrics
 
 
@@ -105,7 +109,7 @@ class PlannerCore:
         config: PlannerConfig,
         start_s: float,
         profile: CapacityProfile | None = None,
-        predictor_factory: Callable[[str], LoadPredictor] | None = None,
+        predictor_factory: PredictorFactory | None = None,
         engine_limits: EngineLimits | None = None,
         decode_max_num_seqs: int | None = None,
     ) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,9 +32,8 @@ from planner.core.types import (
     ThroughputReason,
     TrafficObservation,
 )
-from predictors.base import Forecast, LoadPredictor
+from predictors.base import SERIES, Forecast, LoadPredictor
 
-SERIES = ("num_req", "isl", "osl")
 # Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
 MIN_UTILISATION = 0.2
 # Plan decode engines at this share of their profiled throughput and sequence slots:
@@ -340,7 +339,8 @@ def size_agg(prefill: RoleSizing, decode: RoleSizing, *, gpus_per_replica: int) 
 # --- the state machine ------------------------------------------------------------------------
 
 
-PredictorFactory = Callable[[str], LoadPredictor]
+# Given the series names, one predictor per series (built together: auto's share evidence).
+PredictorFactory = Callable[[Sequence[str]], Mapping[str, LoadPredictor]]
 
 
 class ThroughputPlanner:
@@ -360,7 +360,7 @@ class ThroughputPlanner:
         # Variability of prompt lengths (squared coefficient of variation) from the observed
         # ISL histogram; until one is seen, the exponential case (1.0) is assumed.
         self.isl_scv = 1.0
-        self.predictors: dict[str, LoadPredictor] = {s: predictor_factory(s) for s in SERIES}
+        self.predictors: dict[str, LoadPredictor] = dict(predictor_factory(SERIES))
         self.corrections = CorrectionFactors()
         self._last_action_s: float | None = None
         self._last_target: dict[str, int] | None = None

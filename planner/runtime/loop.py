@@ -265,7 +265,10 @@ class DeploymentLoop:
             profile = self._profile
             if profile is None and cfg.throughput_scaling_active:
                 profile = await asyncio.to_thread(profile_for, cfg)  # file I/O
-            self.core = build_core(cfg, start_s=self.clock.now(), profile=profile)
+            # in a thread: a predictor warm-up trace may take seconds to read and fit
+            self.core = await asyncio.to_thread(
+                build_core, cfg, start_s=self.clock.now(), profile=profile
+            )
             if cfg.elastic_ep is not None:
                 self.elastic = ElasticDriver(cfg, profile=profile, connector=self.connector)
         except Exception as exc:

@@ -28,7 +28,7 @@ from planner.core.types import (
     ThroughputReason,
     TrafficObservation,
 )
-from predictors import make_predictor
+from predictors import make_predictors
 
 
 def planner(profile: Profile, **cfg) -> ThroughputPlanner:
@@ -38,7 +38,7 @@ def planner(profile: Profile, **cfg) -> ThroughputPlanner:
     return ThroughputPlanner(
         config=PlannerConfig(**cfg),
         profile=profile,
-        predictor_factory=lambda _series: make_predictor("constant"),
+        predictor_factory=lambda series: make_predictors("constant", series),
     )
 
 

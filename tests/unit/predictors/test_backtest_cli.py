@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from planner.cli.main import main
-from predictors.backtest import JSON_KEYS, backtest_series, run_backtest
+from predictors.backtest import JSON_KEYS, backtest_family, backtest_series, run_backtest
 from predictors.constant import ConstantPredictor
 from predictors.traces import bucket_trace, read_trace
 
@@ -149,3 +149,22 @@ def test_metrics_skip_missing_actuals_and_zero_for_mape() -> None:
 def test_run_backtest_rejects_unknown_series() -> None:
     with pytest.raises(ValueError, match=r"series \['rps'\]"):
         run_backtest([], predictors=["constant"], series=["rps"])
+
+
+def test_backtest_family_rejects_series_of_different_lengths() -> None:
+    with pytest.raises(ValueError, match="backtest series lengths"):
+        backtest_family(
+            {"num_req": ConstantPredictor(), "isl": ConstantPredictor()},
+            {"num_req": [1.0, 2.0], "isl": [1.0]},
+            name="constant",
+        )
+
+
+def test_auto_is_backtested_with_all_three_series_as_in_the_planner() -> None:
+    # auto's series share evidence, so scoring one series must still run the other two
+    intervals = bucket_trace(read_trace(MOONCAKE_HEAD), interval_s=6.0)
+    (alone,) = run_backtest(intervals, predictors=["auto"], series=["num_req"])
+    together = run_backtest(intervals, predictors=["auto"])
+    assert [r.series for r in together] == ["num_req", "isl", "osl"]
+    assert alone.forecasts == together[0].forecasts
+    assert alone.mape == together[0].mape

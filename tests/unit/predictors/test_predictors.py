@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from predictors import PREDICTOR_NAMES, Forecast, LoadPredictor, make_predictor
+from predictors import PREDICTOR_NAMES, Forecast, LoadPredictor, make_predictor, make_predictors
 from predictors.arima import ArimaPredictor
-from predictors.auto import AutoPredictor
+from predictors.auto import AutoPredictor, EvidencePool
 from predictors.constant import ConstantPredictor
 from predictors.kalman import KalmanPredictor
 from predictors.prophet import ProphetPredictor
@@ -419,6 +419,59 @@ def test_auto_upper_quantile_from_its_own_errors() -> None:
     mine = list(auto._errors)
     assert len(mine) >= 8
     assert forecast.upper == pytest.approx(forecast.value + float(np.quantile(mine, 0.9)))
+
+
+def test_auto_series_sharing_a_pool_borrow_each_others_evidence() -> None:
+    # on the ramp the constant lags by 10 each interval; on the flat series every candidate
+    # is exact, so only the pooled evidence can say which one reads this traffic better
+    flat = np.full(len(RAMP), 50.0)
+    pool = EvidencePool(weight=0.5)
+    ramp_auto, flat_auto = cheap_auto(pool=pool), cheap_auto(pool=pool)
+    alone = cheap_auto()
+    for ramp_value, flat_value in zip(RAMP, flat, strict=True):
+        for auto in (ramp_auto, flat_auto, alone):
+            auto.predict_next()
+        ramp_auto.observe(float(ramp_value))
+        flat_auto.observe(float(flat_value))
+        alone.observe(float(flat_value))
+    assert flat_auto.weights()["kalman"] > 0.9
+    assert alone.weights() == pytest.approx({"constant": 0.5, "kalman": 0.5})
+    # the flat series' own losses are 0 for both, the ramp's count at half weight
+    constant_sum, constant_n = flat_auto.evidence()["constant"]
+    ramp_sum = sum(ramp_auto.losses()["constant"])
+    assert constant_sum == pytest.approx(0.5 * ramp_sum)
+    assert constant_n == pytest.approx(len(flat_auto.losses()["constant"]) * 1.5)
+
+
+def test_auto_pooled_forecast_is_never_stale() -> None:
+    pool = EvidencePool()
+    first, second = cheap_auto(pool=pool), cheap_auto(pool=pool)
+    feed(second, [50.0] * 6)
+    before = second.predict_next()
+    feed(first, RAMP)  # only the other series moves
+    after = second.predict_next()
+    assert after.note != before.note
+    assert second.weights()["kalman"] > 0.9
+
+
+def test_auto_pool_rejects_different_candidates() -> None:
+    pool = EvidencePool()
+    cheap_auto(pool=pool)
+    with pytest.raises(ValueError, match=r"auto pool: candidates \['constant'\] differ"):
+        AutoPredictor({"constant": ConstantPredictor()}, pool=pool)
+    with pytest.raises(ValueError, match="auto pool weight = -1"):
+        EvidencePool(weight=-1)
+
+
+def test_make_predictors_shares_one_pool_for_auto_only() -> None:
+    autos = make_predictors("auto", interval_s=60)
+    assert sorted(autos) == ["isl", "num_req", "osl"]
+    pools = {id(a.pool) for a in autos.values() if isinstance(a, AutoPredictor)}
+    assert len(pools) == 1
+    assert next(iter(autos.values())).pool.members == list(autos.values())  # type: ignore[union-attr]
+    kalmans = make_predictors("kalman", ["num_req", "isl"])
+    assert kalmans["num_req"] is not kalmans["isl"]
+    assert all(isinstance(k, KalmanPredictor) for k in kalmans.values())
 
 
 @pytest.mark.parametrize(
