@@ -22,15 +22,21 @@ Two ways to answer (``answer``):
 The planner forecasts three series of one deployment (request count, mean ISL, mean OSL).
 They come from the same traffic, so a candidate that reads this traffic well on one tends to
 on the others: the three ``auto`` of a deployment share an :class:`EvidencePool`, and each
-adds the other series' loss sums, times ``pool.weight`` (0.5: its own series counts as much
-as the other two together), to its own. On short histories (the first hour at the default
-180 s interval is 20 points) this triples the evidence the weights rest on.
+adds the other series' loss sums, times ``pool.weight``, to its own. With the default weight
+1 the three weigh their candidates alike, from the errors on all three series: on short
+histories (the first hour at the default 180 s interval is 20 points) this triples the
+evidence the weights rest on, and it is what the planner's config can express anyway (one
+``load_predictor`` for the three series).
 
-Why blend by default: on the shared traces (``benchmarks/RESULTS.md``, 18 backtests tuned
-on, and 24 more at intervals no setting was chosen on) the best single predictor leads by a
-few percent and shows it only in hindsight; picking one makes auto pay for every wrong pick
-at full price, spreading the weight pays for it in part. The blend comes within 5% of the
-best single predictor in more backtests, and its worst case is lower, than selection.
+Why blend by default (``benchmarks/RESULTS.md``: both shared traces at 30, 60 and 180 s,
+where the settings were chosen, and at 45, 90, 120 and 240 s, where they were not): against
+the best single predictor of each series, the blend is within 5% in 16 of 18 and 17 of 24
+backtests (mean ratio 1.022 and 1.024, worst 1.08 and 1.12); answering with the best
+candidate does as well where the settings were chosen (1.016) but not elsewhere (1.043,
+worst 1.35): the best predictor leads by a few percent and shows it only in hindsight, and
+a wrong pick is paid at full price where a blend pays part of it. Against the one predictor
+a config can name for the three series, the blend is within 5% on 6 of 6 and 7 of 8
+(Azure at 240 s, 13 intervals: 1.079).
 
 The price is running every candidate: the step time is the sum of theirs.
 """
@@ -58,7 +64,7 @@ _NOTE_MIN_WEIGHT = 0.05
 class EvidencePool:
     """The candidates' losses shared by the ``auto`` predictors of one deployment's series."""
 
-    def __init__(self, weight: float = 0.5) -> None:
+    def __init__(self, weight: float = 1.0) -> None:
         if not (math.isfinite(weight) and weight >= 0.0):
             raise ValueError(f"auto pool weight = {weight!r}: expected a finite number >= 0")
         self.weight = float(weight)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictors import make_predictor
+from predictors import AUTO_CANDIDATES, make_predictor, make_predictors
 from predictors.auto import AutoPredictor
 from predictors.base import BasePredictor
 from predictors.traces import TraceError
@@ -26,11 +26,17 @@ CURVES = {
 }
 
 
-def per_minute(path: Path, column: str = "num_req") -> np.ndarray:
+COLUMNS = {"num_req": "num_req", "isl": "mean_isl", "osl": "mean_osl"}
+
+
+def per_minute(path: Path) -> dict[str, np.ndarray]:
+    """The three series of a curve; the last minute is partial (the trace ends inside it),
+    so a backtest leaves it out."""
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
-    # the last minute is partial (the trace ends inside it): a backtest leaves it out
-    return np.array([float(row[column]) for row in rows[:-1]])
+    return {
+        key: np.array([float(row[column]) for row in rows[:-1]]) for key, column in COLUMNS.items()
+    }
 
 
 def mape(forecasts: np.ndarray, actuals: np.ndarray) -> float:
@@ -38,25 +44,32 @@ def mape(forecasts: np.ndarray, actuals: np.ndarray) -> float:
 
 
 class Scored:
-    def __init__(self, actuals: np.ndarray) -> None:
-        self.actuals = actuals
-        auto = make_predictor("auto", interval_s=60)
-        assert isinstance(auto, AutoPredictor)
-        self.auto = auto
-        names = [*auto.candidates, "auto"]
-        self.forecasts: dict[str, list[float]] = {n: [] for n in names}
-        for value in actuals:
-            for name, candidate in auto.candidates.items():
-                self.forecasts[name].append(candidate.predict_next().value)
-            self.forecasts["auto"].append(auto.predict_next().value)
-            auto.observe(float(value))
+    """The three series run through auto in step, as the planner runs them; auto's shadow
+    candidates are the four single predictors fed the same values."""
 
-    def mape(self, name: str) -> float:
-        return mape(np.array(self.forecasts[name]), self.actuals)
+    def __init__(self, actuals: dict[str, np.ndarray]) -> None:
+        self.actuals = actuals
+        autos = make_predictors("auto", interval_s=60)
+        assert all(isinstance(a, AutoPredictor) for a in autos.values())
+        self.autos: dict[str, AutoPredictor] = autos  # type: ignore[assignment]
+        names = [*AUTO_CANDIDATES, "auto"]
+        self.forecasts: dict[str, dict[str, list[float]]] = {
+            key: {n: [] for n in names} for key in SERIES
+        }
+        for t in range(len(actuals["num_req"])):
+            for key, auto in self.autos.items():
+                for name, candidate in auto.candidates.items():
+                    self.forecasts[key][name].append(candidate.predict_next().value)
+                self.forecasts[key]["auto"].append(auto.predict_next().value)
+            for key, auto in self.autos.items():
+                auto.observe(float(actuals[key][t]))
+
+    def mape(self, name: str, series: str = "num_req") -> float:
+        return mape(np.array(self.forecasts[series][name]), self.actuals[series])
 
     def under_rate(self, name: str) -> float:
-        f = np.array(self.forecasts[name][1:])
-        return float(np.mean(f < self.actuals[1:]))
+        f = np.array(self.forecasts["num_req"][name][1:])
+        return float(np.mean(f < self.actuals["num_req"][1:]))
 
 
 @pytest.fixture(scope="module", params=sorted(CURVES))
@@ -75,7 +88,7 @@ def test_curves_are_the_documented_traces() -> None:
 
 @pytest.mark.parametrize("name", ["constant", "arima", "kalman", "prophet", "auto"])
 def test_forecasts_are_finite_and_never_negative(scored: Scored, name: str) -> None:
-    forecasts = np.array(scored.forecasts[name])
+    forecasts = np.array([scored.forecasts[key][name] for key in SERIES])
     assert np.all(np.isfinite(forecasts))
     assert forecasts.min() >= 0.0
 
@@ -83,7 +96,7 @@ def test_forecasts_are_finite_and_never_negative(scored: Scored, name: str) -> N
 @pytest.mark.parametrize("name", ["arima", "kalman"])
 def test_no_predictor_runs_away_from_the_last_value(scored: Scored, name: str) -> None:
     # Dynamo's ARIMA forecast 8,565 against an actual 331, its Kalman -577
-    pairs = zip(scored.forecasts[name][1:], scored.actuals[1:], strict=True)
+    pairs = zip(scored.forecasts["num_req"][name][1:], scored.actuals["num_req"][1:], strict=True)
     worst = max(abs(f - a) / a for f, a in pairs)
     assert worst < 0.6
 
@@ -95,9 +108,21 @@ def test_arima_does_not_lag_like_dynamos(scored: Scored) -> None:
     assert scored.mape("arima") <= 1.15 * scored.mape("constant")
 
 
-def test_auto_is_close_to_the_best_single_predictor(scored: Scored) -> None:
-    best = min(scored.mape(n) for n in ("constant", "arima", "kalman", "prophet"))
-    assert scored.mape("auto") <= 1.10 * best
+def test_auto_is_within_5_percent_of_the_best_predictor_a_config_can_name(
+    scored: Scored,
+) -> None:
+    # one --load-predictor serves the three series: its MAPE averaged over them
+    def mean_mape(name: str) -> float:
+        return float(np.mean([scored.mape(name, key) for key in SERIES]))
+
+    best = min(mean_mape(n) for n in AUTO_CANDIDATES)
+    assert mean_mape("auto") <= 1.05 * best
+
+
+def test_auto_is_close_to_the_best_single_predictor_of_each_series(scored: Scored) -> None:
+    for key in SERIES:
+        best = min(scored.mape(n, key) for n in AUTO_CANDIDATES)
+        assert scored.mape("auto", key) <= 1.10 * best, key
 
 
 # --- warm-up ---------------------------------------------------------------------------------
