@@ -135,7 +135,8 @@ def timing_repeats(
                     series=["num_req"],
                     settings={"interval_s": interval},
                 )
-                best = min(best, float(np.percentile(result.step_ms[WARM_STEPS:], 90)))
+                warm = result.step_ms[WARM_STEPS:] or result.step_ms  # short runs: all steps
+                best = min(best, float(np.percentile(warm, 90)))
             out[name].append(best)
     return out
 
@@ -152,38 +153,39 @@ AUTOS = ("auto", AUTO_BEST)
 Ratios = dict[str, list[tuple[str, float]]]  # auto variant -> (row label, MAPE / best single)
 
 
+def _ratio_head(first: list[str], first_rule: str) -> list[str]:
+    """Header and rule of a table of :func:`_ratio_row` lines."""
+    names = [*first, *COLUMNS, "best single", *(f"{v} / best" for v in AUTOS)]
+    return ["| " + " | ".join(names) + " |", first_rule + "---:|" * (len(COLUMNS) + 3)]
+
+
+def _ratio_row(
+    head: list[str], mapes: dict[str, float | None], row_label: str, ratios: Ratios
+) -> str:
+    """One table line: ``head`` cells, each predictor's MAPE (the best single in bold), the
+    best single's name and each auto variant's ratio to it (also appended to ``ratios``)."""
+    singles = {p: m for p, m in mapes.items() if p in SINGLES and m is not None}
+    best = min(singles, key=lambda p: singles[p])
+    row: dict[str, float | None] = {}
+    for variant in AUTOS:
+        got = mapes.get(variant)
+        row[variant] = got / singles[best] if got is not None else None
+        if got is not None:
+            ratios[variant].append((row_label, got / singles[best]))
+    cells = [f"**{_fmt(mapes.get(p))}**" if p == best else _fmt(mapes.get(p)) for p in COLUMNS]
+    return "| " + " | ".join([*head, *cells, best, *(_fmt(row[v], ".3f") for v in AUTOS)]) + " |"
+
+
 def mape_table(runs: list[Run]) -> tuple[list[str], Ratios]:
     """The MAPE table, and per auto variant its ratio to the best single predictor per row."""
-    lines = [
-        "| trace | interval | series | n | " + " | ".join(COLUMNS) + " | best single "
-        "| auto / best | auto-best / best |",
-        "|---|---:|---|---:|" + "---:|" * (len(COLUMNS) + 3),
-    ]
+    lines = _ratio_head(["trace", "interval", "series", "n"], "|---|---:|---|---:|")
     ratios: Ratios = {a: [] for a in AUTOS}
     for label, interval, results in runs:
         by = _by(results)
         for series in SERIES:
+            head = [label, f"{interval:g} s", series, str(by[("auto", series)].intervals)]
             mapes = {p: by[(p, series)].mape for p in COLUMNS}
-            singles = {p: m for p, m in mapes.items() if p in SINGLES and m is not None}
-            best = min(singles, key=lambda p: singles[p])
-            row: dict[str, float | None] = {}
-            for variant in AUTOS:
-                got = mapes[variant]
-                ratio = got / singles[best] if got is not None else None
-                row[variant] = ratio
-                if ratio is not None:
-                    ratios[variant].append((f"{label} {interval:g} s {series}", ratio))
-            cells = []
-            for p in COLUMNS:
-                text = _fmt(mapes[p])
-                cells.append(f"**{text}**" if p == best else text)
-            lines.append(
-                f"| {label} | {interval:g} s | {series} | {by[('auto', series)].intervals} | "
-                + " | ".join(cells)
-                + f" | {best} | "
-                + " | ".join(_fmt(row[v], ".3f") for v in AUTOS)
-                + " |"
-            )
+            lines.append(_ratio_row(head, mapes, f"{label} {interval:g} s {series}", ratios))
     return lines, ratios
 
 
@@ -204,34 +206,17 @@ def hit_lines(ratios: Ratios, unit: str = "rows") -> list[str]:
 def config_table(runs: list[Run]) -> tuple[list[str], Ratios]:
     """Per trace and interval, each predictor's MAPE averaged over the three series: the
     planner's config names one predictor for all three, so this is the choice a user has."""
-    lines = [
-        "| trace | interval | " + " | ".join(COLUMNS) + " | best single | auto / best "
-        "| auto-best / best |",
-        "|---|---:|" + "---:|" * (len(COLUMNS) + 3),
-    ]
+    lines = _ratio_head(["trace", "interval"], "|---|---:|")
     ratios: Ratios = {a: [] for a in AUTOS}
     for label, interval, results in runs:
         by = _by(results)
-        means: dict[str, float] = {}
+        means: dict[str, float | None] = {}
         for p in COLUMNS:
             values = [by[(p, series)].mape for series in SERIES]
-            if all(v is not None for v in values):
-                means[p] = float(np.mean([v for v in values if v is not None]))
-        singles = {p: m for p, m in means.items() if p in SINGLES}
-        best = min(singles, key=lambda p: singles[p])
-        row = {v: means[v] / singles[best] if v in means else None for v in AUTOS}
-        for variant in AUTOS:
-            ratio = row[variant]
-            if ratio is not None:
-                ratios[variant].append((f"{label} {interval:g} s", ratio))
-        cells = [f"**{means[p]:.2f}**" if p == best else _fmt(means.get(p)) for p in COLUMNS]
-        lines.append(
-            f"| {label} | {interval:g} s | "
-            + " | ".join(cells)
-            + f" | {best} | "
-            + " | ".join(_fmt(row[v], ".3f") for v in AUTOS)
-            + " |"
-        )
+            clean = [v for v in values if v is not None]
+            means[p] = float(np.mean(clean)) if len(clean) == len(values) else None
+        head = [label, f"{interval:g} s"]
+        lines.append(_ratio_row(head, means, f"{label} {interval:g} s", ratios))
     return lines, ratios
 
 
@@ -260,7 +245,8 @@ def timing_table(runs: list[Run], best_of: dict[str, list[float]]) -> list[str]:
         ]
         lines.append(
             f"| {p} | {np.percentile(steps, 50):.2f} | {np.percentile(steps, 90):.2f} | "
-            f"{np.percentile(warm, 90):.2f} | {max(steps):.0f} | {len(steps)} | "
+            f"{_fmt(float(np.percentile(warm, 90)) if warm else None)} | {max(steps):.0f} | "
+            f"{len(steps)} | "
             f"{' / '.join(f'{v:.1f}' for v in best_of[p])} |"
         )
     return lines
