@@ -18,6 +18,7 @@ from planner.config import load_config
 from planner.config.flags import add_config_arguments, config_flags
 from planner.errors import TraceError, register_foreign_error
 from predictors import PREDICTOR_NAMES
+from predictors.auto import AutoPredictor
 from predictors.backtest import BacktestResult, run_backtest
 from predictors.traces import FORMATS, bucket_trace, read_trace
 from predictors.warmup import SERIES
@@ -157,7 +158,37 @@ def _run(args: argparse.Namespace) -> int:
         f"scored: {scored}"
     )
     print(format_table(results))
+    for line in summary_lines(results):
+        print(line)
     return 0
+
+
+def summary_lines(results: list[BacktestResult]) -> list[str]:
+    """What to configure: the predictor with the lowest MAPE averaged over the series scored
+    (one ``--load-predictor`` serves all three), auto against it, and auto's final weights."""
+    by_name: dict[str, list[float]] = {}
+    for r in results:
+        by_name.setdefault(r.predictor, [])
+        if r.mape is not None:
+            by_name[r.predictor].append(r.mape)
+    series = {r.series for r in results}
+    means = {
+        name: sum(mapes) / len(mapes)
+        for name, mapes in by_name.items()
+        if mapes and len(mapes) == len(series)
+    }
+    lines: list[str] = []
+    singles = {name: m for name, m in means.items() if name != "auto"}
+    if singles:
+        best = min(singles, key=lambda n: singles[n])
+        text = f"lowest MAPE averaged over {', '.join(sorted(series))}: {best} {singles[best]:.2f}"
+        if "auto" in means and singles[best] > 0:
+            text += f"; auto {means['auto']:.2f} ({means['auto'] / singles[best]:.3f}x)"
+        lines.append(text)
+    autos = [r for r in results if r.predictor == "auto" and isinstance(r.model, AutoPredictor)]
+    if autos:
+        lines.append(f"at the end of the trace, {autos[0].model.predict_next().note}")
+    return lines
 
 
 def _cell(value: float | None, spec: str) -> str:

@@ -62,13 +62,24 @@ def test_all_predictors_table_on_mooncake(capsys: pytest.CaptureFixture[str]) ->
         "ms",
         "n",
     ]
-    rows = [line.split() for line in out[2:]]
+    rows = [line.split() for line in out[2:17]]
     assert [(r[0], r[1]) for r in rows] == [
         (p, s)
         for p in ("constant", "arima", "kalman", "prophet", "auto")
         for s in ("num_req", "isl", "osl")
     ]
     assert all(r[-1] == "16" for r in rows)
+    # what to configure: the lowest MAPE averaged over the three series, and auto against it
+    mean_mape = {
+        name: np.mean([float(r[2]) for r in rows if r[0] == name])
+        for name in ("constant", "arima", "kalman", "prophet", "auto")
+    }
+    best = min((n for n in mean_mape if n != "auto"), key=lambda n: mean_mape[n])
+    summary, weights = out[17:]
+    assert summary.startswith(f"lowest MAPE averaged over isl, num_req, osl: {best} ")
+    ratio = float(summary.rsplit("(", 1)[1].rstrip("x)"))
+    assert ratio == pytest.approx(mean_mape["auto"] / mean_mape[best], abs=0.002)
+    assert weights.startswith("at the end of the trace, auto blend of ")
 
 
 def test_quantile_scores_the_upper_forecast(capsys: pytest.CaptureFixture[str]) -> None:
