@@ -21,6 +21,12 @@ from typing import Any
 
 import yaml
 
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+from planner.generated import sync_generated  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 DASHBOARD_FILE = HERE / "planner-dashboard.json"
 CONFIGMAP_FILE = HERE / "planner-dashboard-configmap.yaml"
@@ -473,20 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in generated().items():
-        if path.is_file() and path.read_text(encoding="utf-8") == text:
-            continue
-        stale.append(path)
-        if not args.check:
-            path.write_text(text, encoding="utf-8")
-    for path in stale:
-        print(
-            f"{path.name} is out of date: run python deploy/grafana/generate.py"
-            if args.check
-            else f"wrote {path}"
-        )
-    return 1 if args.check and stale else 0
+    return sync_generated(
+        generated(), check=args.check, command="python deploy/grafana/generate.py"
+    )
 
 
 if __name__ == "__main__":

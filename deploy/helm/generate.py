@@ -28,6 +28,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from planner.config.loader import field_names_by_key  # noqa: E402
 from planner.config.schema import DYNAMO_KEYS_NOT_APPLICABLE, PlannerConfig  # noqa: E402
+from planner.generated import sync_generated  # noqa: E402
 from planner.operator.crd import OPERATOR_SET_FIELDS, generated_files  # noqa: E402
 
 CHART = REPO / "deploy" / "helm" / "planner"
@@ -240,22 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in generated().items():
-        if path.is_file() and path.read_text(encoding="utf-8") == text:
-            continue
-        stale.append(path)
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    for path in stale:
-        rel = path.relative_to(REPO)
-        print(
-            f"{rel} is out of date: run python deploy/helm/generate.py"
-            if args.check
-            else f"wrote {rel}"
-        )
-    return 1 if args.check and stale else 0
+    return sync_generated(generated(), check=args.check, command="python deploy/helm/generate.py")
 
 
 if __name__ == "__main__":

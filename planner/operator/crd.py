@@ -32,6 +32,7 @@ import yaml
 
 from planner.config.loader import field_names_by_key
 from planner.config.schema import PlannerConfig
+from planner.generated import sync_generated
 
 GROUP = "planner.autoscaling.dev"
 VERSION = "v1alpha1"
@@ -389,23 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--check", action="store_true", help="Exit 1 if the files differ; write nothing."
     )
     args = parser.parse_args(argv)
-    stale = []
-    for name, text in generated_files().items():
-        path = args.output_dir / name
-        current = path.read_text(encoding="utf-8") if path.is_file() else None
-        if current == text:
-            continue
-        stale.append(path)
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    if args.check and stale:
-        for path in stale:
-            print(f"{path} is out of date: run python -m planner.operator.crd", file=sys.stderr)
-        return 1
-    for path in stale:
-        print(f"wrote {path}")
-    return 0
+    files = {args.output_dir / name: text for name, text in generated_files().items()}
+    return sync_generated(files, check=args.check, command="python -m planner.operator.crd")
 
 
 if __name__ == "__main__":
