@@ -108,6 +108,12 @@ def _check_scale(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
 
+def _check_decode_settings(decode_scale: float, accept_length: float) -> None:
+    _check_scale("decode_scale", decode_scale)
+    if not (math.isfinite(accept_length) and accept_length >= 1.0):
+        raise ValueError(f"accept_length must be >= 1, got {accept_length}")
+
+
 def _isl(model: WallTimeModel, report: IterationReport) -> float | None:
     own = model.averages((report.worker_id, report.dp_rank)).isl
     return own if own is not None else model.averages().isl
@@ -148,9 +154,7 @@ def decode_itl_ms(
     accept_length: float = 1.0,
 ) -> float | None:
     """ITL (ms) at a disaggregated decode engine whose latest report is ``report``."""
-    _check_scale("decode_scale", decode_scale)
-    if not (math.isfinite(accept_length) and accept_length >= 1.0):
-        raise ValueError(f"accept_length must be >= 1, got {accept_length}")
+    _check_decode_settings(decode_scale, accept_length)
     context = _decode_context(model, report)
     if not model.ready or context is None:
         return None
@@ -222,9 +226,7 @@ def agg_itl_ms(
     accept_length: float = 1.0,
 ) -> float | None:
     """ITL (ms) at an aggregated engine: a decode step with the average prefill chunk."""
-    _check_scale("decode_scale", decode_scale)
-    if not (math.isfinite(accept_length) and accept_length >= 1.0):
-        raise ValueError(f"accept_length must be >= 1, got {accept_length}")
+    _check_decode_settings(decode_scale, accept_length)
     context = _decode_context(model, report)
     if not model.ready or context is None:
         return None

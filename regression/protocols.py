@@ -14,21 +14,9 @@ EngineKey = tuple[str, int]
 """``(worker_id, dp_rank)``: one scheduler, i.e. one data-parallel rank of one worker."""
 
 
-class ScheduledWork(Protocol):
-    """Work the engine ran in the reported iteration."""
-
-    @property
-    def num_prefill_requests(self) -> int: ...
-    @property
-    def sum_prefill_tokens(self) -> int: ...
-    @property
-    def num_decode_requests(self) -> int: ...
-    @property
-    def sum_decode_kv_tokens(self) -> int: ...
-
-
-class QueuedWork(Protocol):
-    """Work waiting in the engine at the end of the reported iteration."""
+class WorkCounts(Protocol):
+    """Requests and tokens of one kind of work: scheduled in the reported iteration, or
+    waiting in the engine at its end."""
 
     @property
     def num_prefill_requests(self) -> int: ...
@@ -52,6 +40,6 @@ class IterationReport(Protocol):
     @property
     def wall_time(self) -> float: ...
     @property
-    def scheduled_requests(self) -> ScheduledWork: ...
+    def scheduled_requests(self) -> WorkCounts: ...
     @property
-    def queued_requests(self) -> QueuedWork: ...
+    def queued_requests(self) -> WorkCounts: ...
