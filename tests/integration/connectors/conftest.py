@@ -17,14 +17,13 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import kmock as kmock_lib
 import pytest
-from kubernetes import client as k8s_client
 
 from planner.config.schema import PlannerConfig
 from tests.integration.conftest import free_port
@@ -233,15 +232,6 @@ class Cluster:
 @pytest.fixture
 def cluster(kmock: Any) -> Cluster:
     return Cluster(kmock)
-
-
-@pytest.fixture
-async def api_client(kmock: Any) -> AsyncIterator[k8s_client.ApiClient]:
-    configuration = k8s_client.Configuration()
-    configuration.host = str(kmock.url).rstrip("/")
-    api = k8s_client.ApiClient(configuration)
-    yield api
-    await asyncio.to_thread(api.close)
 
 
 @pytest.fixture

@@ -20,17 +20,15 @@ server's thread) when a resize begins, so tests can look at the deployment at th
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s_client
 
 
 @dataclass(frozen=True)
@@ -211,13 +209,3 @@ def engine_factory() -> Iterator[Callable[..., FakeVllmEngine]]:
     finally:
         for engine in engines:
             engine.stop()
-
-
-@pytest.fixture
-async def api_client(kmock: Any) -> AsyncIterator[k8s_client.ApiClient]:
-    """The real ``kubernetes`` client pointed at kmock."""
-    configuration = k8s_client.Configuration()
-    configuration.host = str(kmock.url).rstrip("/")
-    api = k8s_client.ApiClient(configuration)
-    yield api
-    await asyncio.to_thread(api.close)

@@ -4,7 +4,7 @@ with the real connector, a canned Prometheus with the real observer, a real NPZ 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -93,15 +93,6 @@ def cluster(kmock: Any) -> Cluster:
         }
     )
     return cluster
-
-
-@pytest.fixture
-async def api_client(kmock: Any) -> AsyncIterator[k8s_client.ApiClient]:
-    configuration = k8s_client.Configuration()
-    configuration.host = str(kmock.url).rstrip("/")
-    api = k8s_client.ApiClient(configuration)
-    yield api
-    await asyncio.to_thread(api.close)
 
 
 def loop_config(**overrides: Any) -> PlannerConfig:
