@@ -17,6 +17,26 @@ def profile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_h200_like_profile(tmp_path_factory.mktemp("plan") / "h200")
 
 
+def load_args(profile_dir: Path, num_req: int, *extra: str) -> list[str]:
+    """``planner plan`` flags for ``num_req`` requests of ISL 3000 / OSL 300 in 60 s, with no
+    GPU budget, plus ``extra``."""
+    return [
+        "--profile-results-dir",
+        str(profile_dir),
+        "--num-req",
+        str(num_req),
+        "--isl",
+        "3000",
+        "--osl",
+        "300",
+        "--interval",
+        "60",
+        "--max-gpu-budget",
+        "-1",
+        *extra,
+    ]
+
+
 def plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
     assert main(["plan", *args, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -48,87 +68,23 @@ def test_dynamo_worked_example(profile_dir: Path, capsys: pytest.CaptureFixture[
 
 
 def test_budget_caps_the_plan(profile_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    free = plan_json(
-        capsys,
-        "--profile-results-dir",
-        str(profile_dir),
-        "--num-req",
-        "9000",
-        "--isl",
-        "3000",
-        "--osl",
-        "300",
-        "--interval",
-        "60",
-        "--itl",
-        "30",
-        "--max-gpu-budget",
-        "-1",
-        "--max-throughput-scaling-replicas",
-        "100",
-    )
-    capped = plan_json(
-        capsys,
-        "--profile-results-dir",
-        str(profile_dir),
-        "--num-req",
-        "9000",
-        "--isl",
-        "3000",
-        "--osl",
-        "300",
-        "--interval",
-        "60",
-        "--itl",
-        "30",
-        "--max-gpu-budget",
-        "8",
-        "--max-throughput-scaling-replicas",
-        "100",
-    )
+    args = load_args(profile_dir, 9000, "--itl", "30", "--max-throughput-scaling-replicas", "100")
+    free = plan_json(capsys, *args)
+    capped = plan_json(capsys, *args, "--max-gpu-budget", "8")
     assert free["gpus"] > 8 >= capped["gpus"]
     assert capped["stages"]["proposed"] == free["stages"]["budget"]
     assert "max_gpu_budget" in capped["message"]
 
 
 def test_text_output_shows_the_arithmetic(profile_dir: Path, capsys) -> None:
-    args = [
-        "plan",
-        "--profile-results-dir",
-        str(profile_dir),
-        "--num-req",
-        "3000",
-        "--isl",
-        "3000",
-        "--osl",
-        "300",
-        "--interval",
-        "60",
-        "--max-gpu-budget",
-        "-1",
-    ]
+    args = ["plan", *load_args(profile_dir, 3000)]
     assert main([*args, "--ttft-attainment-target", "null"]) == 0
     out = capsys.readouterr().out
     assert "150,000 tok/s / (40,000 tok/s/GPU)" in out and "replicas: prefill=4" in out
 
 
 def test_queueing_headroom_for_ttft_attainment(profile_dir: Path, capsys) -> None:
-    args = [
-        "--profile-results-dir",
-        str(profile_dir),
-        "--num-req",
-        "9000",
-        "--isl",
-        "3000",
-        "--osl",
-        "300",
-        "--interval",
-        "60",
-        "--max-gpu-budget",
-        "-1",
-        "--max-throughput-scaling-replicas",
-        "100",
-    ]
+    args = load_args(profile_dir, 9000, "--max-throughput-scaling-replicas", "100")
     dynamo = plan_json(capsys, *args, "--ttft-attainment-target", "null")
     strict = plan_json(capsys, *args, "--ttft-attainment-target", "0.99")
     loose = plan_json(capsys, *args, "--ttft-attainment-target", "0.5")
