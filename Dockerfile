@@ -13,22 +13,15 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 COPY pyproject.toml README.md ci-constraints.txt ./
-COPY planner ./planner
-COPY signals ./signals
-COPY connectors ./connectors
-COPY predictors ./predictors
-COPY interpolation ./interpolation
-COPY regression ./regression
-COPY simulator ./simulator
-# The same pins as CI; every dependency installs from a wheel (no compiler in the image).
+COPY src ./src
+# The same pins as CI; every dependency installs from a wheel (no compiler in the image). The
+# bundled profiles are package data: `planner profile list` finds them with no variable set.
 RUN python -m venv /opt/planner \
  && /opt/planner/bin/pip install --no-cache-dir --only-binary=:all: -c ci-constraints.txt . \
  && /opt/planner/bin/planner --version
-COPY profiles /opt/planner/profiles
 
 FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/planner/bin:$PATH \
-    PLANNER_PROFILES_DIR=/opt/planner/profiles \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp

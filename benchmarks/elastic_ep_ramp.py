@@ -26,8 +26,8 @@ Policies:
 - ``restart-20``: the elastic policy times the change, which is done by restarting the engine
   with 20 GPUs: 197 s without service (the post's measurement), all 20 GPUs allocated;
 - ``elastic-blocking`` / ``elastic-async`` / ``elastic-nixl``: the elastic policy
-  (:mod:`planner.core.elastic`, every 30 s, DP 16 -> 20 in one step of 4 ranks) resizing in
-  place with the mode's measured timings (:mod:`simulator.elastic_ep`).
+  (:mod:`disagg_planner.core.elastic`, every 30 s, DP 16 -> 20 in one step of 4 ranks) resizing in
+  place with the mode's measured timings (:mod:`disagg_planner.simulator.elastic_ep`).
 
 The policy sees what it would see in production: 30 s windows of the simulated frontend's
 Prometheus metrics, and sizes from the bundled DeepSeek-V3 GB200 DP16 profile. GPU-hours
@@ -59,18 +59,18 @@ import numpy as np
 # shadow the predictors package: look in the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from interpolation import load_profile
-from interpolation.profile import Profile
-from interpolation.registry import resolve_profile
-from planner.config.schema import PlannerConfig
-from planner.core.elastic import ElasticPlanner
-from planner.observe.window import snapshot_from_text, traffic_from_snapshots
-from predictors.traces import TraceRequest
-from simulator import elastic_ep
-from simulator.cluster import Cluster, ReplicaState
-from simulator.elastic_ep import ElasticEpMode, ResizeTiming
-from simulator.request import RequestRecord
-from simulator.workloads import LengthDist
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.elastic import ElasticPlanner
+from disagg_planner.observe.window import snapshot_from_text, traffic_from_snapshots
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.profiles import load_profile
+from disagg_planner.profiles.profile import Profile
+from disagg_planner.profiles.registry import resolve_profile
+from disagg_planner.simulator import elastic_ep
+from disagg_planner.simulator.cluster import Cluster, ReplicaState
+from disagg_planner.simulator.elastic_ep import ElasticEpMode, ResizeTiming
+from disagg_planner.simulator.request import RequestRecord
+from disagg_planner.simulator.workloads import LengthDist
 
 ENGINE = "sim:deepseek-v3@gb200:tp1:dp16:ep16"
 PROFILE = "gb200/vllm/deepseek-v3/tp1-dp16-ep16"

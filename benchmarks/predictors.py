@@ -2,7 +2,8 @@
 
 For each trace and interval the trace is bucketed, and each predictor (constant, ARIMA,
 Kalman, Prophet, auto) forecasts each interval's request count, mean ISL and mean OSL one
-step ahead (``predictors.backtest``: last, partial interval left out). Printed and written to
+step ahead (``disagg_planner.predictors.backtest``: last, partial interval left out). Printed and
+written to
 ``benchmarks/RESULTS.md`` between ``<!-- BEGIN predictors -->`` and ``<!-- END predictors -->``:
 
 - MAPE per predictor, the best single predictor and auto's ratio to it (the issue's target:
@@ -41,14 +42,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from predictors import PREDICTOR_NAMES  # noqa: E402
-from predictors.arima import ArimaPredictor  # noqa: E402
-from predictors.auto import AutoPredictor, EvidencePool  # noqa: E402
-from predictors.backtest import BacktestResult, backtest_family, run_backtest  # noqa: E402
-from predictors.base import BasePredictor, LoadPredictor  # noqa: E402
-from predictors.factory import AUTO_CANDIDATES, make_predictor  # noqa: E402
-from predictors.traces import bucket_trace, read_trace  # noqa: E402
-from predictors.warmup import SERIES, series_of  # noqa: E402
+from disagg_planner.predictors import PREDICTOR_NAMES  # noqa: E402
+from disagg_planner.predictors.arima import ArimaPredictor  # noqa: E402
+from disagg_planner.predictors.auto import AutoPredictor, EvidencePool  # noqa: E402
+from disagg_planner.predictors.backtest import BacktestResult, backtest_family, run_backtest  # noqa: E402
+from disagg_planner.predictors.base import BasePredictor, LoadPredictor  # noqa: E402
+from disagg_planner.predictors.factory import AUTO_CANDIDATES, make_predictor  # noqa: E402
+from disagg_planner.predictors.traces import bucket_trace, read_trace  # noqa: E402
+from disagg_planner.predictors.warmup import SERIES, series_of  # noqa: E402
 
 DEFAULT_TRACE_DIR = REPO / "planner" / "data" / "traces"
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
@@ -292,7 +293,7 @@ def render(
         BEGIN,
         "## Load predictors (`benchmarks/predictors.py`)",
         "",
-        "One-step-ahead rolling backtest (`predictors.backtest`, the same code as "
+        "One-step-ahead rolling backtest (`disagg_planner.predictors.backtest`, the same code as "
         "`planner backtest`), cold start, last partial interval left out. MAPE in percent "
         "(best single predictor in bold). `auto` is the default (a blend of the four, weighted "
         "by their recent errors); `auto-best` answers with the single best recent candidate, "

@@ -28,8 +28,8 @@ from typing import Any
 # shadow the predictors package: look in the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planner.config import PlannerConfig
-from planner.replay.session import WorkloadSpec, prepare, run
+from disagg_planner.config import PlannerConfig
+from disagg_planner.replay.session import WorkloadSpec, prepare, run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "planner" / "data" / "traces"

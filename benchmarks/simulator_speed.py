@@ -5,8 +5,8 @@ Usage::
     python benchmarks/simulator_speed.py TRACE [--engine SPEC] [--prefill N] [--decode N]
         [--repeat R] [--fpm-callback]
 
-Replays every request of ``TRACE`` (any format ``predictors.traces`` reads) against a fixed
-disaggregated cluster (default 2 prefill + 2 decode replicas of
+Replays every request of ``TRACE`` (any format ``disagg_planner.predictors.traces`` reads) against
+a fixed disaggregated cluster (default 2 prefill + 2 decode replicas of
 ``sim:llama-3.1-8b-fp8@h200_sxm:tp1``) and prints simulated seconds / wall seconds, the
 figure issue 5 asks for (>= 60x, aim 300x, for the one-hour Azure conversation trace). The
 best of ``--repeat`` runs is reported, since other work on a shared machine only slows a run.
@@ -26,8 +26,8 @@ from pathlib import Path
 # shadow the predictors package: look in the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictors.traces import read_trace
-from simulator.cluster import Cluster
+from disagg_planner.predictors.traces import read_trace
+from disagg_planner.simulator.cluster import Cluster
 
 
 def run_once(args: argparse.Namespace) -> tuple[float, float, Cluster, int]:

@@ -2,8 +2,8 @@
 for the Grafana sidecar (``planner-dashboard-configmap.yaml``, label ``grafana_dashboard:
 "1"``).
 
-Every query reads the operator's own ``dynamo_planner_*`` series (planner/exporter.py), all
-filtered by the ``namespace`` and ``dgd`` variables (each series carries both labels, one
+Every query reads the operator's own ``dynamo_planner_*`` series (src/disagg_planner/exporter.py),
+all filtered by the ``namespace`` and ``dgd`` variables (each series carries both labels, one
 operator serving many DGDs). Rows: replicas, load, latency against the SLO, corrections and
 decisions, cost, engines, health.
 
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from planner.generated import sync_generated  # noqa: E402
+from disagg_planner.generated import sync_generated  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DASHBOARD_FILE = HERE / "planner-dashboard.json"

@@ -1,11 +1,11 @@
 """Write the generated files of the Helm chart in deploy/helm/planner.
 
 - ``values.schema.json``: the chart's values; its ``config`` block is generated from
-  :class:`planner.config.schema.PlannerConfig` (every setting a policy may leave to the
+  :class:`disagg_planner.config.schema.PlannerConfig` (every setting a policy may leave to the
   operator, plus Dynamo's alias spellings), so that Helm rejects a wrong setting before the
   pod starts. Cross-field rules (e.g. the load interval below the throughput interval) are
   not expressible here; the operator checks them at start and exits naming the field.
-- ``crds/``: the PlannerPolicy and kopf peering CRDs, as ``python -m planner.operator.crd``
+- ``crds/``: the PlannerPolicy and kopf peering CRDs, as ``python -m disagg_planner.operator.crd``
   writes them to deploy/crds.
 - ``files/planner-dashboard.json``: the Grafana dashboard of deploy/grafana, for the
   chart's optional dashboard ConfigMap.
@@ -26,10 +26,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from planner.config.loader import field_names_by_key  # noqa: E402
-from planner.config.schema import DYNAMO_KEYS_NOT_APPLICABLE, PlannerConfig  # noqa: E402
-from planner.generated import sync_generated  # noqa: E402
-from planner.operator.crd import OPERATOR_SET_FIELDS, generated_files  # noqa: E402
+from disagg_planner.config.loader import field_names_by_key  # noqa: E402
+from disagg_planner.config.schema import DYNAMO_KEYS_NOT_APPLICABLE, PlannerConfig  # noqa: E402
+from disagg_planner.generated import sync_generated  # noqa: E402
+from disagg_planner.operator.crd import OPERATOR_SET_FIELDS, generated_files  # noqa: E402
 
 CHART = REPO / "deploy" / "helm" / "planner"
 DASHBOARD = REPO / "deploy" / "grafana" / "planner-dashboard.json"

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
-from planner.operator.crd import GROUP, KIND, PLURAL, VERSION
+from disagg_planner.operator.crd import GROUP, KIND, PLURAL, VERSION
 from tests.e2e.harness import (
     DGD_GROUP,
     DGD_PLURAL,

@@ -2,7 +2,8 @@
 
 - :class:`KmockProcess`: kmock as the Kubernetes API server, in its own process on a real
   port (:mod:`tests.e2e.kmock_server`), logging every request it serves.
-- :class:`SimulatedDeployment`: a simulated Dynamo deployment (:class:`simulator.cluster.
+- :class:`SimulatedDeployment`: a simulated Dynamo deployment
+(:class:`disagg_planner.simulator.cluster.
   Cluster`) advanced in wall-clock time by a thread. Its frontend serves Dynamo's metrics in
   the Prometheus text format over HTTP; each engine publishes its ForwardPassMetrics on a ZMQ
   PUB socket (one socket per worker slot, so that the planner's endpoints are known before
@@ -36,8 +37,13 @@ import zmq
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from signals.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics, encode
-from simulator.cluster import Cluster, ReplicaState
+from disagg_planner.signals.fpm import (
+    ForwardPassMetrics,
+    QueuedRequestMetrics,
+    ScheduledRequestMetrics,
+    encode,
+)
+from disagg_planner.simulator.cluster import Cluster, ReplicaState
 from tests.integration.conftest import poll
 
 REPO = Path(__file__).resolve().parents[2]
@@ -457,7 +463,7 @@ class Tick:
 
 
 class OperatorProcess:
-    """``python -m planner ... operator ...`` with its own kubeconfig, log in a file."""
+    """``python -m disagg_planner ... operator ...`` with its own kubeconfig, log in a file."""
 
     def __init__(self, args: list[str], *, kubeconfig: Path, log_path: Path) -> None:
         self.args = args
@@ -476,7 +482,7 @@ class OperatorProcess:
             log.write(f"\n===== start {time.strftime('%H:%M:%S')} =====\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "planner", *self.args],
+                [sys.executable, "-m", "disagg_planner", *self.args],
                 cwd=self.log_path.parent,
                 env=env,
                 stdout=log,

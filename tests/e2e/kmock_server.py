@@ -33,12 +33,12 @@ from typing import IO, Any
 
 import kmock
 
-from planner.operator.crd import GROUP as POLICY_GROUP
-from planner.operator.crd import KIND as POLICY_KIND
-from planner.operator.crd import PLURAL as POLICY_PLURAL
-from planner.operator.crd import SHORT_NAMES as POLICY_SHORT_NAMES
-from planner.operator.crd import SINGULAR as POLICY_SINGULAR
-from planner.operator.crd import VERSION as POLICY_VERSION
+from disagg_planner.operator.crd import GROUP as POLICY_GROUP
+from disagg_planner.operator.crd import KIND as POLICY_KIND
+from disagg_planner.operator.crd import PLURAL as POLICY_PLURAL
+from disagg_planner.operator.crd import SHORT_NAMES as POLICY_SHORT_NAMES
+from disagg_planner.operator.crd import SINGULAR as POLICY_SINGULAR
+from disagg_planner.operator.crd import VERSION as POLICY_VERSION
 from tests.kube_dynamo import declare_dynamo_resources
 
 POLICY = f"{POLICY_GROUP}/{POLICY_VERSION}/{POLICY_PLURAL}"

@@ -25,7 +25,7 @@ from typing import Any
 import kmock as kmock_lib
 import pytest
 
-from planner.config.schema import PlannerConfig
+from disagg_planner.config.schema import PlannerConfig
 from tests.integration.conftest import free_port
 from tests.kube_dynamo import (  # noqa: F401  (re-exported to the connector tests)
     DGD,

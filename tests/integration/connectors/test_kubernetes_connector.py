@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from connectors.base import Connector, HoldReason
-from connectors.kubernetes import KubernetesConnector
-from planner.errors import ConnectorError, DeploymentError
+from disagg_planner.connectors.base import Connector, HoldReason
+from disagg_planner.connectors.kubernetes import KubernetesConnector
+from disagg_planner.errors import ConnectorError, DeploymentError
 from tests.integration.connectors.conftest import (
     DGD_PLURAL,
     DGDSA_PLURAL,

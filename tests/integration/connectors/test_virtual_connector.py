@@ -10,11 +10,15 @@ from typing import Any
 
 import pytest
 
-from connectors.base import Connector, HoldReason
-from connectors.etcd import EtcdGateway, ModRevisionIs, Put
-from connectors.virtual import ExternalScalerClient, ScalingDecision, VirtualConnector
-from planner.config.schema import PlannerConfig
-from planner.errors import ConnectorError
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.connectors.base import Connector, HoldReason
+from disagg_planner.connectors.etcd import EtcdGateway, ModRevisionIs, Put
+from disagg_planner.connectors.virtual import (
+    ExternalScalerClient,
+    ScalingDecision,
+    VirtualConnector,
+)
+from disagg_planner.errors import ConnectorError
 from tests.integration.connectors.conftest import FakeTime
 
 _names = itertools.count()

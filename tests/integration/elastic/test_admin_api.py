@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from connectors.elastic_ep import (
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.connectors.elastic_ep import (
     DrainTimeout,
     ElasticEpController,
     ResizeInFlight,
@@ -17,8 +18,7 @@ from connectors.elastic_ep import (
     ResizeRefused,
     VllmElasticEpAdmin,
 )
-from planner.config.schema import PlannerConfig
-from planner.errors import ConnectorError
+from disagg_planner.errors import ConnectorError
 from tests.integration.conftest import free_port
 
 

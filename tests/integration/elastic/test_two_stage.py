@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from connectors.elastic_ep import (
+from disagg_planner.connectors.elastic_ep import (
     RECORD_ANNOTATION,
     ElasticEpController,
     ElasticEpKubernetes,
@@ -25,7 +25,7 @@ from connectors.elastic_ep import (
     ResizeRefused,
     VllmElasticEpAdmin,
 )
-from planner.errors import DeploymentError
+from disagg_planner.errors import DeploymentError
 from tests.integration.connectors.conftest import Cluster, frontend, k8s_config, worker
 from tests.integration.elastic.conftest import FakeVllmEngine
 

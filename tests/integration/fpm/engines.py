@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 import msgspec
 import zmq
 
-from planner.observe.fpm_subscriber import FpmSubscriber
-from signals.fpm import ForwardPassMetrics, encode
+from disagg_planner.observe.fpm_subscriber import FpmSubscriber
+from disagg_planner.signals.fpm import ForwardPassMetrics, encode
 from tests.integration.conftest import free_port  # noqa: F401  (used by the FPM tests)
 from tests.unit.regression.fpm_factory import fpm
 

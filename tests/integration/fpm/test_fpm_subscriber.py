@@ -10,9 +10,9 @@ import msgspec
 import pytest
 import zmq
 
-from planner.config.schema import PlannerConfig
-from planner.observe.fpm_subscriber import DROP_KINDS, FpmSubscriber
-from signals.fpm import ForwardPassMetrics, encode
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.observe.fpm_subscriber import DROP_KINDS, FpmSubscriber
+from disagg_planner.signals.fpm import ForwardPassMetrics, encode
 from tests.integration.fpm.conftest import VirtualClock
 from tests.integration.fpm.engines import EnginePublisher, connect, free_port, wait_for
 from tests.unit.regression.fpm_factory import fpm
@@ -63,7 +63,7 @@ def test_garbage_frames_are_counted_by_kind_and_never_stop_the_subscriber(
     pub = EnginePublisher(zmq_context, worker="g")
     with FpmSubscriber(endpoints=[pub.endpoint], warn_interval_s=3600) as sub:
         connect(pub, sub)
-        caplog.set_level(logging.WARNING, logger="planner.observe.fpm_subscriber")
+        caplog.set_level(logging.WARNING, logger="disagg_planner.observe.fpm_subscriber")
         before = sub.counters()["received"]
         for _ in range(5):
             pub.send_payload(b"\xc1 not msgpack")  # undecodable
@@ -259,7 +259,7 @@ def test_a_subscriber_without_endpoints_sleeps_instead_of_spinning() -> None:
     # (load loop on, no engine reachable yet) burned a whole core and starved other threads.
     import time
 
-    from planner.observe.fpm_subscriber import FpmSubscriber
+    from disagg_planner.observe.fpm_subscriber import FpmSubscriber
 
     sub = FpmSubscriber(endpoints=(), name="idle")
     sub.start()

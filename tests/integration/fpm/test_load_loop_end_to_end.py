@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import zmq
 
-from planner.config.schema import PlannerConfig
-from planner.core.load_scaling import (
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.load_scaling import (
     LoadDecision,
     decide_load,
     make_load_model,
     resolve_engine_limits,
 )
-from planner.core.types import LoadReason, Role
-from planner.observe.fpm_subscriber import FpmSubscriber
-from regression.models import LoadModel
+from disagg_planner.core.types import LoadReason, Role
+from disagg_planner.observe.fpm_subscriber import FpmSubscriber
+from disagg_planner.regression.models import LoadModel
 from tests.integration.fpm.conftest import VirtualClock
 from tests.integration.fpm.engines import EnginePublisher, connect, wait_for
 from tests.unit.regression.fpm_factory import decode_law, prefill_law

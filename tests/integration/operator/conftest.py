@@ -21,9 +21,9 @@ import kmock as kmock_lib
 import pytest
 from kubernetes import client as k8s_client
 
-from planner.operator.app import OperatorOptions, PolicyRunner, run_operator
-from planner.operator.crd import GROUP, KIND, PLURAL, SINGULAR, VERSION
-from planner.operator.policy import OperatorDefaults
+from disagg_planner.operator.app import OperatorOptions, PolicyRunner, run_operator
+from disagg_planner.operator.crd import GROUP, KIND, PLURAL, SINGULAR, VERSION
+from disagg_planner.operator.policy import OperatorDefaults
 from tests.integration.connectors.conftest import NS, Cluster, frontend, worker
 from tests.unit.core.conftest import write_h200_like_profile
 from tests.unit.observe.canned_prometheus import CannedPrometheus, vector_reply

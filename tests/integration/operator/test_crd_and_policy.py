@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from planner.config.loader import field_names_by_key
-from planner.config.schema import PlannerConfig
-from planner.errors import ConfigError
-from planner.operator import crd
-from planner.operator.policy import OperatorDefaults, config_from_spec
+from disagg_planner.config.loader import field_names_by_key
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.errors import ConfigError
+from disagg_planner.operator import crd
+from disagg_planner.operator.policy import OperatorDefaults, config_from_spec
 
 REPO = Path(__file__).resolve().parents[3]
 STRUCTURAL_KEYWORDS = {
@@ -53,7 +53,7 @@ def test_committed_crds_are_what_the_schema_generates() -> None:
     for name, text in crd.generated_files().items():
         committed = REPO / "deploy" / "crds" / name
         assert committed.read_text(encoding="utf-8") == text, (
-            f"{committed} is stale: run `python -m planner.operator.crd`"
+            f"{committed} is stale: run `python -m disagg_planner.operator.crd`"
         )
 
 

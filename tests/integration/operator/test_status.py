@@ -7,17 +7,17 @@ from typing import Any
 
 import pytest
 
-from planner.core.planner import Effects
-from planner.core.types import DeploymentStatus, RoleStatus
-from planner.operator.status import (
+from disagg_planner.core.planner import Effects
+from disagg_planner.core.types import DeploymentStatus, RoleStatus
+from disagg_planner.operator.status import (
     StatusWriter,
     merge_patch,
     policy_status,
     rfc3339,
     tick_conditions,
 )
-from planner.runtime.loop import DeploymentRef
-from planner.runtime.outcome import Problem, ProblemKind, TickOutcome
+from disagg_planner.runtime.loop import DeploymentRef
+from disagg_planner.runtime.outcome import Problem, ProblemKind, TickOutcome
 from tests.integration.connectors.conftest import NS
 from tests.integration.operator.conftest import POLICY, OperatorCluster
 

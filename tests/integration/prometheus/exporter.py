@@ -1,7 +1,8 @@
 """A test exporter serving Dynamo frontend traffic metrics with values the test sets.
 
 Metrics are real ``prometheus_client`` counters and histograms in the exporter's own
-registry, named from ``signals.frontend``. Changes become visible only at :meth:`publish`,
+registry, named from ``disagg_planner.signals.frontend``. Changes become visible only at
+:meth:`publish`,
 which swaps the served text in one step and bumps a generation gauge, so every scrape sees
 one consistent state and a test can find, from the gauge's samples, the exact scrape
 timestamps at which each state was read. A window whose ends are two such timestamps has
@@ -17,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from signals.frontend import (
+from disagg_planner.signals.frontend import (
     DURATION_BUCKETS_S,
     FRONTEND,
     ITL_BUCKETS_S,

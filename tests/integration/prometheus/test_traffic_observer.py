@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import pytest
 
-from planner.config.schema import PlannerConfig
-from planner.core.types import Histogram, MissingObservation, TrafficObservation
-from planner.observe import (
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.types import Histogram, MissingObservation, TrafficObservation
+from disagg_planner.observe import (
     MissingReason,
     PrometheusTrafficObserver,
     snapshot_from_text,
     traffic_from_snapshots,
 )
-from signals.frontend import TOKEN_BUCKETS
+from disagg_planner.signals.frontend import TOKEN_BUCKETS
 from tests.integration.conftest import PrometheusFactory, PrometheusServer, poll
 from tests.integration.prometheus.exporter import GENERATION_METRIC, FrontendExporter, Requests
 
@@ -248,7 +248,7 @@ def test_falls_back_to_finished_requests_and_says_so(
 ) -> None:
     start, end = timeline.window(timeline.baseline, timeline.traffic)
     with (
-        caplog.at_level(logging.WARNING, logger="planner.observe"),
+        caplog.at_level(logging.WARNING, logger="disagg_planner.observe"),
         timeline.observer(LEGACY, "dyn-a") as observer,
     ):
         obs = observer.observe(end_s=end, duration_s=round((end - start) * 1000) / 1000)

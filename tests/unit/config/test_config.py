@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planner.cli.main import main
-from planner.config import PlannerConfig, load_config
-from planner.errors import ConfigError
+from disagg_planner.cli.main import main
+from disagg_planner.config import PlannerConfig, load_config
+from disagg_planner.errors import ConfigError
 
 
 def problems_of(**kwargs: object) -> dict[str, str]:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from connectors.base import check_replicas
-from connectors.etcd import prefix_end
-from connectors.kubernetes import (
+from disagg_planner.connectors.base import check_replicas
+from disagg_planner.connectors.etcd import prefix_end
+from disagg_planner.connectors.kubernetes import (
     dgd_services,
     ready_count,
     resolve_service,
@@ -16,7 +16,7 @@ from connectors.kubernetes import (
     service_model_name,
     services_stable,
 )
-from planner.errors import DeploymentError
+from disagg_planner.errors import DeploymentError
 
 REF = "ns/graph"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from interpolation import Profile, load_profile, write_profile
+from disagg_planner.profiles import Profile, load_profile, write_profile
 
 MAX_KV_TOKENS = 400_000
 

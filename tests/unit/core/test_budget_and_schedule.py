@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planner.core.budget import apply_gpu_budget, cap_change, gpus_of
-from planner.core.schedule import TickSchedule
+from disagg_planner.core.budget import apply_gpu_budget, cap_change, gpus_of
+from disagg_planner.core.schedule import TickSchedule
 
 ORDER = ("prefill", "decode")
 

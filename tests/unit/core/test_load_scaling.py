@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.config.schema import PlannerConfig
-from planner.core.load_scaling import (
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.load_scaling import (
     EngineKey,
     EngineLimits,
     LoadDecision,
@@ -28,9 +28,9 @@ from planner.core.load_scaling import (
     make_load_model,
     resolve_engine_limits,
 )
-from planner.core.types import LoadReason, Role
-from regression.models import AggModel, DecodeModel, LoadModel, PrefillModel
-from signals.fpm import ForwardPassMetrics
+from disagg_planner.core.types import LoadReason, Role
+from disagg_planner.regression.models import AggModel, DecodeModel, LoadModel, PrefillModel
+from disagg_planner.signals.fpm import ForwardPassMetrics
 from tests.unit.regression.fpm_factory import agg_law, decode_law, fpm, heartbeat, prefill_law
 
 R = LoadReason

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli.main import main
+from disagg_planner.cli.main import main
 from tests.unit.core.conftest import write_h200_like_profile
 
 

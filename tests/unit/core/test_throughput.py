@@ -11,24 +11,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from interpolation import Profile
-from planner.config import PlannerConfig
-from planner.core.budget import gpus_of
-from planner.core.throughput import (
+from disagg_planner.config import PlannerConfig
+from disagg_planner.core.budget import gpus_of
+from disagg_planner.core.throughput import (
     CorrectionFactors,
     LoadForecast,
     ThroughputPlanner,
     size_decode,
     size_prefill,
 )
-from planner.core.types import (
+from disagg_planner.core.types import (
     DeploymentStatus,
     MissingObservation,
     RoleStatus,
     ThroughputReason,
     TrafficObservation,
 )
-from predictors import make_predictors
+from disagg_planner.predictors import make_predictors
+from disagg_planner.profiles import Profile
 
 
 def planner(profile: Profile, **cfg) -> ThroughputPlanner:
@@ -323,7 +323,7 @@ def test_decode_is_capped_by_sequence_slots(h200_like_profile: Profile) -> None:
 
 
 def test_prompt_length_variability_sets_the_prefill_headroom(h200_like_profile: Profile) -> None:
-    from planner.core.types import Histogram
+    from disagg_planner.core.types import Histogram
 
     bounds = (1024.0, 2048.0, 4096.0, 8192.0)
     same = Histogram(bounds=bounds, counts=(0.0, 0.0, 600.0, 0.0))  # every prompt ~3000

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.config.schema import PlannerConfig
-from planner.errors import TraceError
-from planner.wiring import build_core
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.errors import TraceError
+from disagg_planner.wiring import build_core
 from tests.unit.core.conftest import write_h200_like_profile
 
 TRACE = Path(__file__).parents[1] / "predictors" / "data" / "mooncake_conversation_head300.jsonl"

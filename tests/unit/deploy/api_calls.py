@@ -2,7 +2,8 @@
 
 This is the list the Helm chart's RBAC must grant, no more and no less. It is written out
 here (the operator issue's closing list) and checked three ways: against the tables in the
-docstrings of ``connectors.kubernetes`` and ``planner.operator.app`` (test_api_calls.py),
+docstrings of ``disagg_planner.connectors.kubernetes`` and ``disagg_planner.operator.app``
+(test_api_calls.py),
 against the rules the chart renders (test_chart.py), and against the requests the operator
 process really sends in the live end-to-end test (tests/e2e).
 """
@@ -15,7 +16,8 @@ Call = tuple[str, str, str]  # verb, API group ("" = core), resource[/subresourc
 
 POLICY_GROUP = "planner.autoscaling.dev"
 
-# connectors/kubernetes.py: the DGD, its scaling adapters, Events about manual edits.
+# src/disagg_planner/connectors/kubernetes.py: the DGD, its scaling adapters, Events about manual
+# edits.
 CONNECTOR_CALLS: frozenset[Call] = frozenset(
     {
         ("get", "nvidia.com", "dynamographdeployments"),
@@ -26,8 +28,8 @@ CONNECTOR_CALLS: frozenset[Call] = frozenset(
     }
 )
 
-# planner/operator/app.py: kopf's watch of the policies, its finalizer and annotations, the
-# status writer, kopf's warnings as Events.
+# src/disagg_planner/operator/app.py: kopf's watch of the policies, its finalizer and annotations,
+# the status writer, kopf's warnings as Events.
 POLICY_CALLS: frozenset[Call] = frozenset(
     {
         ("list", POLICY_GROUP, "plannerpolicies"),

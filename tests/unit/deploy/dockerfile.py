@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the image's entrypoint {command[0]!r} is not on its PATH")
     checks = [
         [planner, *command[1:], "--help"],  # the default command parses
-        [planner, "profile", "list"],  # the bundled profiles are where PLANNER_PROFILES_DIR says
+        [planner, "profile", "list"],  # the bundled profiles come with the wheel
     ]
     for check in checks:
         print("+", " ".join(check), flush=True)

@@ -1,13 +1,13 @@
 """The list of API calls the RBAC is checked against (api_calls.py) is the one the code
-documents: the call tables in the docstrings of ``connectors.kubernetes`` and
-``planner.operator.app``, parsed here."""
+documents: the call tables in the docstrings of ``disagg_planner.connectors.kubernetes`` and
+``disagg_planner.operator.app``, parsed here."""
 
 from __future__ import annotations
 
 import re
 
-import connectors.kubernetes
-import planner.operator.app
+import disagg_planner.connectors.kubernetes
+import disagg_planner.operator.app
 from tests.unit.deploy.api_calls import (
     CONNECTOR_CALLS,
     POLICY_CALLS,
@@ -49,12 +49,12 @@ def calls_of(rows: list[list[str]]) -> dict[Call, str]:
 
 
 def test_the_connector_documents_exactly_its_calls():
-    documented = calls_of(table_rows(connectors.kubernetes.__doc__ or ""))
+    documented = calls_of(table_rows(disagg_planner.connectors.kubernetes.__doc__ or ""))
     assert set(documented) == CONNECTOR_CALLS
 
 
 def test_the_operator_documents_the_policy_peering_and_scanning_calls():
-    documented = calls_of(table_rows(planner.operator.app.__doc__ or ""))
+    documented = calls_of(table_rows(disagg_planner.operator.app.__doc__ or ""))
     namespaced_peering = peering_calls(cluster_wide=False)
     namespaces = {c for c in SCANNING_CALLS if c[2] == "namespaces"}
     assert set(documented) == POLICY_CALLS | namespaced_peering | namespaces
@@ -70,9 +70,9 @@ def test_the_only_call_beyond_the_documented_ones_is_kopfs_crd_watch_with_globs(
     """kopf's resource observer lists and watches CRDs whenever scanning is on, which the
     operator turns on for namespace globs only (build_settings); the docstring does not
     list it, the chart grants it in that mode."""
-    documented = set(calls_of(table_rows(connectors.kubernetes.__doc__ or ""))) | set(
-        calls_of(table_rows(planner.operator.app.__doc__ or ""))
-    )
+    documented = set(
+        calls_of(table_rows(disagg_planner.connectors.kubernetes.__doc__ or ""))
+    ) | set(calls_of(table_rows(disagg_planner.operator.app.__doc__ or "")))
     everything = expected_calls(cluster_wide=False, peering=True, globs=True) | peering_calls(
         cluster_wide=True
     )

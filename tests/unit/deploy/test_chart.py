@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from planner.cli.main import build_parser
-from planner.config import load_config
+from disagg_planner.cli.main import build_parser
+from disagg_planner.config import load_config
 from tests.unit.deploy.api_calls import expected_calls
 from tests.unit.deploy.conftest import (
     CHART,

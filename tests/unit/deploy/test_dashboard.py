@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from planner.exporter import PlannerMetrics
+from disagg_planner.exporter import PlannerMetrics
 from tests.unit.deploy.conftest import REPO
 
 GRAFANA = REPO / "deploy" / "grafana"
@@ -55,7 +55,9 @@ def test_every_metric_in_a_query_is_one_the_planner_exports():
     exported = exported_names()
     used = {name for _, expr in expressions() for name in PLANNER_NAME.findall(expr)}
     assert used, "the dashboard queries no planner metric"
-    assert used <= exported, f"not exported by planner/exporter.py: {sorted(used - exported)}"
+    assert used <= exported, (
+        f"not exported by src/disagg_planner/exporter.py: {sorted(used - exported)}"
+    )
 
 
 def test_every_panel_query_selects_planner_series_of_the_chosen_namespace_and_dgd():

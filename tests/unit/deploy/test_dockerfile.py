@@ -9,7 +9,7 @@ import tomllib
 
 import yaml
 
-from planner.cli.main import build_parser
+from disagg_planner.cli.main import build_parser
 from tests.unit.deploy.conftest import CHART, REPO
 from tests.unit.deploy.dockerfile import entrypoint, ignore_patterns, ignored, parse
 
@@ -40,10 +40,9 @@ def test_every_copied_path_is_in_the_build_context():
 
 def test_every_shipped_package_is_copied():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    includes = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {p.rstrip("*") for p in includes}
+    where = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
     copied = {shlex.split(s.args)[0].rstrip("/") for s in BUILD.of("COPY")}
-    assert packages <= copied, f"not copied into the image: {sorted(packages - copied)}"
+    assert set(where) <= copied, f"not copied into the image: {sorted(set(where) - copied)}"
     assert {"pyproject.toml", "README.md", "ci-constraints.txt"} <= set(
         shlex.split(BUILD.of("COPY")[0].args)[:-1]
     )
@@ -56,11 +55,11 @@ def test_the_install_uses_ci_pins_and_wheels_only():
     assert "--no-cache-dir" in run.args
 
 
-def test_bundled_profiles_are_in_the_image_where_the_registry_looks():
-    copies = [shlex.split(s.args) for s in BUILD.of("COPY")]
-    assert ["profiles", "/opt/planner/profiles"] in copies
+def test_bundled_profiles_come_with_the_package_not_a_variable():
+    # The profiles are package data of the wheel; an image that still needed
+    # PLANNER_PROFILES_DIR would hide a wheel that ships without them.
     env = " ".join(s.args for s in FINAL.of("ENV"))
-    assert "PLANNER_PROFILES_DIR=/opt/planner/profiles" in env
+    assert "PLANNER_PROFILES_DIR" not in env
     assert "PATH=/opt/planner/bin:$PATH" in env
 
 
@@ -83,7 +82,17 @@ def test_the_default_command_is_a_valid_planner_operator_command():
 
 def test_dockerignore_keeps_local_state_out():
     patterns = ignore_patterns()
-    for path in (".git", ".venv", "tests/unit", "planner/__pycache__/x.pyc", "x.egg-info"):
+    for path in (
+        ".git",
+        ".venv",
+        "tests/unit",
+        "src/disagg_planner/__pycache__/x.pyc",
+        "x.egg-info",
+    ):
         assert ignored(path, patterns), path
-    for path in ("planner/cli/main.py", "profiles/README.md", "ci-constraints.txt"):
+    for path in (
+        "src/disagg_planner/cli/main.py",
+        "src/disagg_planner/profiles/bundled/README.md",
+        "ci-constraints.txt",
+    ):
         assert not ignored(path, patterns), path

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
-from connectors.kubernetes import KubernetesConnector
-from interpolation.registry import list_bundled
-from planner.operator.crd import API_VERSION, KIND, policy_crd
-from planner.operator.policy import OperatorDefaults, config_from_spec, target_of
+from disagg_planner.connectors.kubernetes import KubernetesConnector
+from disagg_planner.operator.crd import API_VERSION, KIND, policy_crd
+from disagg_planner.operator.policy import OperatorDefaults, config_from_spec, target_of
+from disagg_planner.profiles.registry import list_bundled
 from tests.e2e.kmock_server import declare_resources
 from tests.kube_dynamo import DGD
 from tests.unit.deploy.conftest import CHART, REPO

@@ -13,9 +13,9 @@ import jsonschema
 import pytest
 import yaml
 
-from planner.config.loader import field_names_by_key
-from planner.config.schema import DYNAMO_KEYS_NOT_APPLICABLE, PlannerConfig
-from planner.operator.crd import OPERATOR_SET_FIELDS
+from disagg_planner.config.loader import field_names_by_key
+from disagg_planner.config.schema import DYNAMO_KEYS_NOT_APPLICABLE, PlannerConfig
+from disagg_planner.operator.crd import OPERATOR_SET_FIELDS
 from tests.unit.deploy.conftest import CHART, REPO
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())

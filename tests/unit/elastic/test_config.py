@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from planner.config.loader import load_config
-from planner.config.schema import PlannerConfig, parse_elastic_ep_timing
-from planner.errors import ConfigError
+from disagg_planner.config.loader import load_config
+from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
+from disagg_planner.errors import ConfigError
 
 
 def elastic(**overrides: Any) -> dict[str, Any]:

@@ -9,10 +9,8 @@ from typing import Any
 
 import pytest
 
-from interpolation import load_profile
-from interpolation.registry import resolve_profile
-from planner.config.schema import PlannerConfig
-from planner.core.elastic import (
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.elastic import (
     ElasticDecision,
     ElasticPlanner,
     ElasticReason,
@@ -20,8 +18,10 @@ from planner.core.elastic import (
     mode_timing,
     request_gpu_seconds,
 )
-from planner.core.throughput import LoadForecast, size_agg, size_decode, size_prefill
-from planner.core.types import MissingObservation, TrafficObservation
+from disagg_planner.core.throughput import LoadForecast, size_agg, size_decode, size_prefill
+from disagg_planner.core.types import MissingObservation, TrafficObservation
+from disagg_planner.profiles import load_profile
+from disagg_planner.profiles.registry import resolve_profile
 
 PROFILE = load_profile(resolve_profile("gb200/vllm/deepseek-v3/tp1-dp16-ep16"))
 ISL, OSL = 9000.0, 2000.0

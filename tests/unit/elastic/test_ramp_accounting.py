@@ -11,11 +11,11 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from interpolation import load_profile
-from interpolation.registry import resolve_profile
-from predictors.traces import TraceRequest
-from simulator import elastic_ep
-from simulator.request import RequestRecord
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.profiles import load_profile
+from disagg_planner.profiles.registry import resolve_profile
+from disagg_planner.simulator import elastic_ep
+from disagg_planner.simulator.request import RequestRecord
 
 
 def _load_benchmark() -> ModuleType:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from planner.config.schema import PlannerConfig
-from planner.core.types import Histogram, MissingObservation, TrafficObservation
-from planner.observe import MissingReason, PrometheusTrafficObserver
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.types import Histogram, MissingObservation, TrafficObservation
+from disagg_planner.observe import MissingReason, PrometheusTrafficObserver
 from tests.unit.observe.canned_prometheus import TLS_DIR, CannedPrometheus, Reply, vector_reply
 
 FULL = {
@@ -191,7 +191,7 @@ def test_falls_back_to_finished_requests_once_logged(
     legacy = {k: v for k, v in FULL.items() if k != "requests_started"}
     api.reply = vector_reply(legacy)
     observer = observer_for(api.url)
-    with caplog.at_level(logging.WARNING, logger="planner.observe"):
+    with caplog.at_level(logging.WARNING, logger="disagg_planner.observe"):
         first = observer.observe(duration_s=60)
         second = observer.observe(duration_s=60)
     assert isinstance(first, TrafficObservation) and isinstance(second, TrafficObservation)

@@ -9,20 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from planner.core.types import Histogram, MissingObservation, TrafficObservation
-from planner.observe import (
+from disagg_planner.core.types import Histogram, MissingObservation, TrafficObservation
+from disagg_planner.observe import (
     MissingReason,
     snapshot_from_samples,
     snapshot_from_text,
     traffic_from_snapshots,
 )
-from planner.observe.window import (
+from disagg_planner.observe.window import (
     WindowIncreases,
     histogram_from_cumulative,
     observation_from_increases,
     sample_key,
 )
-from signals.frontend import ROUTER
+from disagg_planner.signals.frontend import ROUTER
 from tests.integration.prometheus.exporter import FrontendMetrics, Requests
 
 R_A = Requests(n=1, ttft_s=0.25, itl_s=1 / 64, isl=1000, osl=200, duration_s=4.25)

@@ -9,10 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.cli.main import main
-from predictors.backtest import JSON_KEYS, backtest_family, backtest_series, run_backtest
-from predictors.constant import ConstantPredictor
-from predictors.traces import bucket_trace, read_trace
+from disagg_planner.cli.main import main
+from disagg_planner.predictors.backtest import (
+    JSON_KEYS,
+    backtest_family,
+    backtest_series,
+    run_backtest,
+)
+from disagg_planner.predictors.constant import ConstantPredictor
+from disagg_planner.predictors.traces import bucket_trace, read_trace
 
 DATA = Path(__file__).parent / "data"
 AZURE_HEAD = DATA / "azure_conv_2023_head300.csv"

@@ -14,12 +14,18 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from predictors import PREDICTOR_NAMES, Forecast, LoadPredictor, make_predictor, make_predictors
-from predictors.arima import ArimaPredictor
-from predictors.auto import AutoPredictor, EvidencePool
-from predictors.constant import ConstantPredictor
-from predictors.kalman import KalmanPredictor
-from predictors.prophet import ProphetPredictor
+from disagg_planner.predictors import (
+    PREDICTOR_NAMES,
+    Forecast,
+    LoadPredictor,
+    make_predictor,
+    make_predictors,
+)
+from disagg_planner.predictors.arima import ArimaPredictor
+from disagg_planner.predictors.auto import AutoPredictor, EvidencePool
+from disagg_planner.predictors.constant import ConstantPredictor
+from disagg_planner.predictors.kalman import KalmanPredictor
+from disagg_planner.predictors.prophet import ProphetPredictor
 
 RNG = np.random.default_rng(20240601)
 LINE = 50.0 + 5.0 * np.arange(30) + RNG.normal(0.0, 0.5, 30)  # next value: 200
@@ -312,7 +318,7 @@ def test_prophet_trend_shortcut_equals_its_predict() -> None:
     import pandas as pd
     from prophet import Prophet
 
-    from predictors.prophet import next_yhat
+    from disagg_planner.predictors.prophet import next_yhat
 
     frame = pd.DataFrame(
         {"ds": pd.date_range("2024-01-01", periods=20, freq="min"), "y": LINE[:20]}

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from predictors import AUTO_CANDIDATES, make_predictor, make_predictors
-from predictors.auto import AutoPredictor
-from predictors.base import BasePredictor
-from predictors.traces import TraceError
-from predictors.warmup import SERIES, warm_up
+from disagg_planner.predictors import AUTO_CANDIDATES, make_predictor, make_predictors
+from disagg_planner.predictors.auto import AutoPredictor
+from disagg_planner.predictors.base import BasePredictor
+from disagg_planner.predictors.traces import TraceError
+from disagg_planner.predictors.warmup import SERIES, warm_up
 
 DATA = Path(__file__).parent / "data"
 CURVES = {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from predictors.traces import TraceError, TraceRequest, bucket_trace, read_trace
+from disagg_planner.predictors.traces import TraceError, TraceRequest, bucket_trace, read_trace
 
 DATA = Path(__file__).parent / "data"
 AZURE_HEAD = DATA / "azure_conv_2023_head300.csv"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from signals.fpm import (
+from disagg_planner.signals.fpm import (
     FPM_VERSION,
     ForwardPassMetrics,
     QueuedRequestMetrics,

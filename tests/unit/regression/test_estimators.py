@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from regression.estimators import (
+from disagg_planner.regression.estimators import (
     EngineLimits,
     agg_itl_ms,
     agg_ttft_ms,
@@ -14,7 +14,7 @@ from regression.estimators import (
     decode_itl_ms,
     prefill_ttft_ms,
 )
-from regression.models import AggModel, DecodeModel, PrefillModel
+from disagg_planner.regression.models import AggModel, DecodeModel, PrefillModel
 from tests.unit.regression.fpm_factory import agg_law, decode_law, fpm, heartbeat, prefill_law
 
 LIMITS = EngineLimits(max_num_batched_tokens=8192, max_num_seqs=256, max_kv_tokens=500_000)

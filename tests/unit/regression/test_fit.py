@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from regression.fit import MIN_WALL_TIME_S, FitRejected, LinearFit, fit_wall_time
+from disagg_planner.regression.fit import MIN_WALL_TIME_S, FitRejected, LinearFit, fit_wall_time
 
 
 def _noisy(law: np.ndarray, rng: np.random.Generator, rel: float = 0.03) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from regression.models import AggModel, DecodeModel, ModelNotReadyError, PrefillModel
+from disagg_planner.regression.models import AggModel, DecodeModel, ModelNotReadyError, PrefillModel
 from tests.unit.regression.fpm_factory import (
     AGG_B,
     AGG_C,

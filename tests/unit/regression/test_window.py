@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from regression.window import BucketedWindow
+from disagg_planner.regression.window import BucketedWindow
 
 
 def test_uniformly_covered_window_behaves_as_fifo() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.replay.hpa import HorizontalPodAutoscaler, HpaBehavior
+from disagg_planner.replay.hpa import HorizontalPodAutoscaler, HpaBehavior
 
 
 def test_within_tolerance_holds() -> None:

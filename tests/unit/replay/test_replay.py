@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.cli.main import main
-from planner.config import PlannerConfig
-from planner.replay.session import WorkloadSpec, prepare, run
+from disagg_planner.cli.main import main
+from disagg_planner.config import PlannerConfig
+from disagg_planner.replay.session import WorkloadSpec, prepare, run
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 STEP = "step:rates=10/40,at=120,duration=300,isl=1500,osl=150"

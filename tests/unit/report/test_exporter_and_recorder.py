@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from planner.exporter import HealthState, MetricsServer, PlannerMetrics
-from planner.report.recorder import DiagnosticsRecorder, EngineQueues, TickSnapshot
+from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
+from disagg_planner.report.recorder import DiagnosticsRecorder, EngineQueues, TickSnapshot
 
 
 def snap(t: float, *, engines: tuple[EngineQueues, ...] = (), **kw) -> TickSnapshot:

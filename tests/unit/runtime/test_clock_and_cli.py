@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from planner.cli import operator_cmd, run_cmd
-from planner.config.schema import PlannerConfig
-from planner.runtime.clock import WallClock
+from disagg_planner.cli import operator_cmd, run_cmd
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.runtime.clock import WallClock
 
 
 async def test_wall_clock_reads_unix_seconds_and_never_goes_back() -> None:

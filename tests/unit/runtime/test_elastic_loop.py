@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from planner.core.elastic import ElasticReason
-from planner.runtime.outcome import ProblemKind
+from disagg_planner.core.elastic import ElasticReason
+from disagg_planner.runtime.outcome import ProblemKind
 from tests.integration.elastic.conftest import FakeVllmEngine
 from tests.unit.observe.canned_prometheus import vector_reply
 from tests.unit.runtime.conftest import loop_config, spec_replicas, traffic_parts
@@ -159,10 +159,10 @@ async def test_an_unreachable_engine_is_a_problem_and_the_next_tick_runs(
 
 
 async def test_make_connector_scales_followers_on_kubernetes(engine, api_client) -> None:
-    from connectors.elastic_ep import ElasticEpKubernetes
-    from connectors.kubernetes import KubernetesConnector
-    from planner.runtime.clock import WallClock
-    from planner.runtime.service import make_connector
+    from disagg_planner.connectors.elastic_ep import ElasticEpKubernetes
+    from disagg_planner.connectors.kubernetes import KubernetesConnector
+    from disagg_planner.runtime.clock import WallClock
+    from disagg_planner.runtime.service import make_connector
 
     clock = WallClock()
     with_followers = elastic_config(engine, elastic_ep_follower_service="decode-elastic")
@@ -176,7 +176,7 @@ async def test_make_connector_scales_followers_on_kubernetes(engine, api_client)
 async def test_on_kubernetes_followers_are_ready_before_the_grow_reaches_the_engine(
     cluster, harness_factory, prometheus, engine, api_client
 ) -> None:
-    from connectors.elastic_ep import RECORD_ANNOTATION, ElasticEpKubernetes
+    from disagg_planner.connectors.elastic_ep import RECORD_ANNOTATION, ElasticEpKubernetes
     from tests.integration.connectors.conftest import frontend, worker
     from tests.integration.elastic.test_two_stage import FOLLOWER, follower_state, watch_scales
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from planner.core.types import ThroughputReason
-from planner.report.recorder import DiagnosticsRecorder
-from planner.runtime.outcome import ProblemKind
+from disagg_planner.core.types import ThroughputReason
+from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.runtime.outcome import ProblemKind
 from tests.integration.connectors.conftest import DGD_PLURAL
 from tests.unit.observe.canned_prometheus import CannedPrometheus, Reply
 from tests.unit.runtime.conftest import loop_config, spec_replicas
@@ -153,7 +153,7 @@ async def test_an_exception_in_a_tick_is_logged_and_the_next_tick_runs(
     h = harness_factory(config, engine_sources={"prefill": engines, "decode": engines})
     await h.start()
 
-    with caplog.at_level(logging.ERROR, logger="planner.runtime.loop"):
+    with caplog.at_level(logging.ERROR, logger="disagg_planner.runtime.loop"):
         failed = await h.next_tick()
     assert failed.problem(ProblemKind.TICK_FAILED).detail == "bug in an observer"
     assert any(r.exc_info for r in caplog.records)  # with its traceback

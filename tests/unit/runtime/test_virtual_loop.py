@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from connectors.virtual import ExternalScalerClient
-from planner.observe.prometheus import PrometheusTrafficObserver
-from planner.runtime.loop import DeploymentLoop
-from planner.runtime.service import deployment_ref, make_connector
+from disagg_planner.connectors.virtual import ExternalScalerClient
+from disagg_planner.observe.prometheus import PrometheusTrafficObserver
+from disagg_planner.runtime.loop import DeploymentLoop
+from disagg_planner.runtime.service import deployment_ref, make_connector
 from tests.integration.connectors.conftest import etcd_url  # noqa: F401  (fixture)
 from tests.unit.runtime.conftest import JumpClock, loop_config
 

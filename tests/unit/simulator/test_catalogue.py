@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator import catalogue, engine_spec
-from simulator.errors import CatalogueError, EngineSpecError
+from disagg_planner.simulator import catalogue, engine_spec
+from disagg_planner.simulator.errors import CatalogueError, EngineSpecError
 
 REQUIRED_GPUS = ["a100_sxm", "h100_sxm", "h200_sxm", "b200", "gb200"]
 REQUIRED_MODELS = ["llama-3.1-8b", "llama-3.3-70b", "qwen3-32b", "deepseek-v3"]

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from predictors.traces import TraceRequest
-from simulator.cluster import Cluster, ReplicaState
-from simulator.errors import SimulatorInputError, WorkloadError
-from simulator.workloads import parse_workload
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.simulator.cluster import Cluster, ReplicaState
+from disagg_planner.simulator.errors import SimulatorInputError, WorkloadError
+from disagg_planner.simulator.workloads import parse_workload
 
 SPEC = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 # A small KV cache (about 18k tokens) and 64 sequences: preemption under load.

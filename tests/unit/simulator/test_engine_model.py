@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.calibration import POINTS
-from simulator.engine_model import EngineModel
+from disagg_planner.simulator.calibration import POINTS
+from disagg_planner.simulator.engine_model import EngineModel
 
 H200_8B = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 

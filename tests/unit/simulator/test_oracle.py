@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from simulator.cluster import Cluster
-from simulator.oracle import capacity, replicas_needed
-from simulator.workloads import parse_workload
+from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.oracle import capacity, replicas_needed
+from disagg_planner.simulator.workloads import parse_workload
 
 SPEC = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 TTFT_MS, ITL_MS = 300.0, 20.0

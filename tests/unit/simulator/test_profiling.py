@@ -13,12 +13,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from interpolation import load_manifest, load_profile
-from planner.cli.profile_sweep import add_sweep_arguments, run_sweep
-from planner.errors import SpecError, classify
-from simulator.errors import ProfilingError
-from simulator.profiling import SimulatedEngine, SweepConfig, bundled_path
-from simulator.profiling import run_sweep as sweep
+from disagg_planner.cli.profile_sweep import add_sweep_arguments, run_sweep
+from disagg_planner.errors import SpecError, classify
+from disagg_planner.profiles import load_manifest, load_profile
+from disagg_planner.simulator.errors import ProfilingError
+from disagg_planner.simulator.profiling import SimulatedEngine, SweepConfig, bundled_path
+from disagg_planner.simulator.profiling import run_sweep as sweep
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -217,7 +217,7 @@ def test_endpoint_sweep_measures_ttft_and_itl_from_the_stream(tmp_path, fake_ser
 
 def test_endpoint_errors_are_clear(fake_server):
     url, _engine = fake_server
-    from simulator.profiling import HttpEndpoint
+    from disagg_planner.simulator.profiling import HttpEndpoint
 
     ep = HttpEndpoint(url, model="other-model", max_kv_tokens=1000)
     with pytest.raises(ProfilingError, match="answered HTTP 404"):

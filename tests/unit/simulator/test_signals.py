@@ -10,11 +10,11 @@ from collections import defaultdict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from predictors.traces import TraceRequest
-from signals import fpm as fpm_wire
-from signals import frontend as names
-from simulator.cluster import Cluster
-from simulator.workloads import parse_workload
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.signals import fpm as fpm_wire
+from disagg_planner.signals import frontend as names
+from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.workloads import parse_workload
 
 SPEC = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 

@@ -8,9 +8,15 @@ import statistics
 
 import pytest
 
-from predictors.traces import TraceRequest
-from simulator.errors import WorkloadError
-from simulator.workloads import parse_duration, parse_length, parse_workload, scale_load, speedup
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.simulator.errors import WorkloadError
+from disagg_planner.simulator.workloads import (
+    parse_duration,
+    parse_length,
+    parse_workload,
+    scale_load,
+    speedup,
+)
 
 
 def arrivals(spec: str, seed: int = 0) -> list[float]:

@@ -56,8 +56,8 @@ app.kubernetes.io/component: operator
 {{- end -}}
 
 {{/*
-The API calls the controller makes, one rule per resource (see connectors/kubernetes.py and
-planner/operator/app.py). Argument: dict "root" $ "peering" <resource or ""> "scan" <bool>.
+The API calls the controller makes, one rule per resource (see src/disagg_planner/connectors/kubernetes.py and
+src/disagg_planner/operator/app.py). Argument: dict "root" $ "peering" <resource or ""> "scan" <bool>.
 */}}
 {{- define "planner.rules" -}}
 - apiGroups: ["nvidia.com"]

@@ -1,0 +1,121 @@
+"""``planner operator``: one process planning every DGD that has a ``PlannerPolicy``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+from typing import Any
+
+from disagg_planner.config import load_config
+from disagg_planner.config.flags import add_config_arguments, config_flags
+
+# Connector and Prometheus calls are blocking HTTP run in threads; asyncio's default pool
+# (CPUs + 4) would let a few slow API servers stall every other DGD's tick.
+WORKER_THREADS = 64
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "operator",
+        help="Run the planner operator: one loop per PlannerPolicy object.",
+        description="Run a kopf operator that watches PlannerPolicy objects "
+        "(planner.autoscaling.dev/v1alpha1; CRDs in deploy/crds) and runs one planner loop "
+        "per policy for the DynamoGraphDeployment its spec.targetRef names. A policy's spec "
+        "holds planner settings under config-file keys; the config flags below (and "
+        "--config, PLANNER_* variables) are the defaults under every policy. Deleting a "
+        "policy stops its loop and leaves the DGD as it is. With peering (the default), "
+        "only the replica with the highest priority acts; the KopfPeering object named by "
+        "--peering must exist (ClusterKopfPeering with --all-namespaces). Serves /metrics, "
+        "/healthz and /readyz on --metric-reporting-prometheus-port when it is not 0.",
+    )
+    scope = parser.add_argument_group("operator")
+    where = scope.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--watch-namespace",
+        dest="operator_namespaces",
+        action="append",
+        metavar="NS",
+        help="Serve PlannerPolicies in this Kubernetes namespace (repeatable; globs such as "
+        "'team-*' need list/watch on namespaces). Not --namespace: that is the Dynamo "
+        "namespace setting below.",
+    )
+    where.add_argument(
+        "-A",
+        "--all-namespaces",
+        dest="operator_all_namespaces",
+        action="store_true",
+        help="Serve PlannerPolicies in every namespace.",
+    )
+    scope.add_argument(
+        "--standalone",
+        dest="operator_standalone",
+        action="store_true",
+        help="Run without peering (only safe with a single operator replica).",
+    )
+    scope.add_argument(
+        "--peering",
+        dest="operator_peering",
+        default="planner",
+        metavar="NAME",
+        help="Name of the KopfPeering object the replicas elect the active one through "
+        "(default: planner).",
+    )
+    scope.add_argument(
+        "--priority",
+        dest="operator_priority",
+        default="random",
+        metavar="N|random",
+        help="Peering priority; the highest acts, equal priorities all pause (default: a "
+        "random number per start, so replicas differ).",
+    )
+    scope.add_argument(
+        "--status-interval",
+        dest="operator_status_interval",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="Shortest time between status writes that only update measurements; a new "
+        "decision or condition is written at once (default: 30).",
+    )
+    add_config_arguments(parser)
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from disagg_planner.operator.app import OperatorOptions, run_operator
+    from disagg_planner.operator.policy import OperatorDefaults
+
+    flags = config_flags(args)
+    # The operator's own settings must be valid on their own (a policy only adds to them).
+    base = load_config(config_arg=args.config, flags=flags).config
+    priority: int | None = None
+    if args.operator_priority != "random":
+        try:
+            priority = int(args.operator_priority)
+        except ValueError:
+            raise SystemExit(
+                f"planner operator: --priority must be an integer or 'random', "
+                f"got {args.operator_priority!r}"
+            ) from None
+    options = OperatorOptions(
+        defaults=OperatorDefaults(config_arg=args.config, flags=flags),
+        namespaces=tuple(args.operator_namespaces or ()),
+        all_namespaces=args.operator_all_namespaces,
+        standalone=args.operator_standalone,
+        peering_name=args.operator_peering,
+        priority=priority,
+        metrics_port=base.metric_reporting_prometheus_port,
+        status_min_interval_s=args.operator_status_interval,
+    )
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(
+                max_workers=WORKER_THREADS, thread_name_prefix="planner"
+            )
+        )
+        await run_operator(options)
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,183 @@
+"""``planner profile --engine ENGINE -o DIR``: sweep an engine and write a profile.
+
+``ENGINE`` is a simulated engine spec (``sim:MODEL@GPU[:tpN][:dpN][:epN][:key=value]``,
+see ``disagg_planner.simulator.engine_spec``) or the URL of a real OpenAI-compatible endpoint
+(``http://HOST:PORT``, which also needs ``--model``). The sweep follows Dynamo's profiler
+(``disagg_planner.simulator.profiling``) and writes Dynamo's NPZ layout plus a ``profile.yaml``
+manifest (``source: modelled`` or ``measured``).
+
+The ``profile`` command's parser adds these options with :func:`add_sweep_arguments` and
+calls :func:`run_sweep` when ``--engine`` is given without an action.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+from disagg_planner.errors import SpecError
+
+log = logging.getLogger(__name__)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the sweep options (``--engine``, ``-o`` and the sweep's knobs) to ``parser``."""
+    group = parser.add_argument_group(
+        "profiling sweep",
+        "Sweep an engine like Dynamo's profiler and write a profile: "
+        "planner profile --engine sim:llama-3.1-8b-fp8@h200_sxm:tp1 -o DIR",
+    )
+    group.add_argument(
+        "--engine",
+        metavar="SPEC|URL",
+        help="sim:MODEL@GPU[:tpN][:dpN][:epN][:key=value] for the simulator, or "
+        "http://HOST:PORT for a running OpenAI-compatible endpoint (with --model).",
+    )
+    group.add_argument(
+        "-o", "--output", dest="sweep_output", metavar="DIR", help="Profile directory to write."
+    )
+    group.add_argument(
+        "--granularity-prefill",
+        type=_positive_int,
+        default=16,
+        metavar="N",
+        help="Number of ISLs in the prefill sweep (default 16, Dynamo's).",
+    )
+    group.add_argument(
+        "--granularity-decode",
+        type=_positive_int,
+        default=6,
+        metavar="N",
+        help="Number of ISLs and of concurrencies in the decode sweep (default 6, Dynamo's).",
+    )
+    group.add_argument(
+        "--max-context-length",
+        type=_positive_int,
+        metavar="TOKENS",
+        help="Largest ISL swept (default: the engine's context, at most 16384).",
+    )
+    group.add_argument(
+        "--decode-osl",
+        type=_positive_int,
+        default=500,
+        metavar="TOKENS",
+        help="Output length of the decode sweep's requests (default 500).",
+    )
+    group.add_argument("--model", metavar="NAME", help="Model name to request (endpoint only).")
+    group.add_argument(
+        "--gpus",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="GPUs the endpoint's engine uses (endpoint only; default 1).",
+    )
+    group.add_argument(
+        "--tp", type=_positive_int, default=1, metavar="N", help="Endpoint's TP (manifest)."
+    )
+    group.add_argument(
+        "--dp",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="Endpoint's data-parallel ranks (default 1).",
+    )
+    group.add_argument(
+        "--max-kv-tokens",
+        type=_positive_int,
+        metavar="TOKENS",
+        help="Endpoint's KV-cache capacity (default: read vllm:cache_config_info from /metrics).",
+    )
+    group.add_argument(
+        "--gpu", default="unknown", metavar="NAME", help="GPU type for the manifest (endpoint)."
+    )
+    group.add_argument(
+        "--backend", default="vllm", metavar="NAME", help="Backend for the manifest (endpoint)."
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="Per-request timeout against an endpoint (default 600).",
+    )
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    """Run the sweep the parsed options describe; returns the exit status."""
+    from disagg_planner.simulator import profiling  # numpy and the simulator load only for a sweep
+
+    engine = getattr(args, "engine", None)
+    output = getattr(args, "sweep_output", None)
+    if not engine:
+        raise SpecError("--engine is required for a profiling sweep")
+    if not output:
+        raise SpecError("-o/--output DIR is required with --engine")
+    config = profiling.SweepConfig(
+        granularity_prefill=args.granularity_prefill,
+        granularity_decode=args.granularity_decode,
+        max_context_length=args.max_context_length,
+        decode_osl=args.decode_osl,
+    )
+    tool = "planner profile " + " ".join(
+        shlex.quote(a) for a in _tool_args(args, engine=engine, output=output)
+    )
+    if engine.startswith(("http://", "https://")):
+        if not args.model:
+            raise SpecError("--model NAME is required with an http:// endpoint")
+        target = profiling.HttpEndpoint(
+            engine,
+            model=args.model,
+            gpus=args.gpus,
+            dp=args.dp,
+            max_kv_tokens=args.max_kv_tokens,
+            max_context=args.max_context_length or profiling.DEFAULT_MAX_CONTEXT,
+            timeout_s=args.request_timeout,
+        )
+        manifest = profiling.endpoint_manifest(
+            target, gpu=args.gpu, backend=args.backend, tool=tool, tp=args.tp, dp=args.dp
+        )
+        sweep_target: profiling.SweepTarget = target
+    elif engine.lower().startswith("sim:"):
+        sim = profiling.SimulatedEngine(engine)
+        manifest = profiling.simulated_manifest(sim.spec, tool=tool)
+        sweep_target = sim
+    else:
+        raise SpecError(f"--engine {engine!r}: expected sim:MODEL@GPU[:tpN]... or http://HOST:PORT")
+    result = profiling.run_sweep(sweep_target, config, progress=log.info)
+    path = result.write(Path(output), manifest=manifest)
+    print(
+        f"wrote {path}: {len(result.prefill_isl)} prefill and {len(result.decode_itl_ms)} "
+        f"decode points, max_kv_tokens {result.max_kv_tokens}",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def _tool_args(args: argparse.Namespace, *, engine: str, output: str) -> list[str]:
+    out = ["--engine", engine]
+    if engine.startswith(("http://", "https://")):
+        out += ["--model", str(args.model)]
+    out += [
+        "--granularity-prefill",
+        str(args.granularity_prefill),
+        "--granularity-decode",
+        str(args.granularity_decode),
+    ]
+    if args.max_context_length:
+        out += ["--max-context-length", str(args.max_context_length)]
+    if args.decode_osl != 500:
+        out += ["--decode-osl", str(args.decode_osl)]
+    return [*out, "-o", output]

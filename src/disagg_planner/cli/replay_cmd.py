@@ -1,0 +1,146 @@
+"""``planner replay``: the planner (and baselines) against the simulated cluster on a trace."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from disagg_planner.config import load_config
+from disagg_planner.config.flags import add_config_arguments, config_flags
+from disagg_planner.errors import SpecError
+from disagg_planner.replay.session import WorkloadSpec, prepare, run_many
+from disagg_planner.replay.summary import summary_table
+
+# With no arguments: a real trace (the bundled Azure 2023 conversation trace, its busiest
+# 20 minutes compressed 2x) on a bundled profile, at a load that needs several replicas per
+# role, so that scaling matters and it finishes in well under a minute.
+DEFAULT_PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
+DEFAULT_SCALE_LOAD = 6.0
+DEFAULT_SPEEDUP = 2.0
+DEFAULT_DURATION_S = 600.0
+DEFAULT_STARTUP_DELAY_S = 120.0
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "replay",
+        help="Replay a trace against a simulated cluster under the planner or a baseline.",
+        description="Run the planner's decision core, exactly as configured, in virtual time "
+        "against a simulated Dynamo deployment driven by a request trace, and score it: SLO "
+        "attainment, latency percentiles, GPU-hours against a clairvoyant lower bound. With "
+        "no arguments it replays a bundled real trace on a bundled profile. Writes "
+        "summary.json, requests.csv, timeline.csv and report.html to -o.",
+    )
+    src = parser.add_argument_group("workload")
+    src.add_argument("--trace", metavar="FILE", help="Request trace (file, glob, dir, .gz).")
+    src.add_argument("--trace-format", help="mooncake|azure|burstgpt|dynamo (default: detect).")
+    src.add_argument(
+        "--workload",
+        metavar="SPEC",
+        help="Synthetic workload, e.g. 'sinusoid:min=5,max=45,period=600,duration=1800,"
+        "isl=3000,osl=300'.",
+    )
+    src.add_argument("--speedup", type=float, help="Compress time by X.")
+    src.add_argument("--scale-load", type=float, help="Clone each request K times (jittered).")
+    src.add_argument("--duration", type=float, help="Keep arrivals before this time (s).")
+    src.add_argument(
+        "--clone-jitter",
+        type=float,
+        default=30.0,
+        help="Seconds over which the clones of --scale-load spread (default 30).",
+    )
+    sim = parser.add_argument_group("simulated cluster")
+    sim.add_argument(
+        "--engine", metavar="sim:MODEL@GPU[:tpN]", help="Engine (default: the profile's)."
+    )
+    sim.add_argument(
+        "--startup-delay",
+        type=float,
+        default=DEFAULT_STARTUP_DELAY_S,
+        help=f"Seconds from scale-up to ready (default {DEFAULT_STARTUP_DELAY_S:g}).",
+    )
+    sim.add_argument("--seed", type=int, default=0, help="Seed of every random choice.")
+    sim.add_argument(
+        "--router",
+        choices=["least_loaded", "round_robin"],
+        default="least_loaded",
+        help="How the frontend picks an engine (default: least_loaded, as Dynamo's shared "
+        "prefill queue and KV router behave).",
+    )
+    sim.add_argument(
+        "--initial",
+        metavar="ROLE=N",
+        action="append",
+        default=[],
+        help="Replicas at time 0 (default: what the first minutes need).",
+    )
+    parser.add_argument(
+        "--policy",
+        action="append",
+        metavar="NAME",
+        help="planner (default), dynamo-default, static:NP,ND, hpa or oracle; repeat to "
+        "compare several (outputs go to OUTDIR/<policy>/).",
+    )
+    parser.add_argument("-o", "--output-dir", default="replay-out", help="Output directory.")
+    parser.add_argument("--json", action="store_true", help="Print the summaries as JSON.")
+    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    add_config_arguments(parser)
+    parser.set_defaults(handler=_replay)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    flags = config_flags(args)
+    no_workload = not (args.trace or args.workload)
+    if no_workload:
+        flags.setdefault("profile", DEFAULT_PROFILE)
+    # Replay has no deployment to read engine sizes from and no GPU budget unless asked.
+    flags.setdefault("max_gpu_budget", -1)
+    config = load_config(config_arg=args.config, flags=flags).config
+    if config.profile is None and "profile_results_dir" not in flags and args.engine is None:
+        config = config.model_copy(update={"profile": DEFAULT_PROFILE})
+    speed, scale, duration = (
+        (DEFAULT_SPEEDUP, DEFAULT_SCALE_LOAD, DEFAULT_DURATION_S)
+        if no_workload
+        else (1.0, 1.0, None)
+    )
+    workload = WorkloadSpec(
+        trace=args.trace,
+        workload=args.workload,
+        trace_format=args.trace_format,
+        speedup=args.speedup if args.speedup is not None else speed,
+        scale_load=args.scale_load if args.scale_load is not None else scale,
+        duration_s=args.duration if args.duration is not None else duration,
+        seed=args.seed,
+        clone_jitter_s=args.clone_jitter,
+    )
+    plan = prepare(
+        config,
+        workload,
+        engine=args.engine,
+        startup_delay_s=args.startup_delay,
+        initial=_parse_initial(args.initial) or None,
+        router=args.router,
+    )
+    out_dir = Path(args.output_dir)
+    results = run_many(
+        plan, args.policy or ["planner"], out_dir=out_dir, progress=not args.no_progress
+    )
+    summaries = [r.summary for r in results]
+    if args.json:
+        print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2, default=str))
+    else:
+        print(summary_table(summaries))
+        print(f"wrote {out_dir}/ (summary.json, requests.csv, timeline.csv, report.html)")
+    return 0
+
+
+def _parse_initial(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        role, _, value = item.partition("=")
+        if role not in ("prefill", "decode", "agg") or not value.isdigit():
+            raise SpecError(f"--initial {item!r}: expected ROLE=N (prefill, decode or agg)")
+        out[role] = int(value)
+    return out

@@ -1,0 +1,153 @@
+"""The connector protocol: how the planner reads and changes the replicas of a deployment.
+
+A connector speaks for one deployment (one DynamoGraphDeployment, or one graph driven
+through the virtual decision-id protocol). Every method is a coroutine: the planner's run
+loop and the operator's per-object daemons are asyncio tasks, and a connector must never
+block them. Failures are typed: :class:`disagg_planner.errors.DeploymentError` when the deployment
+is missing or has the wrong shape, :class:`disagg_planner.errors.ConnectorError` when the backend
+(Kubernetes API, etcd) refused or failed after its retries. The loop catches both and holds;
+nothing else escapes a connector on a backend failure.
+
+Roles are the planner's names (``prefill``, ``decode``, ``agg``); a connector maps them to
+its own (a DGD service, an etcd key). Replica counts are whole replicas (engines), not GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from disagg_planner.core.types import DeploymentStatus
+
+
+class HoldReason(StrEnum):
+    """Why a connector will not change a role right now (values double as log/label text)."""
+
+    # Someone else changed the replicas and the policy is to respect it for one interval.
+    MANUAL_OVERRIDE = "manual_override"
+    # The virtual protocol's previous decision is not acknowledged yet.
+    AWAITING_ACKNOWLEDGEMENT = "awaiting_acknowledgement"
+    # config.advisory: the connector reads but never writes.
+    ADVISORY = "advisory"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A role the connector will not change until ``until_s`` (its own monotonic clock, s).
+
+    ``until_s`` is None when the hold ends on an external event (an acknowledgement) rather
+    than at a time.
+    """
+
+    role: str
+    reason: HoldReason
+    detail: str
+    until_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ManualOverride:
+    """A change of a role's desired replicas that this planner did not make.
+
+    ``expected`` is what the planner last set (or first observed), ``observed`` what the
+    deployment asks for now; ``action`` is what the connector did about it.
+    """
+
+    role: str
+    target: str
+    expected: int
+    observed: int
+    action: str  # "respected" or "reverted"
+
+
+@dataclass(frozen=True)
+class ScaleOutcome:
+    """What one :meth:`Connector.set_replicas` call did.
+
+    ``applied`` holds the roles whose replicas were written (new value); roles already at
+    their target are in ``unchanged``; ``held`` holds the roles left alone and why. ``ready``
+    is None for a non-blocking call, else whether the deployment became ready in time.
+    """
+
+    requested: Mapping[str, int]
+    applied: Mapping[str, int] = field(default_factory=dict)
+    unchanged: tuple[str, ...] = ()
+    held: Mapping[str, Hold] = field(default_factory=dict)
+    ready: bool | None = None
+
+
+@runtime_checkable
+class Connector(Protocol):
+    """One deployment whose replicas the planner reads and sets."""
+
+    @property
+    def model_name(self) -> str | None:
+        """Served model name (lower case) known after :meth:`validate`, or None."""
+        ...
+
+    async def validate(self) -> None:
+        """Check that the deployment exists and has the roles the config asks for.
+
+        Raises :class:`DeploymentError` naming what is missing or inconsistent.
+        """
+        ...
+
+    async def status(self) -> DeploymentStatus:
+        """Desired and ready replicas and GPUs per replica of every role this planner scales."""
+        ...
+
+    async def set_replicas(
+        self, replicas: Mapping[str, int], *, blocking: bool = False
+    ) -> ScaleOutcome:
+        """Set the replicas of one or more roles in one call.
+
+        Roles already at their target are not written; held roles (see :meth:`holds`) are
+        skipped. With ``blocking`` the call then waits until the deployment is ready or the
+        configured maximum wait passed (``ScaleOutcome.ready``).
+        """
+        ...
+
+    async def add_replica(self, role: str) -> ScaleOutcome:
+        """One more replica of ``role`` (Dynamo's ``add_component``)."""
+        ...
+
+    async def remove_replica(self, role: str) -> ScaleOutcome:
+        """One replica fewer of ``role``, never below zero (Dynamo's ``remove_component``)."""
+        ...
+
+    async def wait_until_ready(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the deployment to be ready; False on timeout."""
+        ...
+
+    def holds(self) -> Mapping[str, Hold]:
+        """Roles the connector will not change now, by role (the loop reports them)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; the connector is unusable afterwards."""
+        ...
+
+
+def advisory_holds(roles: Mapping[str, int]) -> dict[str, Hold]:
+    """Holds for every role of a request in advisory mode."""
+    detail = "advisory mode: recommendations are logged, replicas are never changed"
+    return {role: Hold(role, HoldReason.ADVISORY, detail) for role in roles}
+
+
+def check_replicas(replicas: Mapping[str, int], roles: tuple[str, ...]) -> dict[str, int]:
+    """Validate a replica request against the roles this planner scales.
+
+    Raises ValueError (a caller bug, not a deployment problem) naming the role or value.
+    """
+    if not replicas:
+        raise ValueError("set_replicas needs at least one role")
+    checked: dict[str, int] = {}
+    for role, count in replicas.items():
+        if role not in roles:
+            raise ValueError(f"role {role!r} is not scaled by this planner (roles: {roles})")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"replicas of {role!r} must be an integer >= 0, got {count!r}")
+        checked[role] = count
+    return checked

@@ -1,0 +1,837 @@
+"""Kubernetes connector: the replicas of a DynamoGraphDeployment (DGD), changed the way the
+Dynamo operator expects.
+
+Model of the deployment (``nvidia.com/v1alpha1``, the DGD's storage version):
+
+- ``spec.services`` maps a service name to ``{subComponentType, replicas, resources, ...}``.
+  A role resolves to the one service whose ``subComponentType`` is the role's (``prefill``;
+  ``decode`` for both ``decode`` and ``agg``). Only when no service has it does the backend's
+  legacy name (``VllmPrefillWorker`` ...) apply, and only to a service without a
+  ``subComponentType``. Two services with the same ``subComponentType`` are an error.
+- GPUs per replica: the config value when given, else ``resources.limits.gpu``, else
+  ``resources.requests.gpu`` of the service.
+- Desired replicas: ``spec.replicas`` of the service's DynamoGraphDeploymentScalingAdapter
+  (DGDSA, named ``{dgd}-{service lower case}``) when it exists (the adapter controller then
+  owns the DGD's field), else ``spec.services.<name>.replicas``. Ready replicas:
+  ``status.services.<name>.availableReplicas``, else ``readyReplicas``.
+- Writes: the DGDSA ``/scale`` subresource when the adapter exists, else one JSON merge patch
+  ``{"spec": {"services": {<name>: {"replicas": n}}}}`` that touches nothing else (one patch
+  for all roles without an adapter, so a two-role change is atomic).
+
+A manual edit is a desired count that differs from what this planner last set (or first saw)
+and is not a write of its own that merely reported failure. Policy ``respect`` adopts the
+new value and holds the role for one adjustment interval; ``revert`` writes the planner's
+value back. Both record a Kubernetes Event on the DGD. With ``advisory`` the connector
+never writes replicas (``revert`` then behaves as ``respect``).
+
+API errors: 409, 429, 5xx and connection failures are retried with exponential backoff
+(a 429's ``Retry-After`` first), then reported as :class:`ConnectorError`; 404 of the DGD is a
+:class:`DeploymentError`; 401/403 and other 4xx are :class:`ConnectorError` at once (403 names
+the missing permission). The sync ``kubernetes`` client runs in worker threads.
+
+Kubernetes API calls this connector makes (the Helm chart's RBAC; all namespaced):
+
+========  ==============  =============================================  =====================
+verb      API group       resource                                       when
+========  ==============  =============================================  =====================
+get       nvidia.com      dynamographdeployments                         validate, status,
+                                                                         set_replicas, wait
+patch     nvidia.com      dynamographdeployments                         scale without adapter,
+                                                                         revert a manual edit
+get       nvidia.com      dynamographdeploymentscalingadapters           every read (404 = none)
+patch     nvidia.com      dynamographdeploymentscalingadapters/scale     scale with an adapter
+create    "" (core v1)    events                                         manual edit detected
+========  ==============  =============================================  =====================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import logging
+import math
+import os
+import secrets
+import shlex
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.connectors.base import (
+    Hold,
+    HoldReason,
+    ManualOverride,
+    ScaleOutcome,
+    advisory_holds,
+    check_replicas,
+)
+from disagg_planner.core.types import DeploymentStatus, RoleStatus
+from disagg_planner.errors import ConnectorError, DeploymentError
+
+log = logging.getLogger(__name__)
+
+DGD_GROUP = "nvidia.com"
+DGD_VERSION = "v1alpha1"
+DGD_KIND = "DynamoGraphDeployment"
+DGD_PLURAL = "dynamographdeployments"
+DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
+
+# The service-account namespace file of an in-cluster pod.
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+# Dynamo 1.x's worker service names per backend, for DGDs that predate subComponentType.
+LEGACY_SERVICE_NAMES: Mapping[str, Mapping[str, str]] = {
+    "vllm": {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"},
+    "sglang": {"prefill": "prefill", "decode": "decode"},
+    "trtllm": {"prefill": "TRTLLMPrefillWorker", "decode": "TRTLLMDecodeWorker"},
+    "mocker": {"prefill": "prefill", "decode": "decode"},
+}
+
+# Aggregated workers are the decode-type service of an aggregated graph (Dynamo's agg planner).
+ROLE_SUB_COMPONENT: Mapping[str, str] = {"prefill": "prefill", "decode": "decode", "agg": "decode"}
+
+# Engine flags that name the served model, in Dynamo's order of preference.
+MODEL_NAME_FLAGS = ("--served-model-name", "--model-name", "--model")
+
+EVENT_COMPONENT = "planner"
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass(frozen=True)
+class ResolvedService:
+    """The DGD service that carries one role, and how it was found."""
+
+    role: str
+    service: str
+    sub_component_type: str
+    matched_by: str  # "subComponentType" or "legacy name"
+    gpus_per_replica: int
+    model_name: str | None
+
+
+@dataclass(frozen=True)
+class _Observation:
+    """One read of the DGD (and its adapters) for the roles this planner scales."""
+
+    dgd: Mapping[str, Any]
+    services: Mapping[str, ResolvedService]
+    adapters: Mapping[str, str | None]  # role -> adapter name, None: patch the DGD
+    desired: Mapping[str, int]
+    ready: Mapping[str, int]
+
+
+class _Retryable(Exception):
+    """An API answer worth another attempt; ``delay_s`` overrides the backoff when set."""
+
+    def __init__(self, detail: str, delay_s: float | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.delay_s = delay_s
+
+
+# --- pure helpers over the DGD object --------------------------------------------------------
+
+
+def dgd_services(dgd: Mapping[str, Any], ref: str) -> Mapping[str, Mapping[str, Any]]:
+    """``spec.services`` of a v1alpha1 DGD, checked to be a map of maps."""
+    spec = dgd.get("spec")
+    services = spec.get("services") if isinstance(spec, Mapping) else None
+    if not isinstance(services, Mapping):
+        hint = ""
+        if isinstance(spec, Mapping) and "components" in spec:
+            hint = " (it has spec.components: a v1beta1 object; this planner reads v1alpha1)"
+        raise DeploymentError(f"DynamoGraphDeployment {ref} has no spec.services map{hint}")
+    for name, service in services.items():
+        if not isinstance(service, Mapping):
+            raise DeploymentError(
+                f"DynamoGraphDeployment {ref}: spec.services.{name} is "
+                f"{type(service).__name__}, expected a map"
+            )
+    return services
+
+
+def resolve_service(
+    services: Mapping[str, Mapping[str, Any]], sub_component_type: str, backend: str, ref: str
+) -> tuple[str, str]:
+    """The service name for ``sub_component_type`` and how it matched.
+
+    By ``subComponentType`` first; the backend's legacy name only for a service that has no
+    ``subComponentType``. Raises DeploymentError for duplicates or no match.
+    """
+    matches = sorted(
+        name for name, svc in services.items() if svc.get("subComponentType") == sub_component_type
+    )
+    if len(matches) > 1:
+        raise DeploymentError(
+            f"DynamoGraphDeployment {ref}: services {matches} all have subComponentType "
+            f"'{sub_component_type}'; exactly one service may have it"
+        )
+    if matches:
+        return matches[0], "subComponentType"
+    legacy = LEGACY_SERVICE_NAMES[backend][sub_component_type]
+    legacy_service = services.get(legacy)
+    if legacy_service is not None:
+        other = legacy_service.get("subComponentType")
+        if other:
+            raise DeploymentError(
+                f"DynamoGraphDeployment {ref}: no service has subComponentType "
+                f"'{sub_component_type}', and service '{legacy}' (the {backend} legacy name) "
+                f"has subComponentType '{other}'"
+            )
+        return legacy, "legacy name"
+    raise DeploymentError(
+        f"DynamoGraphDeployment {ref} has no service with subComponentType "
+        f"'{sub_component_type}' and no service named '{legacy}' (the {backend} legacy name); "
+        f"services: {sorted(services)}"
+    )
+
+
+def service_gpus(service: Mapping[str, Any], name: str, ref: str) -> int | None:
+    """GPUs per replica from ``resources.limits.gpu``, else ``requests.gpu``; None if absent."""
+    resources = service.get("resources")
+    if not isinstance(resources, Mapping):
+        return None
+    for kind in ("limits", "requests"):
+        section = resources.get(kind)
+        raw = section.get("gpu") if isinstance(section, Mapping) else None
+        if raw is None or raw == "":
+            continue
+        try:
+            value = int(str(raw).strip())
+        except ValueError:
+            raise DeploymentError(
+                f"DynamoGraphDeployment {ref}: spec.services.{name}.resources.{kind}.gpu = "
+                f"{raw!r}, expected a whole number of GPUs"
+            ) from None
+        if value < 0:
+            raise DeploymentError(
+                f"DynamoGraphDeployment {ref}: spec.services.{name}.resources.{kind}.gpu = "
+                f"{raw!r}, expected >= 0"
+            )
+        # 0 GPUs (a CPU mocker) says nothing about engine size: let the config decide.
+        return value or None
+    return None
+
+
+def service_model_name(service: Mapping[str, Any]) -> str | None:
+    """Served model name from the main container's command line (lower case), or None."""
+    pod = service.get("extraPodSpec")
+    container = pod.get("mainContainer") if isinstance(pod, Mapping) else None
+    if not isinstance(container, Mapping):
+        return None
+    tokens: list[str] = []
+    for key in ("command", "args"):
+        parts = container.get(key) or []
+        if isinstance(parts, str):
+            parts = [parts]
+        for part in parts:
+            if not isinstance(part, str):
+                continue
+            try:
+                tokens.extend(shlex.split(part))
+            except ValueError:  # unbalanced quotes: still try the plain words
+                tokens.extend(part.split())
+    for flag in MODEL_NAME_FLAGS:
+        for i, token in enumerate(tokens):
+            if token == flag and i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                return tokens[i + 1].lower()
+            if token.startswith(flag + "="):
+                value = token.split("=", 1)[1]
+                if value:
+                    return value.lower()
+    return None
+
+
+def _replicas_of(value: Any, where: str) -> int:
+    if value is None:
+        return 1  # the Dynamo operator's default for a service without replicas
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DeploymentError(f"{where} = {value!r}, expected an integer >= 0")
+    return value
+
+
+def ready_count(dgd: Mapping[str, Any], service: str) -> int:
+    """``availableReplicas`` of the service's status, else ``readyReplicas``, else 0."""
+    status = dgd.get("status")
+    services = status.get("services") if isinstance(status, Mapping) else None
+    entry = services.get(service) if isinstance(services, Mapping) else None
+    if not isinstance(entry, Mapping):
+        return 0
+    for key in ("availableReplicas", "readyReplicas"):
+        value = entry.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 0
+
+
+def services_stable(dgd: Mapping[str, Any], ref: str) -> bool:
+    """Every service except the planner runs its desired replicas, all updated."""
+    status = dgd.get("status")
+    reported = status.get("services") if isinstance(status, Mapping) else None
+    if not isinstance(reported, Mapping):
+        return False
+    for name, service in dgd_services(dgd, ref).items():
+        # The planner may itself be a service of the graph: waiting on it would deadlock.
+        if service.get("componentType") == "planner":
+            continue
+        desired = _replicas_of(service.get("replicas"), f"spec.services.{name}.replicas")
+        entry = reported.get(name)
+        if not isinstance(entry, Mapping):
+            return False
+        updated = entry.get("updatedReplicas")
+        if ready_count(dgd, name) != desired or (updated is not None and updated != desired):
+            return False
+    return True
+
+
+def _default_namespace() -> str:
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def default_api_client() -> k8s_client.ApiClient:
+    """An API client from the in-cluster service account, else the kubeconfig."""
+    configuration = k8s_client.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except ConfigException:
+        try:
+            # The client captures $KUBECONFIG when it is imported; read it now instead.
+            k8s_config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG") or None,
+                client_configuration=configuration,
+            )
+        except (ConfigException, OSError) as exc:
+            raise ConnectorError(
+                "cannot reach Kubernetes: not running in a pod with a service account, and no "
+                f"usable kubeconfig ($KUBECONFIG or ~/.kube/config): {exc}"
+            ) from exc
+    return k8s_client.ApiClient(configuration)
+
+
+def _server_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "")
+    except ValueError:
+        return (exc.body or exc.reason or "").strip()[:300]
+    if isinstance(body, Mapping) and body.get("message"):
+        return str(body["message"])
+    return str(exc.reason or "")
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    headers = exc.headers or {}
+    raw = headers.get("Retry-After") if hasattr(headers, "get") else None
+    try:
+        value = float(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+# --- the connector ----------------------------------------------------------------------------
+
+
+class KubernetesConnector:
+    """The replicas of one DynamoGraphDeployment (see the module docstring for the model).
+
+    ``api_client`` defaults to the in-cluster service account, else the kubeconfig.
+    ``namespace`` defaults to ``config.kubernetes_namespace``, else the pod's namespace.
+    ``clock`` (monotonic seconds) and ``sleep`` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        config: PlannerConfig,
+        *,
+        api_client: k8s_client.ApiClient | None = None,
+        namespace: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if not config.dgd_name:
+            raise DeploymentError(
+                "no DynamoGraphDeployment to manage: set --dgd-name (or the environment "
+                "variable DYN_PARENT_DGD_K8S_NAME)"
+            )
+        self._config = config
+        self.dgd_name: str = config.dgd_name
+        self.namespace: str = namespace or config.kubernetes_namespace or _default_namespace()
+        self._ref = f"{self.namespace}/{self.dgd_name}"
+        self._roles: tuple[str, ...] = config.roles
+        self._api_client = api_client if api_client is not None else default_api_client()
+        self._owns_client = api_client is None
+        self._custom = k8s_client.CustomObjectsApi(self._api_client)
+        self._core = k8s_client.CoreV1Api(self._api_client)
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = asyncio.Lock()
+        self._hold_s = (
+            config.throughput_adjustment_interval_seconds
+            if config.throughput_scaling_active
+            else config.load_adjustment_interval_seconds
+        )
+        # What this planner last set (or first saw) per role: the baseline of manual edits.
+        self._expected: dict[str, int] = {}
+        # Writes whose outcome is unknown (the call failed): seeing them is not a manual edit.
+        self._pending: dict[str, int] = {}
+        self._holds: dict[str, Hold] = {}
+        self._last_overrides: tuple[ManualOverride, ...] = ()
+        self._model_name: str | None = config.model_name
+        self._uid: str | None = None
+        self._instance = os.environ.get("HOSTNAME") or socket.gethostname()
+
+    # --- Connector protocol ---------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str | None:
+        return self._model_name
+
+    async def validate(self) -> None:
+        """Find the DGD, resolve every role's service, and check GPU and model facts."""
+        async with self._lock:
+            obs = await self._observe()
+        names = {
+            role: svc.model_name for role, svc in obs.services.items() if svc.model_name is not None
+        }
+        if len(set(names.values())) > 1:
+            detail = ", ".join(
+                f"{role} service '{obs.services[role].service}' serves '{name}'"
+                for role, name in sorted(names.items())
+            )
+            raise DeploymentError(
+                f"DynamoGraphDeployment {self._ref}: the model names disagree ({detail})"
+            )
+        found = next(iter(names.values()), None)
+        wanted = self._config.model_name
+        if wanted and found and wanted != found:
+            raise DeploymentError(
+                f"DynamoGraphDeployment {self._ref} serves model '{found}', but model_name is "
+                f"'{wanted}'"
+            )
+        self._model_name = wanted or found
+        for role, svc in obs.services.items():
+            log.info(
+                "DGD %s: role %s -> service %s (by %s), %d GPU(s) per replica, %s",
+                self._ref,
+                role,
+                svc.service,
+                svc.matched_by,
+                svc.gpus_per_replica,
+                f"via adapter {obs.adapters[role]}" if obs.adapters[role] else "via DGD patch",
+            )
+
+    async def status(self) -> DeploymentStatus:
+        """Desired/ready replicas and GPUs per replica of each role; handles manual edits."""
+        async with self._lock:
+            obs = await self._observe()
+        return DeploymentStatus(
+            roles={
+                role: RoleStatus(
+                    desired=obs.desired[role],
+                    ready=obs.ready[role],
+                    gpus_per_replica=obs.services[role].gpus_per_replica,
+                )
+                for role in self._roles
+            }
+        )
+
+    async def set_replicas(
+        self, replicas: Mapping[str, int], *, blocking: bool = False
+    ) -> ScaleOutcome:
+        targets = check_replicas(replicas, self._roles)
+        async with self._lock:
+            obs = await self._observe()
+            holds = self._active_holds()
+            held = {role: holds[role] for role in targets if role in holds}
+            unchanged = tuple(
+                role for role in targets if role not in held and obs.desired[role] == targets[role]
+            )
+            writes = {
+                role: n for role, n in targets.items() if role not in held and role not in unchanged
+            }
+            if self._config.advisory and writes:
+                held.update(advisory_holds(writes))
+                writes = {}
+            for role, hold in held.items():
+                log.info("DGD %s: not scaling %s: %s", self._ref, role, hold.detail)
+            if writes:
+                await self._write(obs, writes)
+        ready = None
+        if blocking:
+            ready = await self.wait_until_ready(self._config.scaling_max_wait_seconds)
+        return ScaleOutcome(
+            requested=dict(targets), applied=writes, unchanged=unchanged, held=held, ready=ready
+        )
+
+    async def add_replica(self, role: str) -> ScaleOutcome:
+        current = (await self.status()).desired(role)
+        return await self.set_replicas({role: current + 1})
+
+    async def remove_replica(self, role: str) -> ScaleOutcome:
+        current = (await self.status()).desired(role)
+        return await self.set_replicas({role: max(current - 1, 0)})
+
+    async def wait_until_ready(self, timeout_s: float) -> bool:
+        """Poll until every non-planner service runs its desired replicas (and each adapter's
+        value reached the DGD), or ``timeout_s`` passes."""
+        deadline = self._clock() + timeout_s
+        while True:
+            obs = await self._read()
+            if self._is_ready(obs):
+                return True
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                return False
+            await self._sleep(min(self._config.scaling_check_interval_seconds, remaining))
+
+    def holds(self) -> Mapping[str, Hold]:
+        return dict(self._active_holds())
+
+    @property
+    def last_manual_overrides(self) -> tuple[ManualOverride, ...]:
+        """Manual edits found by the latest read (empty when there were none)."""
+        return self._last_overrides
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await asyncio.to_thread(self._api_client.close)
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def _read(self) -> _Observation:
+        dgd = await self._call(
+            f"get DynamoGraphDeployment {self._ref}",
+            "get",
+            DGD_PLURAL,
+            self._custom.get_namespaced_custom_object,
+            DGD_GROUP,
+            DGD_VERSION,
+            self.namespace,
+            DGD_PLURAL,
+            self.dgd_name,
+        )
+        if not isinstance(dgd, Mapping):
+            raise ConnectorError(f"get DynamoGraphDeployment {self._ref}: answer is not an object")
+        uid = (dgd.get("metadata") or {}).get("uid")
+        self._uid = uid if isinstance(uid, str) else None
+        services = dgd_services(dgd, self._ref)
+        resolved: dict[str, ResolvedService] = {}
+        adapters: dict[str, str | None] = {}
+        desired: dict[str, int] = {}
+        ready: dict[str, int] = {}
+        for role in self._roles:
+            sub = ROLE_SUB_COMPONENT[role]
+            name, matched_by = resolve_service(services, sub, self._config.backend, self._ref)
+            service = services[name]
+            gpus = self._config.engine_num_gpu_for(role) or service_gpus(service, name, self._ref)
+            if gpus is None:
+                flag = "prefill_engine_num_gpu" if role == "prefill" else "decode_engine_num_gpu"
+                raise DeploymentError(
+                    f"DynamoGraphDeployment {self._ref}: GPUs per replica of role {role} are "
+                    f"unknown: service '{name}' has no resources.limits.gpu or "
+                    f"resources.requests.gpu; set {flag}"
+                )
+            resolved[role] = ResolvedService(
+                role=role,
+                service=name,
+                sub_component_type=sub,
+                matched_by=matched_by,
+                gpus_per_replica=gpus,
+                model_name=service_model_name(service),
+            )
+            adapter_name = f"{self.dgd_name}-{name.lower()}"
+            adapter = await self._call(
+                f"get DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter_name}",
+                "get",
+                DGDSA_PLURAL,
+                self._custom.get_namespaced_custom_object,
+                DGD_GROUP,
+                DGD_VERSION,
+                self.namespace,
+                DGDSA_PLURAL,
+                adapter_name,
+                allow_404=True,
+            )
+            if isinstance(adapter, Mapping):
+                self._check_adapter(adapter, adapter_name, name)
+                adapters[role] = adapter_name
+                desired[role] = _replicas_of(
+                    (adapter.get("spec") or {}).get("replicas"),
+                    f"DynamoGraphDeploymentScalingAdapter {adapter_name} spec.replicas",
+                )
+            else:
+                adapters[role] = None
+                desired[role] = _replicas_of(
+                    service.get("replicas"),
+                    f"DynamoGraphDeployment {self._ref} spec.services.{name}.replicas",
+                )
+            ready[role] = ready_count(dgd, name)
+        return _Observation(
+            dgd=dgd, services=resolved, adapters=adapters, desired=desired, ready=ready
+        )
+
+    def _check_adapter(self, adapter: Mapping[str, Any], adapter_name: str, service: str) -> None:
+        ref = (adapter.get("spec") or {}).get("dgdRef") or {}
+        if not isinstance(ref, Mapping):
+            return
+        if ref.get("name") not in (None, self.dgd_name) or ref.get("serviceName") not in (
+            None,
+            service,
+        ):
+            raise DeploymentError(
+                f"DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter_name} refers to "
+                f"{ref.get('name')}/{ref.get('serviceName')}, expected "
+                f"{self.dgd_name}/{service}: refusing to scale through it"
+            )
+
+    def _is_ready(self, obs: _Observation) -> bool:
+        if not services_stable(obs.dgd, self._ref):
+            return False
+        services = dgd_services(obs.dgd, self._ref)
+        for role, adapter in obs.adapters.items():
+            # An adapter's value must have reached the DGD before the rollout can be judged.
+            name = obs.services[role].service
+            spec_value = _replicas_of(services[name].get("replicas"), name)
+            if adapter is not None and obs.desired[role] != spec_value:
+                return False
+        return True
+
+    # --- manual edits -----------------------------------------------------------------------
+
+    async def _observe(self) -> _Observation:
+        """Read the DGD and apply the manual-override policy to what changed behind our back."""
+        obs = await self._read()
+        overrides: list[ManualOverride] = []
+        reverts: dict[str, int] = {}
+        for role in self._roles:
+            observed = obs.desired[role]
+            expected = self._expected.get(role)
+            pending = self._pending.pop(role, None)
+            if expected is None or observed in (expected, pending):
+                self._expected[role] = observed
+                continue
+            target = obs.adapters[role] or f"spec.services.{obs.services[role].service}"
+            if self._config.manual_override == "revert" and not self._config.advisory:
+                reverts[role] = expected
+                overrides.append(ManualOverride(role, target, expected, observed, "reverted"))
+            else:
+                self._expected[role] = observed
+                until = self._clock() + self._hold_s
+                self._holds[role] = Hold(
+                    role=role,
+                    reason=HoldReason.MANUAL_OVERRIDE,
+                    detail=f"replicas changed by someone else from {expected} to {observed}; "
+                    f"respected for {self._hold_s:g} s",
+                    until_s=until,
+                )
+                overrides.append(ManualOverride(role, target, expected, observed, "respected"))
+        self._last_overrides = tuple(overrides)
+        for override in overrides:
+            log.warning(
+                "DGD %s: manual edit of %s (%s): %d -> %d, %s",
+                self._ref,
+                override.role,
+                override.target,
+                override.expected,
+                override.observed,
+                override.action,
+            )
+            await self._emit_override_event(override)
+        if reverts:
+            await self._write(obs, reverts)
+            desired = dict(obs.desired)
+            desired.update(reverts)
+            obs = _Observation(obs.dgd, obs.services, obs.adapters, desired, obs.ready)
+        return obs
+
+    def _active_holds(self) -> dict[str, Hold]:
+        now = self._clock()
+        expired = [r for r, h in self._holds.items() if h.until_s is not None and h.until_s <= now]
+        for role in expired:
+            del self._holds[role]
+        return self._holds
+
+    async def _emit_override_event(self, override: ManualOverride) -> None:
+        if override.action == "respected":
+            reason, kind = "ManualScaleRespected", "Normal"
+            tail = f"the planner will not scale {override.role} for {self._hold_s:g} s"
+        else:
+            reason, kind = "ManualScaleReverted", "Warning"
+            tail = f"the planner wrote {override.expected} back (--manual-override revert)"
+        message = (
+            f"{override.target} replicas of role {override.role} changed from "
+            f"{override.expected} (last set by the planner) to {override.observed} by someone "
+            f"else; {tail}"
+        )
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        event = k8s_client.CoreV1Event(
+            metadata=k8s_client.V1ObjectMeta(
+                name=f"{self.dgd_name}.{secrets.token_hex(8)}", namespace=self.namespace
+            ),
+            involved_object=k8s_client.V1ObjectReference(
+                api_version=f"{DGD_GROUP}/{DGD_VERSION}",
+                kind=DGD_KIND,
+                name=self.dgd_name,
+                namespace=self.namespace,
+                uid=self._uid,
+            ),
+            reason=reason,
+            message=message,
+            type=kind,
+            source=k8s_client.V1EventSource(component=EVENT_COMPONENT),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            reporting_component=EVENT_COMPONENT,
+            reporting_instance=self._instance,
+        )
+        # An Event is a courtesy to the humans: failing to post one must not stop scaling.
+        try:
+            await self._call(
+                f"create Event for DynamoGraphDeployment {self._ref}",
+                "create",
+                "events",
+                self._core.create_namespaced_event,
+                self.namespace,
+                event,
+            )
+        except (ConnectorError, DeploymentError) as exc:
+            log.warning("could not record a Kubernetes Event (%s): %s", reason, exc)
+
+    # --- writing ----------------------------------------------------------------------------
+
+    async def _write(self, obs: _Observation, writes: Mapping[str, int]) -> None:
+        """Write ``writes`` (role -> replicas): /scale per adapter, one merge patch for the rest."""
+        patch_services: dict[str, dict[str, int]] = {}
+        for role, count in writes.items():
+            self._pending[role] = count
+            adapter = obs.adapters[role]
+            if adapter is None:
+                patch_services[obs.services[role].service] = {"replicas": count}
+                continue
+            await self._call(
+                f"patch scale of DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter}",
+                "patch",
+                f"{DGDSA_PLURAL}/scale",
+                self._custom.patch_namespaced_custom_object_scale,
+                DGD_GROUP,
+                DGD_VERSION,
+                self.namespace,
+                DGDSA_PLURAL,
+                adapter,
+                {"spec": {"replicas": count}},
+                _content_type="application/merge-patch+json",
+            )
+            self._settle(role, count, f"adapter {adapter}")
+        if patch_services:
+            await self._call(
+                f"patch DynamoGraphDeployment {self._ref}",
+                "patch",
+                DGD_PLURAL,
+                self._custom.patch_namespaced_custom_object,
+                DGD_GROUP,
+                DGD_VERSION,
+                self.namespace,
+                DGD_PLURAL,
+                self.dgd_name,
+                {"spec": {"services": patch_services}},
+                _content_type="application/merge-patch+json",
+            )
+            for role, count in writes.items():
+                if obs.adapters[role] is None:
+                    self._settle(role, count, f"spec.services.{obs.services[role].service}")
+
+    def _settle(self, role: str, count: int, target: str) -> None:
+        self._pending.pop(role, None)
+        self._expected[role] = count
+        log.info("DGD %s: %s -> %d replicas (%s)", self._ref, role, count, target)
+
+    # --- API calls with retries ---------------------------------------------------------------
+
+    async def _call(
+        self,
+        what: str,
+        verb: str,
+        resource: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        allow_404: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """Run one API call in a thread, retrying 409/429/5xx/connection failures.
+
+        Returns None on 404 when ``allow_404``. Raises DeploymentError (404) or
+        ConnectorError (everything else) with ``what`` and the server's message.
+        """
+        attempts = self._config.kubernetes_api_max_attempts
+        timeout = self._config.kubernetes_api_timeout_seconds
+        last = ""
+        for attempt in range(1, attempts + 1):
+            try:
+                try:
+                    return await asyncio.to_thread(fn, *args, _request_timeout=timeout, **kwargs)
+                except ApiException as exc:
+                    self._classify(exc, what, verb, resource, allow_404=allow_404)
+                    return None  # an allowed 404: _classify raised for everything else
+                except (urllib3.exceptions.HTTPError, OSError) as exc:
+                    raise _Retryable(f"connection failed: {exc}") from exc
+            except _Retryable as retry:
+                last = retry.detail
+                if attempt == attempts:
+                    break
+                delay = retry.delay_s
+                if delay is None:
+                    delay = min(
+                        self._config.kubernetes_api_backoff_seconds * 2 ** (attempt - 1),
+                        MAX_BACKOFF_S,
+                    )
+                log.warning(
+                    "%s: attempt %d/%d failed (%s); retrying in %.2f s",
+                    what,
+                    attempt,
+                    attempts,
+                    last,
+                    delay,
+                )
+                await self._sleep(delay)
+        raise ConnectorError(f"{what}: failed after {attempts} attempt(s); last: {last}")
+
+    def _classify(
+        self, exc: ApiException, what: str, verb: str, resource: str, *, allow_404: bool
+    ) -> None:
+        """Raise _Retryable for retryable answers, else the typed error; return only for an
+        allowed 404."""
+        status = exc.status or 0
+        message = _server_message(exc)
+        answer = f"{status} {exc.reason or ''}".strip() + (f": {message}" if message else "")
+        if status in (409, 429) or status >= 500:
+            delay = _retry_after(exc) if status == 429 else None
+            raise _Retryable(answer, delay)
+        if status == 404:
+            if allow_404:
+                return
+            raise DeploymentError(
+                f"{what}: not found ({answer}); check --dgd-name / DYN_PARENT_DGD_K8S_NAME and "
+                f"--kubernetes-namespace, and that the {DGD_GROUP} CRDs are installed"
+            )
+        if status in (401, 403):
+            raise ConnectorError(
+                f"{what}: {'forbidden' if status == 403 else 'unauthorized'} ({answer}); the "
+                f"planner's service account needs '{verb}' on '{resource}' in namespace "
+                f"'{self.namespace}' (see the RBAC table in disagg_planner.connectors.kubernetes)"
+            )
+        raise ConnectorError(f"{what}: rejected ({answer})")

@@ -1,0 +1,534 @@
+"""Elastic expert parallelism: when to resize a wide-EP engine's data-parallel group, and to what.
+
+A role named by ``elastic_ep`` keeps its replica count; its capacity moves by changing the
+data-parallel (DP) size of its engine in place (vLLM elastic EP), in steps of
+``elastic_ep_dp_step`` ranks of ``elastic_ep_gpus_per_rank`` GPUs (EP size = DP x TP) between
+``elastic_ep_min_dp`` and ``elastic_ep_max_dp``. One tick (every
+``throughput_adjustment_interval_seconds``) works as follows; everything is a function of the
+arguments and of the traffic history the planner keeps (no clock, no I/O).
+
+1. **Load trend.** The request rate of every observed window in the last
+   ``elastic_ep_trend_window_seconds`` is fitted with a least-squares line over the windows'
+   midpoints; ``rate(t) = max(0, level + slope (t - now))``. Lengths are the request-weighted
+   mean ISL/OSL of the same windows. The one-step predictors of the throughput loop cannot
+   see past one interval, and a resize takes longer than that.
+2. **Capacity** (the throughput loop's model): ``size_prefill``/``size_decode`` (summed for an
+   aggregated engine, as ``size_agg`` does) give the GPU-seconds one request needs at the trend's
+   ISL/OSL and the ITL target, ``g``; one DP rank serves ``gpus_per_rank / g`` requests/s and a
+   load ``r`` needs ``ceil(r g / gpus_per_rank)`` ranks, rounded up to the step grid
+   ``min_dp + k * dp_step``. Per-rank throughput is taken as independent of the DP size
+   (an assumption: the all-to-all grows with EP, the profile was measured at one size).
+3. **Lead time.** A resize started now is active ``total_s`` later (the mode's
+   :class:`disagg_planner.simulator.elastic_ep.ResizeTiming`), and the next chance to correct it is
+   one interval after that, so the DP size chosen now must carry the peak forecast load over
+   ``[now, now + up.total_s + interval]``: the planner acts at least the mode's total
+   operation time ahead of the load.
+4. **Worth it (scale-up).** Serving stops for the last ``downtime_s`` of the resize. Arrivals in
+   the pause that cannot absorb it within the TTFT target are lost to the SLO:
+   ``cost = rate(pause) * max(0, downtime - slack)`` with ``slack = TTFT target - observed
+   TTFT``. Without the resize, every arrival while the forecast load exceeds the current
+   capacity is lost: ``benefit = integral of rate(t) where rate(t) > capacity(current)`` over
+   ``elastic_ep_benefit_window_seconds`` after the new capacity would be active. The planner
+   resizes only when ``benefit > cost``: with a blocking resize (~100 s paused) only a
+   sustained overload pays; with NIXL EP (< 1 s) any overload does.
+5. **Scale-down.** The smaller size must carry the larger of the peak forecast over
+   ``[now, now + down.total_s + interval + up.total_s]`` (long enough to grow back before a
+   renewed rise arrives) and the highest rate observed in the trend window (the drop must be
+   sustained). A shrink whose downtime exceeds the TTFT slack while requests arrive costs SLO
+   for no SLO gain, so it waits for idle traffic (blocking and async modes); a NIXL-EP
+   shrink (~2 s) is free.
+
+GPU budget: ``max_gpu_budget`` (minus the GPUs of the planner's other roles) caps the size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
+from disagg_planner.core.throughput import CapacityProfile, LoadForecast, size_decode, size_prefill
+from disagg_planner.core.types import MissingObservation, TrafficObservation
+from disagg_planner.simulator import elastic_ep
+from disagg_planner.simulator.elastic_ep import ElasticEpMode, ResizeTiming
+
+
+class ElasticReason(StrEnum):
+    """Why the elastic policy decided what it did (values double as metric labels; append-only)."""
+
+    UNSET = "unset"
+    NO_TRAFFIC_DATA = "no_traffic_data"
+    STALE_TRAFFIC_DATA = "stale_traffic_data"
+    RESIZE_IN_FLIGHT = "resize_in_flight"
+    PROFILE_INFEASIBLE = "profile_infeasible"
+    NO_CHANGE = "no_change"
+    SCALE_UP = "scale_up"
+    SCALE_UP_CAPPED = "scale_up_capped"
+    AT_MAX_DP = "at_max_dp"
+    SCALE_DOWN = "scale_down"
+    HOLD_NOT_WORTH_DOWNTIME = "hold_not_worth_downtime"
+    HOLD_SCALE_DOWN_NOT_SUSTAINED = "hold_scale_down_not_sustained"
+    HOLD_SCALE_DOWN_COSTS_SLO = "hold_scale_down_costs_slo"
+    RECONCILE_TO_BOUNDS = "reconcile_to_bounds"
+
+
+def mode_timing(config: PlannerConfig) -> ElasticEpMode:
+    """The resize timing the policy plans with: ``elastic_ep_timing`` when set, else the
+    mode's published defaults (:data:`disagg_planner.simulator.elastic_ep.MODES`)."""
+    base = elastic_ep.mode(config.elastic_ep_mode)
+    if config.elastic_ep_timing is None:
+        return base
+    up_total, up_down, down_total, down_down = parse_elastic_ep_timing(config.elastic_ep_timing)
+    return ElasticEpMode(
+        base.name,
+        up=ResizeTiming(total_s=up_total, downtime_s=up_down),
+        down=ResizeTiming(total_s=down_total, downtime_s=down_down),
+        description="measured (elastic_ep_timing)",
+    )
+
+
+# --- records ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadTrend:
+    """A straight-line fit of the request rate (req/s) around ``now_s``.
+
+    ``level_rps`` is the fitted rate at ``now_s``, ``slope_rps_per_s`` its change per second;
+    ``max_observed_rps`` the highest window rate in the fit; ``isl``/``osl`` request-weighted
+    mean lengths in tokens (0 when no request was seen).
+    """
+
+    now_s: float
+    level_rps: float
+    slope_rps_per_s: float
+    isl: float
+    osl: float
+    points: int
+    max_observed_rps: float
+
+    def rate_at(self, t_s: float) -> float:
+        return max(0.0, self.level_rps + self.slope_rps_per_s * (t_s - self.now_s))
+
+    def peak(self, t0_s: float, t1_s: float) -> float:
+        """Highest forecast rate over ``[t0, t1]`` (a line peaks at an end)."""
+        return max(self.rate_at(t0_s), self.rate_at(t1_s))
+
+    def requests_above(self, t0_s: float, t1_s: float, threshold_rps: float) -> float:
+        """Requests arriving in ``[t0, t1]`` while the forecast rate exceeds ``threshold_rps``."""
+        if t1_s <= t0_s:
+            return 0.0
+        # The clipped line max(0, a + b t) is piecewise linear; above a threshold >= 0 it is
+        # the line itself, which crosses the threshold at most once.
+        a, b = self.level_rps, self.slope_rps_per_s
+        lo, hi = t0_s, t1_s
+        if b == 0:
+            return (hi - lo) * a if a > threshold_rps else 0.0
+        cross = self.now_s + (threshold_rps - a) / b
+        if b > 0:
+            lo = max(lo, cross)
+        else:
+            hi = min(hi, cross)
+        if hi <= lo:
+            return 0.0
+        return (hi - lo) * (self.rate_at(lo) + self.rate_at(hi)) / 2.0
+
+
+@dataclass(frozen=True)
+class RequestCost:
+    """GPU-seconds one request needs on the elastic role, from the profile, and why not."""
+
+    gpu_seconds: float
+    feasible: bool = True
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ElasticDiagnostics:
+    """The arithmetic behind one decision (None where that step was not reached)."""
+
+    timing: ElasticEpMode
+    trend: LoadTrend | None = None
+    gpu_seconds_per_request: float | None = None
+    rank_capacity_rps: float | None = None
+    current_capacity_rps: float | None = None
+    lead_s: float | None = None
+    peak_rps: float | None = None
+    ranks_needed: int | None = None
+    max_dp: int | None = None
+    benefit_requests: float | None = None
+    cost_requests: float | None = None
+
+
+@dataclass(frozen=True)
+class ElasticDecision:
+    """``target_dp`` is the DP size to resize to, or None to leave the engine as it is."""
+
+    now_s: float
+    current_dp: int
+    target_dp: int | None
+    reason: ElasticReason
+    message: str
+    diagnostics: ElasticDiagnostics
+
+
+@dataclass(frozen=True)
+class _Window:
+    mid_s: float
+    end_s: float
+    rate_rps: float
+    num_req: float
+    isl: float | None
+    osl: float | None
+
+
+# --- formulas ---------------------------------------------------------------------------------
+
+
+def fit_trend(windows: Iterable[_Window], now_s: float) -> LoadTrend | None:
+    """Least-squares line through the windows' rates (see the module doc); None if empty."""
+    points = list(windows)
+    if not points:
+        return None
+    n = len(points)
+    mean_t = sum(w.mid_s for w in points) / n
+    mean_r = sum(w.rate_rps for w in points) / n
+    sxx = sum((w.mid_s - mean_t) ** 2 for w in points)
+    slope = 0.0
+    if n >= 2 and sxx > 0:
+        slope = sum((w.mid_s - mean_t) * (w.rate_rps - mean_r) for w in points) / sxx
+    level = mean_r + slope * (now_s - mean_t)
+    weighted = [w for w in points if w.num_req > 0 and w.isl is not None and w.osl is not None]
+    total = sum(w.num_req for w in weighted)
+    isl = sum(w.num_req * (w.isl or 0.0) for w in weighted) / total if total > 0 else 0.0
+    osl = sum(w.num_req * (w.osl or 0.0) for w in weighted) / total if total > 0 else 0.0
+    return LoadTrend(
+        now_s=now_s,
+        level_rps=level,
+        slope_rps_per_s=slope,
+        isl=isl,
+        osl=osl,
+        points=n,
+        max_observed_rps=max(w.rate_rps for w in points),
+    )
+
+
+def request_gpu_seconds(
+    role: str,
+    profile: CapacityProfile,
+    *,
+    isl: float,
+    osl: float,
+    itl_ms: float,
+    interval_s: float,
+) -> RequestCost:
+    """GPU-seconds per request on ``role`` with the throughput loop's sizing functions.
+
+    Sizing a load of one request per second with one GPU per replica gives GPUs per req/s,
+    i.e. GPU-seconds per request: prefill ``isl / thpt_prefill(isl)``, decode
+    ``osl / thpt_decode(itl, context)``, their sum for an aggregated engine.
+    """
+    unit = LoadForecast(num_req=interval_s, isl=isl, osl=osl)
+    parts = []
+    if role in ("prefill", "agg"):
+        parts.append(
+            size_prefill(
+                unit, profile.prefill, interval_s=interval_s, correction=1.0, gpus_per_replica=1
+            )
+        )
+    if role in ("decode", "agg"):
+        parts.append(
+            size_decode(
+                unit,
+                profile.decode,
+                interval_s=interval_s,
+                itl_target_ms=itl_ms,
+                correction=1.0,
+                gpus_per_replica=1,
+            )
+        )
+    bad = [p.note for p in parts if not p.feasible]
+    if bad:
+        return RequestCost(0.0, feasible=False, note="; ".join(bad))
+    gpu_s = sum(p.demand_tokens_per_s / p.thpt_per_gpu for p in parts if p.thpt_per_gpu > 0)
+    return RequestCost(gpu_s)
+
+
+# --- the policy -------------------------------------------------------------------------------
+
+
+@dataclass
+class _History:
+    windows: deque[_Window] = field(default_factory=deque)
+
+    def add(self, obs: TrafficObservation) -> None:
+        if self.windows and obs.end_s <= self.windows[-1].end_s:
+            return  # the same window again (a held tick re-reads it)
+        self.windows.append(
+            _Window(
+                mid_s=obs.end_s - obs.duration_s / 2.0,
+                end_s=obs.end_s,
+                rate_rps=obs.request_rate,
+                num_req=obs.num_req,
+                isl=obs.isl,
+                osl=obs.osl,
+            )
+        )
+
+    def prune(self, since_s: float) -> None:
+        while self.windows and self.windows[0].mid_s < since_s:
+            self.windows.popleft()
+
+
+class ElasticPlanner:
+    """The elastic-EP policy of one role (see the module doc).
+
+    ``timing`` overrides the resize timing from the config (the benchmark uses it to plan a
+    full restart with the same policy).
+    """
+
+    def __init__(
+        self,
+        *,
+        config: PlannerConfig,
+        profile: CapacityProfile,
+        timing: ElasticEpMode | None = None,
+    ) -> None:
+        if config.elastic_ep is None or config.elastic_ep_max_dp is None:
+            raise ValueError("ElasticPlanner needs a config with elastic_ep and elastic_ep_max_dp")
+        self.config = config
+        self.role: str = config.elastic_ep
+        self.profile = profile
+        self.timing = timing if timing is not None else mode_timing(config)
+        self.interval_s = config.throughput_adjustment_interval_seconds
+        self.step = config.elastic_ep_dp_step
+        self.min_dp = config.elastic_ep_min_dp
+        self.max_dp = config.elastic_ep_max_dp
+        self.gpus_per_rank = config.elastic_ep_gpus_per_rank
+        self._history = _History()
+        self._lengths: tuple[float, float] | None = None  # last (ISL, OSL) seen
+
+    # --- grid -----------------------------------------------------------------------------
+
+    def max_dp_within_budget(self, other_gpus: int) -> int:
+        """``elastic_ep_max_dp``, lowered to what ``max_gpu_budget`` leaves (on the grid)."""
+        top = self.max_dp
+        budget = self.config.max_gpu_budget
+        if budget != -1:
+            ranks = (budget - other_gpus) // self.gpus_per_rank
+            top = min(top, ranks)
+        if top < self.min_dp:
+            return self.min_dp  # the leader's ranks exist regardless of the budget
+        return self.min_dp + (top - self.min_dp) // self.step * self.step
+
+    def on_grid(self, ranks: int, top: int) -> int:
+        """The smallest grid size ``min_dp + k * step`` >= ``ranks``, within [min_dp, top]."""
+        if ranks <= self.min_dp:
+            return self.min_dp
+        k = math.ceil((ranks - self.min_dp) / self.step)
+        return min(top, self.min_dp + k * self.step)
+
+    # --- tick -----------------------------------------------------------------------------
+
+    def tick(
+        self,
+        now_s: float,
+        traffic: TrafficObservation | MissingObservation,
+        *,
+        current_dp: int,
+        resizing: bool = False,
+        other_gpus: int = 0,
+    ) -> ElasticDecision:
+        """Decide the DP size of the elastic role's engine at ``now_s`` (see the module doc).
+
+        ``current_dp`` is the engine's active DP size; ``resizing`` whether a resize is in
+        flight; ``other_gpus`` the GPUs of the planner's other roles (for the budget).
+        """
+        if current_dp < 1:
+            raise ValueError(f"current_dp = {current_dp}: an elastic engine has at least 1 rank")
+        diag = ElasticDiagnostics(timing=self.timing)
+
+        def hold(reason: ElasticReason, message: str, d: ElasticDiagnostics) -> ElasticDecision:
+            return ElasticDecision(now_s, current_dp, None, reason, message, d)
+
+        if isinstance(traffic, MissingObservation):
+            detail = f": {traffic.detail}" if traffic.detail else ""
+            return hold(
+                ElasticReason.NO_TRAFFIC_DATA,
+                f"traffic unavailable ({traffic.reason}{detail}); holding DP {current_dp}",
+                diag,
+            )
+        if now_s - traffic.end_s > self.interval_s:
+            return hold(
+                ElasticReason.STALE_TRAFFIC_DATA,
+                f"traffic window ended {now_s - traffic.end_s:.0f} s ago; holding DP {current_dp}",
+                diag,
+            )
+        self._history.add(traffic)
+        self._history.prune(now_s - self.config.elastic_ep_trend_window_seconds)
+        trend = fit_trend(self._history.windows, now_s)
+        assert trend is not None  # the window just added
+        top = self.max_dp_within_budget(other_gpus)
+        diag = ElasticDiagnostics(timing=self.timing, trend=trend, max_dp=top)
+        if resizing:
+            return hold(
+                ElasticReason.RESIZE_IN_FLIGHT,
+                f"a resize of the {self.role} engine is in flight; holding DP {current_dp}",
+                diag,
+            )
+        if current_dp < self.min_dp or current_dp > top:
+            target = min(max(current_dp, self.min_dp), top)
+            return ElasticDecision(
+                now_s,
+                current_dp,
+                target,
+                ElasticReason.RECONCILE_TO_BOUNDS,
+                f"DP {current_dp} is outside [{self.min_dp}, {top}] (elastic_ep_min_dp, "
+                f"elastic_ep_max_dp and the GPU budget); resizing to {target}",
+                diag,
+            )
+        if trend.isl > 0 and trend.osl > 0:
+            self._lengths = (trend.isl, trend.osl)
+        elif self._lengths is not None:
+            # Idle windows have no lengths: size with the last ones seen.
+            trend = replace(trend, isl=self._lengths[0], osl=self._lengths[1])
+        elif trend.max_observed_rps > 0:
+            return hold(
+                ElasticReason.NO_CHANGE,
+                f"no request lengths observed yet; holding DP {current_dp}",
+                diag,
+            )
+        elif current_dp > self.min_dp:
+            # Never any traffic: no load to size, and a pause costs no request.
+            return ElasticDecision(
+                now_s,
+                current_dp,
+                self.min_dp,
+                ElasticReason.SCALE_DOWN,
+                f"no traffic in the trend window; DP {current_dp} -> {self.min_dp}",
+                replace(diag, cost_requests=0.0, benefit_requests=0.0),
+            )
+        else:
+            return hold(ElasticReason.NO_CHANGE, f"no traffic; DP {current_dp}", diag)
+        cost = request_gpu_seconds(
+            self.role,
+            self.profile,
+            isl=trend.isl,
+            osl=trend.osl,
+            itl_ms=self.config.itl_ms,
+            interval_s=self.interval_s,
+        )
+        if not cost.feasible or cost.gpu_seconds <= 0:
+            return hold(
+                ElasticReason.PROFILE_INFEASIBLE,
+                f"{cost.note or 'profile gives no throughput'}; holding DP {current_dp}",
+                diag,
+            )
+        rank_rps = self.gpus_per_rank / cost.gpu_seconds
+        slack_s = self._slack_s(traffic)
+        up, down = self.timing.up, self.timing.down
+        lead_s = up.total_s + self.interval_s
+        peak_up = trend.peak(now_s, now_s + lead_s)
+        need_up = self._ranks(peak_up, cost.gpu_seconds)
+        diag = ElasticDiagnostics(
+            timing=self.timing,
+            trend=trend,
+            gpu_seconds_per_request=cost.gpu_seconds,
+            rank_capacity_rps=rank_rps,
+            current_capacity_rps=current_dp * rank_rps,
+            lead_s=lead_s,
+            peak_rps=peak_up,
+            ranks_needed=need_up,
+            max_dp=top,
+        )
+        summary = (
+            f"load {trend.level_rps:.2f} req/s ({trend.slope_rps_per_s * 60:+.2f}/min), "
+            f"ISL {trend.isl:.0f}, OSL {trend.osl:.0f}; one rank {rank_rps:.3f} req/s"
+        )
+
+        if need_up > current_dp:
+            if current_dp >= top:
+                return hold(
+                    ElasticReason.AT_MAX_DP,
+                    f"{summary}; peak {peak_up:.2f} req/s within {lead_s:.0f} s needs "
+                    f"{need_up} ranks, but DP {current_dp} is the most allowed",
+                    diag,
+                )
+            target = self.on_grid(need_up, top)
+            t_active = now_s + up.total_s
+            benefit = trend.requests_above(
+                t_active,
+                t_active + self.config.elastic_ep_benefit_window_seconds,
+                current_dp * rank_rps,
+            )
+            lost = trend.rate_at(now_s + up.preparation_s) * max(0.0, up.downtime_s - slack_s)
+            diag = replace(diag, benefit_requests=benefit, cost_requests=lost)
+            if not benefit > lost:
+                return hold(
+                    ElasticReason.HOLD_NOT_WORTH_DOWNTIME,
+                    f"{summary}; DP {current_dp} -> {target} would save ~{benefit:.0f} "
+                    f"requests from the TTFT target but its {up.downtime_s:.1f} s pause costs "
+                    f"~{lost:.0f}; holding",
+                    diag,
+                )
+            capped = need_up > target
+            return ElasticDecision(
+                now_s,
+                current_dp,
+                target,
+                ElasticReason.SCALE_UP_CAPPED if capped else ElasticReason.SCALE_UP,
+                f"{summary}; peak {peak_up:.2f} req/s within {lead_s:.0f} s "
+                f"({self.timing.name} resize {up.total_s:.0f} s + interval) needs {need_up} "
+                f"ranks; DP {current_dp} -> {target}"
+                + (f" (capped at {top})" if capped else "")
+                + f"; saves ~{benefit:.0f} requests, pause costs ~{lost:.0f}",
+                diag,
+            )
+
+        horizon_down = down.total_s + self.interval_s + up.total_s
+        forecast_down = trend.peak(now_s, now_s + horizon_down)
+        peak_down = max(forecast_down, trend.max_observed_rps)
+        need_down = self._ranks(peak_down, cost.gpu_seconds)
+        target = self.on_grid(need_down, top)
+        diag = replace(diag, peak_rps=peak_down, ranks_needed=need_down)
+        if target >= current_dp:
+            if self.on_grid(self._ranks(forecast_down, cost.gpu_seconds), top) < current_dp:
+                return hold(
+                    ElasticReason.HOLD_SCALE_DOWN_NOT_SUSTAINED,
+                    f"{summary}; the forecast fits fewer ranks but {trend.max_observed_rps:.2f} "
+                    f"req/s was seen within the trend window; holding DP {current_dp}",
+                    diag,
+                )
+            return hold(ElasticReason.NO_CHANGE, f"{summary}; DP {current_dp} fits", diag)
+        lost = trend.rate_at(now_s + down.preparation_s) * max(0.0, down.downtime_s - slack_s)
+        diag = replace(diag, benefit_requests=0.0, cost_requests=lost)
+        if lost > 0:
+            return hold(
+                ElasticReason.HOLD_SCALE_DOWN_COSTS_SLO,
+                f"{summary}; DP {target} would do, but a {self.timing.name} shrink pauses "
+                f"serving {down.downtime_s:.1f} s (~{lost:.0f} requests past the TTFT target); "
+                "waiting for idle traffic",
+                diag,
+            )
+        return ElasticDecision(
+            now_s,
+            current_dp,
+            target,
+            ElasticReason.SCALE_DOWN,
+            f"{summary}; peak {peak_down:.2f} req/s within {horizon_down:.0f} s fits "
+            f"{target} ranks; DP {current_dp} -> {target}",
+            diag,
+        )
+
+    def _ranks(self, rate_rps: float, gpu_seconds: float) -> int:
+        if rate_rps <= 0:
+            return 0
+        return math.ceil(rate_rps * gpu_seconds / self.gpus_per_rank - 1e-9)
+
+    def _slack_s(self, traffic: TrafficObservation) -> float:
+        """How much pause a request can absorb within the TTFT target (s)."""
+        observed = traffic.ttft_ms if traffic.ttft_ms is not None else 0.0
+        return max(0.0, self.config.ttft_ms - observed) / 1000.0

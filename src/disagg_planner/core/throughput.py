@@ -1,0 +1,630 @@
+"""Throughput-based scaling: forecast the next interval's load and size replicas from a profile.
+
+Each tick (every ``throughput_adjustment_interval_seconds``):
+
+1. hold when the traffic observation is missing or stale (never scale on no data);
+2. feed the observed request count, ISL and OSL to one predictor each;
+3. update the correction factors (observed latency / the profile's latency at the observed
+   load) unless ``no_correction``;
+4. size each role from the forecast (Dynamo's formulas, in ``size_prefill``/``size_decode``);
+5. apply the guards: min endpoints, the per-tick change cap, the GPU budget;
+6. hold while the last change has not converged (ready != desired), until
+   ``scaling_convergence_timeout_seconds`` after which it re-plans from what is ready.
+
+Everything is a function of the arguments: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.budget import apply_floors, apply_gpu_budget, cap_change
+from disagg_planner.core.types import (
+    DeploymentStatus,
+    Histogram,
+    MissingObservation,
+    ThroughputReason,
+    TrafficObservation,
+)
+from disagg_planner.predictors.base import SERIES, Forecast, LoadPredictor
+from disagg_planner.profiles.queueing import max_utilisation
+
+# Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
+MIN_UTILISATION = 0.2
+# Plan decode engines at this share of their profiled throughput and sequence slots:
+# arrivals and output lengths fluctuate within an interval, and a request that finds every
+# slot taken waits for its first token.
+DECODE_SEQ_UTILISATION = 0.8
+
+
+# --- what the core needs of a profile (interpolation.Profile satisfies it) ---------------------
+
+
+class PrefillCurve(Protocol):
+    def ttft_ms(self, isl: float) -> float: ...
+    def thpt_per_gpu(self, isl: float) -> float: ...
+
+
+class DecodeBestPoint(Protocol):
+    @property
+    def thpt_per_gpu(self) -> float: ...
+    @property
+    def itl_ms(self) -> float: ...
+    @property
+    def feasible(self) -> bool: ...
+
+
+class DecodeSurface(Protocol):
+    def itl_ms(self, kv_usage: float, context_length: float) -> float: ...
+    def find_best_throughput_per_gpu(
+        self, itl_ms: float, context_length: float
+    ) -> DecodeBestPoint: ...
+
+
+class CapacityProfile(Protocol):
+    @property
+    def prefill(self) -> PrefillCurve: ...
+    @property
+    def decode(self) -> DecodeSurface: ...
+    @property
+    def max_kv_tokens(self) -> int: ...
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadForecast:
+    """The load the next interval is sized for (upper quantile when configured)."""
+
+    num_req: float
+    isl: float
+    osl: float
+    fallback: bool = False  # some series had too few points and repeated its last value
+
+
+@dataclass(frozen=True)
+class CorrectionFactors:
+    """Observed / expected latency; 1.0 when not measured (no traffic, disabled)."""
+
+    prefill: float = 1.0
+    decode: float = 1.0
+
+
+@dataclass(frozen=True)
+class RoleSizing:
+    """One role's replica need before guards, and the arithmetic behind it."""
+
+    role: str
+    replicas: int
+    demand_tokens_per_s: float
+    thpt_per_gpu: float
+    gpus_per_replica: int
+    feasible: bool = True
+    note: str = ""
+    utilisation: float = 1.0  # share of the profiled throughput planned for
+
+
+@dataclass(frozen=True)
+class ThroughputDiagnostics:
+    observed: TrafficObservation | None = None
+    forecast: LoadForecast | None = None
+    corrections: CorrectionFactors = CorrectionFactors()
+    sizing: dict[str, RoleSizing] = field(default_factory=dict)
+    stages: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> replicas
+    scaling_latency_s: dict[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ThroughputDecision:
+    """``replicas`` is the target per role, or None to leave the deployment as it is."""
+
+    now_s: float
+    replicas: dict[str, int] | None
+    reason: ThroughputReason
+    message: str
+    diagnostics: ThroughputDiagnostics = ThroughputDiagnostics()
+
+
+# --- formulas --------------------------------------------------------------------------------
+
+
+def prefill_correction(obs: TrafficObservation, prefill: PrefillCurve) -> float | None:
+    """Observed TTFT over the profile's TTFT at the observed ISL (None: not measurable)."""
+    if obs.num_req <= 0 or obs.ttft_ms is None or obs.isl is None or obs.isl <= 0:
+        return None
+    expected = prefill.ttft_ms(obs.isl)
+    return obs.ttft_ms / expected if expected > 0 else None
+
+
+def decode_correction(
+    obs: TrafficObservation, decode: DecodeSurface, *, max_kv_tokens: int, decode_replicas: int
+) -> float | None:
+    """Observed ITL over the profile's ITL at the observed per-engine concurrency.
+
+    Concurrency per decode engine follows Little's law: request rate x request duration /
+    engines; the KV usage it implies is ``concurrency x (isl + osl/2) / max_kv_tokens``.
+    """
+    if (
+        obs.num_req <= 0
+        or decode_replicas <= 0
+        or obs.itl_ms is None
+        or obs.isl is None
+        or obs.osl is None
+        or obs.request_duration_s is None
+        or max_kv_tokens <= 0
+    ):
+        return None
+    context = obs.isl + obs.osl / 2
+    concurrency = obs.request_rate * obs.request_duration_s / decode_replicas
+    kv_usage = min(1.0, concurrency * context / max_kv_tokens)
+    expected = decode.itl_ms(kv_usage, context)
+    return obs.itl_ms / expected if expected > 0 else None
+
+
+def size_prefill(
+    forecast: LoadForecast,
+    prefill: PrefillCurve,
+    *,
+    interval_s: float,
+    correction: float,
+    gpus_per_replica: int,
+    ttft_target_ms: float | None = None,
+    attainment: float | None = None,
+    service_scv: float = 1.0,
+) -> RoleSizing:
+    """``ceil(num_req x isl / interval x min(1, corr) / (thpt_per_gpu(isl) x rho) / gpus)``.
+
+    With ``rho = 1`` this is Dynamo's formula: engines sized to run at their profiled
+    throughput, i.e. fully busy. Given a TTFT target and an ``attainment`` share, ``rho`` is
+    the utilisation at which no more than ``1 - attainment`` of requests wait longer than the
+    target leaves after their own prefill (:func:`disagg_planner.profiles.queueing.max_utilisation`;
+    service time per request ``isl / (thpt_per_gpu x gpus)``, its variability
+    ``service_scv`` that of the prompt lengths).
+
+    The correction only ever lowers the demand here (Dynamo's ``min(1, p_corr)``): a slow
+    TTFT is a queueing symptom that more prefill replicas fix, which the raw demand already
+    asks for.
+    """
+    demand = forecast.num_req * forecast.isl / interval_s * min(1.0, correction)
+    thpt = prefill.thpt_per_gpu(forecast.isl) if forecast.isl > 0 else 0.0
+    if demand <= 0:
+        return RoleSizing("prefill", 0, 0.0, thpt, gpus_per_replica, note="no prefill demand")
+    if thpt <= 0:
+        return RoleSizing(
+            "prefill",
+            0,
+            demand,
+            thpt,
+            gpus_per_replica,
+            feasible=False,
+            note=f"profile gives no prefill throughput at ISL {forecast.isl:.0f}",
+        )
+    rho, note = 1.0, ""
+    if ttft_target_ms is not None and attainment is not None:
+        own_ms = prefill.ttft_ms(forecast.isl)
+        service_s = forecast.isl / (thpt * gpus_per_replica)
+        slack_s = (ttft_target_ms - own_ms) / 1000.0
+        if slack_s > 0:
+            rho = max(
+                max_utilisation(
+                    slack_s=slack_s,
+                    service_s=service_s,
+                    quantile=attainment,
+                    service_scv=service_scv,
+                ),
+                MIN_UTILISATION,
+            )
+            note = f"sized at {rho:.0%} utilisation for {attainment:.0%} TTFT attainment"
+        else:
+            note = (
+                f"TTFT target {ttft_target_ms:.0f} ms is below the profiled {own_ms:.0f} ms at "
+                f"ISL {forecast.isl:.0f}: sized at full utilisation"
+            )
+    return RoleSizing(
+        "prefill",
+        math.ceil(demand / (thpt * rho) / gpus_per_replica),
+        demand,
+        thpt,
+        gpus_per_replica,
+        note=note,
+        utilisation=rho,
+    )
+
+
+def histogram_scv(histogram: Histogram) -> float | None:
+    """Squared coefficient of variation (variance / mean^2) of a bucketed distribution, each
+    bucket at its midpoint (the overflow at 1.5 x the last bound); None when empty.
+
+    >>> histogram_scv(Histogram(bounds=(1024.0, 2048.0, 4096.0), counts=(0.0, 0.0, 10.0)))
+    0.0
+    """
+    total = histogram.total
+    if total <= 0 or not histogram.bounds:
+        return None
+    lows = (0.0, *histogram.bounds[:-1])
+    points = [(lo + hi) / 2 for lo, hi in zip(lows, histogram.bounds, strict=True)]
+    weights = list(histogram.counts)
+    points.append(histogram.bounds[-1] * 1.5)
+    weights.append(histogram.overflow)
+    mean = sum(p * w for p, w in zip(points, weights, strict=True)) / total
+    if mean <= 0:
+        return None
+    var = sum(w * (p - mean) ** 2 for p, w in zip(points, weights, strict=True)) / total
+    return var / mean**2
+
+
+def size_decode(
+    forecast: LoadForecast,
+    decode: DecodeSurface,
+    *,
+    interval_s: float,
+    itl_target_ms: float,
+    correction: float,
+    gpus_per_replica: int,
+    max_num_seqs: int | None = None,
+    seq_utilisation: float = 1.0,
+) -> RoleSizing:
+    """``ceil(num_req x osl / interval / thpt / gpus)`` with ``thpt`` the best throughput per
+    GPU whose ITL meets ``itl / d_corr`` at context ``isl + osl/2`` (Dynamo's formula).
+
+    Beyond Dynamo: the correction only ever tightens the ITL (``d_corr`` below 1, engines
+    faster than profiled, never licenses fewer replicas than the profile asks for); engines
+    are planned at ``seq_utilisation`` of that throughput, and with ``max_num_seqs`` at most
+    at what ``seq_utilisation x max_num_seqs`` concurrent requests per engine deliver at that
+    ITL. A decode engine that runs full queues new requests before their first token, which
+    no ITL shows and which then takes minutes to drain.
+    """
+    demand = forecast.num_req * forecast.osl / interval_s
+    factor = max(1.0, correction)
+    corrected_itl = itl_target_ms / factor
+    context = forecast.isl + forecast.osl / 2
+    best = decode.find_best_throughput_per_gpu(corrected_itl, max(context, 1.0))
+    if demand <= 0:
+        return RoleSizing(
+            "decode", 0, 0.0, best.thpt_per_gpu, gpus_per_replica, note="no decode demand"
+        )
+    if not best.feasible or best.thpt_per_gpu <= 0:
+        return RoleSizing(
+            "decode",
+            0,
+            demand,
+            0.0,
+            gpus_per_replica,
+            feasible=False,
+            note=f"no profiled point meets ITL {corrected_itl:.1f} ms at context {context:.0f}",
+        )
+    thpt, note, utilisation = best.thpt_per_gpu, "", seq_utilisation
+    if max_num_seqs is not None and best.itl_ms > 0:
+        slots = max_num_seqs * seq_utilisation
+        slot_thpt = slots * 1000.0 / best.itl_ms / gpus_per_replica
+        if slot_thpt < thpt * utilisation:
+            utilisation = slot_thpt / thpt
+            note = f"capped by {slots:.0f} of {max_num_seqs} sequence slots per engine"
+    return RoleSizing(
+        "decode",
+        math.ceil(demand / (thpt * utilisation) / gpus_per_replica),
+        demand,
+        thpt,
+        gpus_per_replica,
+        note=note,
+        utilisation=utilisation,
+    )
+
+
+def size_agg(prefill: RoleSizing, decode: RoleSizing, *, gpus_per_replica: int) -> RoleSizing:
+    """An aggregated engine time-shares prefill and decode, so the GPU needs add up."""
+    gpus = 0.0
+    for part in (prefill, decode):
+        if part.demand_tokens_per_s > 0 and part.thpt_per_gpu > 0:
+            gpus += part.demand_tokens_per_s / (part.thpt_per_gpu * part.utilisation)
+    feasible = prefill.feasible and decode.feasible
+    return RoleSizing(
+        "agg",
+        math.ceil(gpus / gpus_per_replica) if feasible else 0,
+        prefill.demand_tokens_per_s + decode.demand_tokens_per_s,
+        0.0,
+        gpus_per_replica,
+        feasible=feasible,
+        note="; ".join(n for n in (prefill.note, decode.note) if n),
+    )
+
+
+# --- the state machine ------------------------------------------------------------------------
+
+
+# Given the series names, one predictor per series (built together: auto's share evidence).
+PredictorFactory = Callable[[Sequence[str]], Mapping[str, LoadPredictor]]
+
+
+class ThroughputPlanner:
+    """Holds the predictors, correction factors and convergence tracking of one deployment."""
+
+    def __init__(
+        self,
+        *,
+        config: PlannerConfig,
+        profile: CapacityProfile,
+        predictor_factory: PredictorFactory,
+        decode_max_num_seqs: int | None = None,
+    ) -> None:
+        self.config = config
+        self.profile = profile
+        self.decode_max_num_seqs = decode_max_num_seqs
+        # Variability of prompt lengths (squared coefficient of variation) from the observed
+        # ISL histogram; until one is seen, the exponential case (1.0) is assumed.
+        self.isl_scv = 1.0
+        self.predictors: dict[str, LoadPredictor] = dict(predictor_factory(SERIES))
+        self.corrections = CorrectionFactors()
+        self._last_action_s: float | None = None
+        self._last_target: dict[str, int] | None = None
+        self._awaiting_ready: dict[str, float] = {}  # role -> time of the change
+        self._recommendations: deque[tuple[float, dict[str, int]]] = deque()
+        self.scaling_latency_s: dict[str, float] = {}
+
+    # The predictors see every observed window, also those the planner holds on.
+    def _observe(self, obs: TrafficObservation) -> None:
+        self.predictors["num_req"].observe(obs.num_req)
+        # An idle window has no defined lengths: keep the length series where they were.
+        if obs.num_req > 0 and obs.isl is not None and obs.osl is not None:
+            self.predictors["isl"].observe(obs.isl)
+            self.predictors["osl"].observe(obs.osl)
+
+    def _forecast(self) -> LoadForecast:
+        parts: dict[str, Forecast] = {s: p.predict_next() for s, p in self.predictors.items()}
+
+        def pick(f: Forecast) -> float:
+            value = (
+                f.upper
+                if (self.config.load_predictor_quantile and f.upper is not None)
+                else (f.value)
+            )
+            return max(0.0, value) if math.isfinite(value) else 0.0
+
+        return LoadForecast(
+            num_req=pick(parts["num_req"]),
+            isl=pick(parts["isl"]),
+            osl=pick(parts["osl"]),
+            fallback=any(f.fallback for f in parts.values()),
+        )
+
+    def _track_convergence(self, now_s: float, status: DeploymentStatus) -> None:
+        for role, since in list(self._awaiting_ready.items()):
+            if role in status.roles and status.ready(role) == status.desired(role):
+                self.scaling_latency_s[role] = now_s - since
+                del self._awaiting_ready[role]
+
+    def tick(
+        self,
+        now_s: float,
+        traffic: TrafficObservation | MissingObservation,
+        status: DeploymentStatus,
+    ) -> ThroughputDecision:
+        cfg = self.config
+        interval = cfg.throughput_adjustment_interval_seconds
+        self._track_convergence(now_s, status)
+        warnings: list[str] = []
+        for role, latency in self.scaling_latency_s.items():
+            if latency > interval:
+                warnings.append(
+                    f"{role} took {latency:.0f} s from decision to ready, longer than the "
+                    f"{interval:.0f} s adjustment interval"
+                )
+
+        if isinstance(traffic, MissingObservation):
+            detail = f": {traffic.detail}" if traffic.detail else ""
+            return self._hold(
+                now_s,
+                ThroughputReason.NO_TRAFFIC_DATA,
+                f"traffic unavailable ({traffic.reason}{detail}); holding replicas",
+                ThroughputDiagnostics(warnings=tuple(warnings)),
+            )
+        if now_s - traffic.end_s > interval:
+            return self._hold(
+                now_s,
+                ThroughputReason.STALE_TRAFFIC_DATA,
+                f"traffic window ended {now_s - traffic.end_s:.0f} s ago; holding replicas",
+                ThroughputDiagnostics(observed=traffic, warnings=tuple(warnings)),
+            )
+
+        self._observe(traffic)
+        if not cfg.no_correction:
+            self._update_corrections(traffic, status)
+        forecast = self._forecast()
+        roles = cfg.roles
+        gpus = {r: status.roles[r].gpus_per_replica for r in roles}
+        current = {r: status.desired(r) for r in roles}
+        if traffic.num_req > 0 and traffic.isl_histogram is not None:
+            scv = histogram_scv(traffic.isl_histogram)
+            if scv is not None:
+                self.isl_scv = scv
+        sizing = self._size(forecast, gpus)
+        diagnostics = ThroughputDiagnostics(
+            observed=traffic,
+            forecast=forecast,
+            corrections=self.corrections,
+            sizing=sizing,
+            scaling_latency_s=dict(self.scaling_latency_s),
+            warnings=tuple(warnings),
+        )
+        infeasible = [s for s in sizing.values() if not s.feasible]
+        if infeasible:
+            return self._hold(
+                now_s,
+                ThroughputReason.PROFILE_INFEASIBLE,
+                "; ".join(s.note for s in infeasible) + "; holding replicas",
+                diagnostics,
+            )
+
+        if not status.converged:
+            waited = now_s - (self._last_action_s if self._last_action_s is not None else now_s)
+            if self._last_action_s is not None and waited < cfg.scaling_convergence_timeout_seconds:
+                pending = ", ".join(
+                    f"{r} {s.ready}/{s.desired} ready"
+                    for r, s in status.roles.items()
+                    if s.ready != s.desired
+                )
+                return self._hold(
+                    now_s,
+                    ThroughputReason.SCALING_IN_PROGRESS,
+                    f"waiting for the last change to converge ({pending})",
+                    diagnostics,
+                )
+            # Replicas that never became ready: plan from what is actually serving
+            # (Dynamo issue #14251: the planner waited forever on unschedulable pods).
+            current = {r: status.ready(r) for r in roles}
+            warnings.append("previous change did not converge; re-planning from ready replicas")
+
+        floors = {r: cfg.min_endpoint_for(r) for r in roles}
+        stages: dict[str, dict[str, int]] = {"proposed": {r: sizing[r].replicas for r in roles}}
+        stages["floors"] = apply_floors(stages["proposed"], floors)
+        stages["stabilised"] = self._stabilise(now_s, stages["floors"], current)
+        stages["step_cap"] = cap_change(
+            stages["stabilised"],
+            current,
+            max_step=cfg.max_throughput_scaling_replicas,
+            floors=floors,
+        )
+        budget = apply_gpu_budget(
+            stages["step_cap"],
+            gpus_per_replica=gpus,
+            floors=floors,
+            max_gpus=cfg.max_gpu_budget,
+            min_gpus=cfg.min_gpu_budget,
+            order=roles,
+        )
+        stages["budget"] = budget.replicas
+        diagnostics = ThroughputDiagnostics(
+            observed=traffic,
+            forecast=forecast,
+            corrections=self.corrections,
+            sizing=sizing,
+            stages=stages,
+            scaling_latency_s=dict(self.scaling_latency_s),
+            warnings=tuple(warnings),
+        )
+        if budget.limited_by == "min_footprint":
+            return self._hold(
+                now_s, ThroughputReason.GPU_BUDGET_GUARD_HOLD, budget.message, diagnostics
+            )
+        target = budget.replicas
+        explain = self._explain(forecast, sizing, target)
+        if budget.limited_by:
+            explain += f"; limited by {budget.limited_by}: {budget.message}"
+        if target == {r: status.desired(r) for r in roles}:
+            reason = ThroughputReason.NO_CHANGE
+            if budget.limited_by:
+                reason = ThroughputReason.GPU_BUDGET_GUARD_HOLD
+            return ThroughputDecision(now_s, target, reason, explain, diagnostics)
+        self._last_action_s = now_s
+        self._last_target = dict(target)
+        for role in roles:
+            if target[role] != status.desired(role):
+                self._awaiting_ready[role] = now_s
+        reason = (
+            ThroughputReason.GPU_BUDGET_RECONCILE
+            if budget.limited_by == "min_gpu_budget"
+            else ThroughputReason.SCALE
+        )
+        return ThroughputDecision(now_s, target, reason, explain, diagnostics)
+
+    def _stabilise(
+        self, now_s: float, proposed: Mapping[str, int], current: Mapping[str, int]
+    ) -> dict[str, int]:
+        """Scale-down stabilisation (the HPA's): a role goes down only to the highest
+        recommendation of the last ``scale_down_stabilization_seconds``, so a dip shorter
+        than the time it takes to bring replicas back does not cost a round trip."""
+        window = self.config.scale_down_stabilization_seconds
+        self._recommendations.append((now_s, dict(proposed)))
+        while self._recommendations and self._recommendations[0][0] < now_s - window:
+            self._recommendations.popleft()
+        out: dict[str, int] = {}
+        for role, want in proposed.items():
+            if want >= current[role]:
+                out[role] = want
+                continue
+            recent = max(r.get(role, 0) for _, r in self._recommendations)
+            out[role] = min(current[role], max(want, recent))
+        return out
+
+    def _hold(
+        self,
+        now_s: float,
+        reason: ThroughputReason,
+        message: str,
+        diagnostics: ThroughputDiagnostics,
+    ) -> ThroughputDecision:
+        return ThroughputDecision(now_s, None, reason, message, diagnostics)
+
+    def _update_corrections(self, obs: TrafficObservation, status: DeploymentStatus) -> None:
+        p_corr = prefill_correction(obs, self.profile.prefill)
+        d_corr = None
+        decode_role = "decode" if "decode" in status.roles else "agg"
+        if decode_role in status.roles:
+            d_corr = decode_correction(
+                obs,
+                self.profile.decode,
+                max_kv_tokens=self.profile.max_kv_tokens,
+                decode_replicas=status.ready(decode_role),
+            )
+        self.corrections = CorrectionFactors(
+            prefill=p_corr if p_corr is not None else self.corrections.prefill,
+            decode=d_corr if d_corr is not None else self.corrections.decode,
+        )
+
+    def _size(self, forecast: LoadForecast, gpus: Mapping[str, int]) -> dict[str, RoleSizing]:
+        cfg = self.config
+        interval = cfg.throughput_adjustment_interval_seconds
+        corr = self.corrections if not cfg.no_correction else CorrectionFactors()
+        out: dict[str, RoleSizing] = {}
+        engine_gpus_p = gpus.get("prefill", gpus.get("agg", 1))
+        engine_gpus_d = gpus.get("decode", gpus.get("agg", 1))
+        prefill = size_prefill(
+            forecast,
+            self.profile.prefill,
+            interval_s=interval,
+            correction=corr.prefill,
+            gpus_per_replica=engine_gpus_p,
+            ttft_target_ms=cfg.ttft_ms,
+            attainment=cfg.ttft_attainment_target,
+            service_scv=self.isl_scv,
+        )
+        decode = size_decode(
+            forecast,
+            self.profile.decode,
+            interval_s=interval,
+            itl_target_ms=cfg.itl_ms,
+            correction=corr.decode,
+            gpus_per_replica=engine_gpus_d,
+            max_num_seqs=self.decode_max_num_seqs,
+            seq_utilisation=DECODE_SEQ_UTILISATION,
+        )
+        if cfg.mode == "agg":
+            out["agg"] = size_agg(prefill, decode, gpus_per_replica=gpus["agg"])
+        else:
+            if "prefill" in cfg.roles:
+                out["prefill"] = prefill
+            if "decode" in cfg.roles:
+                out["decode"] = decode
+        return out
+
+    @staticmethod
+    def _explain(
+        forecast: LoadForecast, sizing: Mapping[str, RoleSizing], target: Mapping[str, int]
+    ) -> str:
+        parts = [
+            f"forecast {forecast.num_req:.1f} req, ISL {forecast.isl:.0f}, OSL {forecast.osl:.0f}"
+        ]
+        for role, s in sizing.items():
+            at = f" at {s.utilisation:.0%}" if s.utilisation < 1 else ""
+            parts.append(
+                f"{role}: {s.demand_tokens_per_s:.0f} tok/s / {s.thpt_per_gpu:.0f} tok/s/GPU{at} "
+                f"/ {s.gpus_per_replica} GPU -> {s.replicas}, after guards {target[role]}"
+            )
+        return "; ".join(parts)

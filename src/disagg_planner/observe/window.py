@@ -1,0 +1,371 @@
+"""Frontend traffic over one window, from counter and histogram increases.
+
+Both traffic paths end here:
+
+- live, :class:`disagg_planner.observe.prometheus.PrometheusTrafficObserver` asks Prometheus for
+  ``increase(...)`` of every input over ``[end - I, end]`` and hands the sums to
+  :func:`observation_from_increases`;
+- in replay, where there is no Prometheus, :func:`traffic_from_snapshots` computes the same
+  increases from two cumulative snapshots of the metrics (what a scrape would read at the
+  start and at the end of the window) and hands them to the same function.
+
+Definitions (one place, both paths):
+
+- ``num_req`` = increase of ``requests_started`` summed over the matching series; when that
+  metric has no series (older frontends), the increase of ``requests_finished``, which
+  undercounts demand while requests queue;
+- the average of a histogram input X = ``increase(X_sum) / increase(X_count)``, each summed
+  over the matching series (a request-weighted mean over all frontends); undefined (None)
+  when no observation finished in the window; TTFT and ITL are converted from seconds to
+  milliseconds, token lengths stay in tokens, request duration stays in seconds;
+- the ISL/OSL distributions = increase of ``X_bucket`` per ``le``, summed over series and
+  turned from cumulative into per-bucket counts.
+
+Zero traffic (counters present, no increase) is a valid observation with ``num_req == 0``
+and undefined averages. No series at all is *not* zero traffic: it is a missing observation
+(``no_series``), since it cannot be told apart from a frontend Prometheus does not scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from disagg_planner.core.types import Histogram, MissingObservation, TrafficObservation
+from disagg_planner.signals.frontend import (
+    MODEL_LABEL,
+    NAMESPACE_LABEL,
+    SOURCES,
+    TrafficMetricNames,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class MissingReason(StrEnum):
+    """Why a traffic observation is missing (bounded: the values are metric labels)."""
+
+    PROMETHEUS_UNREACHABLE = "prometheus_unreachable"
+    PROMETHEUS_TIMEOUT = "prometheus_timeout"
+    PROMETHEUS_ERROR = "prometheus_error"
+    BAD_RESPONSE = "bad_response"
+    NO_SERIES = "no_series"
+    TOKEN_UNREADABLE = "prometheus_token_unreadable"
+
+
+@dataclass(frozen=True)
+class HistogramInput:
+    """One histogram-valued traffic input and how it maps onto :class:`TrafficObservation`."""
+
+    key: str  # short name used in query part names ("ttft" -> "ttft_sum", "ttft_count")
+    attribute: str  # field of TrafficMetricNames holding the metric family name
+    observation_field: str  # field of TrafficObservation receiving the average
+    scale: float  # metric unit -> observation unit
+
+
+HISTOGRAM_INPUTS: tuple[HistogramInput, ...] = (
+    HistogramInput("ttft", "ttft_seconds", "ttft_ms", 1000.0),
+    HistogramInput("itl", "itl_seconds", "itl_ms", 1000.0),
+    HistogramInput("isl", "input_tokens", "isl", 1.0),
+    HistogramInput("osl", "output_tokens", "osl", 1.0),
+    HistogramInput("request_duration", "request_duration_seconds", "request_duration_s", 1.0),
+)
+# Inputs whose bucket increases are kept as distributions, and the observation field.
+DISTRIBUTION_INPUTS: dict[str, str] = {"isl": "isl_histogram", "osl": "osl_histogram"}
+
+
+def metric_family(metrics: TrafficMetricNames, item: HistogramInput) -> str:
+    """The metric family name of ``item`` in the chosen source's table."""
+    name: str = getattr(metrics, item.attribute)
+    return name
+
+
+def source_metrics(source: str) -> TrafficMetricNames:
+    """The metric names of a traffic source ("frontend" or "router")."""
+    try:
+        return SOURCES[source]
+    except KeyError:
+        raise ValueError(
+            f"unknown traffic metrics source {source!r}; expected one of {sorted(SOURCES)}"
+        ) from None
+
+
+def namespace_label_value(namespace: str, source: str) -> str:
+    """The ``dynamo_namespace`` label value a source exports for a Dynamo namespace.
+
+    The router's component metrics carry the namespace with dashes replaced by
+    underscores; the frontend's carry it unchanged.
+    """
+    return namespace.replace("-", "_") if source == "router" else namespace
+
+
+@dataclass(frozen=True)
+class WindowIncreases:
+    """Increases over one window, each already summed over the matching series.
+
+    ``None`` (or an absent key) means the metric had no matching series in the window;
+    0 means it had series that did not move. ``sums``/``counts`` are keyed by
+    :attr:`HistogramInput.key`; ``buckets[key]`` maps each upper bound ``le`` (``inf`` for
+    ``+Inf``) to the increase of that *cumulative* bucket.
+    """
+
+    requests_started: float | None
+    requests_finished: float | None
+    sums: Mapping[str, float] = field(default_factory=dict)
+    counts: Mapping[str, float] = field(default_factory=dict)
+    buckets: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
+
+    @property
+    def count_metric_used(self) -> str | None:
+        """Which counter ``num_req`` comes from: "requests_started", "requests_finished"."""
+        if self.requests_started is not None:
+            return "requests_started"
+        if self.requests_finished is not None:
+            return "requests_finished"
+        return None
+
+
+def observation_from_increases(
+    increases: WindowIncreases,
+    *,
+    end_s: float,
+    duration_s: float,
+    where: str = "",
+) -> TrafficObservation | MissingObservation:
+    """Turn summed increases into a :class:`TrafficObservation` (definitions: module doc).
+
+    ``where`` describes the series filter for the message of a missing observation.
+    Non-finite or negative increases (which Prometheus never returns for counters) make the
+    observation missing with ``bad_response`` rather than poisoning the averages.
+    """
+    bad = _first_bad_value(increases)
+    if bad is not None:
+        return MissingObservation(MissingReason.BAD_RESPONSE, bad)
+    if increases.requests_started is not None:
+        num_req = increases.requests_started
+    elif increases.requests_finished is not None:
+        num_req = increases.requests_finished
+    else:
+        detail = "no request counter series in the window"
+        return MissingObservation(MissingReason.NO_SERIES, f"{detail} {where}".strip())
+
+    averages: dict[str, float | None] = {}
+    for item in HISTOGRAM_INPUTS:
+        total = increases.sums.get(item.key)
+        count = increases.counts.get(item.key)
+        average = None
+        # count == 0: no request finished in the window; the mean is undefined, not 0.
+        if total is not None and count is not None and count > 0:
+            average = total / count * item.scale
+        averages[item.observation_field] = average
+
+    histograms: dict[str, Histogram | None] = {}
+    for key, obs_field in DISTRIBUTION_INPUTS.items():
+        cumulative = increases.buckets.get(key)
+        histograms[obs_field] = histogram_from_cumulative(cumulative) if cumulative else None
+
+    return TrafficObservation(
+        end_s=end_s,
+        duration_s=duration_s,
+        num_req=num_req,
+        ttft_ms=averages["ttft_ms"],
+        itl_ms=averages["itl_ms"],
+        isl=averages["isl"],
+        osl=averages["osl"],
+        request_duration_s=averages["request_duration_s"],
+        isl_histogram=histograms["isl_histogram"],
+        osl_histogram=histograms["osl_histogram"],
+    )
+
+
+def histogram_from_cumulative(cumulative: Mapping[float, float]) -> Histogram:
+    """Per-bucket counts from cumulative ``le -> count`` increases.
+
+    Buckets summed over frontends with different layouts need not be monotonic; a
+    negative difference is clamped to 0 rather than reported as negative requests.
+    """
+    bounds = sorted(le for le in cumulative if math.isfinite(le))
+    counts: list[float] = []
+    previous = 0.0
+    for le in bounds:
+        counts.append(max(0.0, cumulative[le] - previous))
+        previous = max(previous, cumulative[le])
+    overflow = max(0.0, cumulative.get(math.inf, previous) - previous)
+    return Histogram(bounds=tuple(bounds), counts=tuple(counts), overflow=overflow)
+
+
+def _first_bad_value(increases: WindowIncreases) -> str | None:
+    named: list[tuple[str, float | None]] = [
+        ("requests_started", increases.requests_started),
+        ("requests_finished", increases.requests_finished),
+    ]
+    named += [(f"{k}_sum", v) for k, v in increases.sums.items()]
+    named += [(f"{k}_count", v) for k, v in increases.counts.items()]
+    for key, buckets in increases.buckets.items():
+        named += [(f"{key}_bucket{{le={le:g}}}", v) for le, v in buckets.items()]
+    for name, value in named:
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            return f"increase of {name} is {value}, expected a finite number >= 0"
+    return None
+
+
+# --- snapshots -----------------------------------------------------------------------------
+
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+"""A sample's identity: its name (``..._total``, ``..._bucket`` ...) and sorted labels."""
+
+Snapshot = Mapping[SampleKey, float]
+"""Cumulative metric values at one instant: sample identity -> value."""
+
+
+class SampleLike(Protocol):
+    """Anything with a sample's name, labels and value (``prometheus_client`` ``Sample``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def value(self) -> float: ...
+
+
+def sample_key(name: str, labels: Mapping[str, str]) -> SampleKey:
+    """The :data:`SampleKey` of a sample (labels sorted, so the key is order-independent)."""
+    return (name, tuple(sorted(labels.items())))
+
+
+def snapshot_from_samples(samples: Iterable[SampleLike]) -> dict[SampleKey, float]:
+    """Build a snapshot from samples, e.g. the ``samples`` of parsed metric families.
+
+    Raises ValueError when the same sample appears twice (two values for one instant).
+    """
+    snapshot: dict[SampleKey, float] = {}
+    for sample in samples:
+        key = sample_key(sample.name, sample.labels)
+        if key in snapshot:
+            raise ValueError(f"sample {_render(key)} appears twice in one snapshot")
+        snapshot[key] = float(sample.value)
+    return snapshot
+
+
+def snapshot_from_text(text: str) -> dict[SampleKey, float]:
+    """Parse Prometheus text exposition (a ``/metrics`` page) into a snapshot.
+
+    Raises ValueError naming the problem when the text is not valid exposition format.
+    """
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as exc:
+        raise ValueError(f"not Prometheus text exposition format: {exc}") from exc
+    return snapshot_from_samples(s for family in families for s in family.samples)
+
+
+def traffic_from_snapshots(
+    *,
+    start: Snapshot,
+    end: Snapshot,
+    start_s: float,
+    end_s: float,
+    model_name: str | None,
+    namespace: str,
+    source: str = "frontend",
+) -> TrafficObservation | MissingObservation:
+    """Traffic over ``[start_s, end_s]`` from two cumulative snapshots, without Prometheus.
+
+    Snapshot shape: a mapping ``(sample_name, sorted((label, value), ...)) -> value`` of
+    cumulative values, one entry per exposed sample: counters under their ``_total`` name,
+    histograms as ``<name>_sum``, ``<name>_count`` and ``<name>_bucket`` (with an ``le``
+    label, ``"+Inf"`` for the last bucket). This is exactly the set of samples that
+    ``prometheus_client.parser.text_string_to_metric_families`` yields for a ``/metrics``
+    page, so :func:`snapshot_from_text` turns the simulator's text exposition into one,
+    and :func:`snapshot_from_samples` turns parsed families or any structured source of
+    ``(name, labels, value)`` samples into one. Other samples (``_created``, unrelated
+    metrics) are ignored.
+
+    Series are filtered as the PromQL is: ``model`` equal to ``model_name`` ignoring case
+    (no filter when None) and ``dynamo_namespace`` equal to ``namespace`` (dashes turned to
+    underscores for the router source). Each series contributes what Prometheus'
+    ``increase()`` gives over a window holding exactly two samples, at ``start_s`` and
+    ``end_s``: ``end - start``, or ``end`` when the value went down (a counter reset, the
+    process restarted). A series missing from either snapshot contributes nothing, as a
+    series with a single sample in the window contributes nothing to ``increase()``; so the
+    very first window after a series appears reads as no data, exactly as live.
+
+    Returns the same :class:`TrafficObservation` the PromQL path returns for the same two
+    scrapes, or a :class:`MissingObservation` (``no_series``) when no request counter
+    matches.
+    """
+    if not end_s > start_s:
+        raise ValueError(f"end_s ({end_s}) must be after start_s ({start_s})")
+    metrics = source_metrics(source)
+    ns_value = namespace_label_value(namespace, source)
+    wanted_model = model_name.lower() if model_name is not None else None
+
+    # Per-series increases of the matching series, grouped by sample name.
+    by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for key, end_value in end.items():
+        sample_name, label_pairs = key
+        labels = dict(label_pairs)
+        if labels.get(NAMESPACE_LABEL) != ns_value:
+            continue
+        if wanted_model is not None and labels.get(MODEL_LABEL, "").lower() != wanted_model:
+            continue
+        start_value = start.get(key)
+        if start_value is None:
+            continue
+        delta = end_value - start_value if end_value >= start_value else end_value
+        by_name.setdefault(sample_name, []).append((labels, delta))
+
+    def total(name: str) -> float | None:
+        deltas = by_name.get(name)
+        return None if deltas is None else math.fsum(d for _, d in deltas)
+
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    for item in HISTOGRAM_INPUTS:
+        family = metric_family(metrics, item)
+        item_sum, item_count = total(f"{family}_sum"), total(f"{family}_count")
+        if item_sum is not None:
+            sums[item.key] = item_sum
+        if item_count is not None:
+            counts[item.key] = item_count
+        if item.key in DISTRIBUTION_INPUTS:
+            per_le: dict[float, float] = {}
+            for labels, delta in by_name.get(f"{family}_bucket", []):
+                bound = _parse_le(labels.get("le"), family)
+                per_le[bound] = per_le.get(bound, 0.0) + delta
+            if per_le:
+                buckets[item.key] = per_le
+    increases = WindowIncreases(
+        requests_started=total(metrics.requests_started),
+        requests_finished=total(metrics.requests_finished),
+        sums=sums,
+        counts=counts,
+        buckets=buckets,
+    )
+    where = f"for model={model_name!r} namespace={ns_value!r}"
+    return observation_from_increases(
+        increases, end_s=float(end_s), duration_s=float(end_s - start_s), where=where
+    )
+
+
+def _parse_le(le: str | None, family: str) -> float:
+    try:
+        if le is None:
+            raise ValueError
+        return float(le)
+    except ValueError:
+        expected = "expected a number or +Inf"
+        raise ValueError(f"{family}_bucket sample has le={le!r}; {expected}") from None
+
+
+def _render(key: SampleKey) -> str:
+    name, labels = key
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"

@@ -1,0 +1,37 @@
+"""Profile library: reads pre-deployment performance profiles (Dynamo's NPZ/JSON layout) and
+answers how much prefill and decode capacity one GPU gives under a TTFT or ITL target.
+
+It imports nothing from the other project packages.
+"""
+
+from disagg_planner.profiles.decode import (
+    DecodeBest,
+    DecodeBestMany,
+    DecodeInterpolator,
+    DecodePoint,
+)
+from disagg_planner.profiles.errors import ProfileError
+from disagg_planner.profiles.manifest import EngineShape, ProfileManifest, load_manifest
+from disagg_planner.profiles.prefill import PrefillInterpolator, PrefillPoint
+from disagg_planner.profiles.profile import Profile, load_profile
+from disagg_planner.profiles.registry import bundled_profiles_root, list_bundled, resolve_profile
+from disagg_planner.profiles.storage import write_profile
+
+__all__ = [
+    "DecodeBest",
+    "DecodeBestMany",
+    "DecodeInterpolator",
+    "DecodePoint",
+    "EngineShape",
+    "PrefillInterpolator",
+    "PrefillPoint",
+    "Profile",
+    "ProfileError",
+    "ProfileManifest",
+    "bundled_profiles_root",
+    "list_bundled",
+    "load_manifest",
+    "load_profile",
+    "resolve_profile",
+    "write_profile",
+]

@@ -1,0 +1,270 @@
+"""Drive one policy against the simulated cluster in virtual time, and score it.
+
+The runner owns the (virtual) clock: it advances the cluster to the policy's next wake-up,
+lets the policy observe and decide, applies the decision (the simulator starts replicas after
+the startup delay and drains removed ones), and records every step. After the last arrival
+it keeps going for a grace period so the policy can scale down and in-flight requests finish;
+GPU time is metered up to that horizon for every policy alike.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.profiles import Profile
+from disagg_planner.replay.oracle import WindowNeed, lower_bound_gpu_hours
+from disagg_planner.replay.policies import Policy, PolicyStep, engine_queues
+from disagg_planner.replay.summary import (
+    ScaleLog,
+    TimelineRow,
+    score_requests,
+    write_requests_csv,
+    write_timeline_csv,
+)
+from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
+from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.engine_spec import EngineSpec
+from disagg_planner.simulator.request import RequestLike
+
+log = logging.getLogger(__name__)
+
+GRACE_S = 120.0
+
+
+@dataclass(frozen=True)
+class ClusterSetup:
+    """The simulated deployment every policy of one replay runs on."""
+
+    mode: str  # "disagg" | "agg"
+    specs: dict[str, EngineSpec]
+    initial_replicas: dict[str, int]
+    startup_delay_s: float
+    seed: int
+    # Dynamo's prefill workers pull from a shared queue and its KV router balances decode
+    # load, so a request goes to the least-loaded engine rather than the next in turn.
+    router: str = "least_loaded"
+    model_label: str = "model"
+    namespace: str = "dynamo"
+
+    def build(self, requests: Sequence[RequestLike]) -> Cluster:
+        cluster = Cluster(
+            engines=self.specs,
+            mode=self.mode,  # type: ignore[arg-type]
+            replicas=self.initial_replicas,
+            startup_delay_s=self.startup_delay_s,
+            router=self.router,  # type: ignore[arg-type]
+            seed=self.seed,
+            model_label=self.model_label,
+            namespace=self.namespace,
+        )
+        cluster.submit(requests)
+        return cluster
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    summary: dict[str, Any]
+    records: list[Any]
+    timeline: list[TimelineRow]
+    snapshots: list[TickSnapshot] = field(default_factory=list)
+
+
+def run_policy(
+    policy: Policy,
+    *,
+    setup: ClusterSetup,
+    requests: Sequence[RequestLike],
+    ttft_slo_ms: float,
+    itl_slo_ms: float,
+    flap_window_s: float,
+    needs: Sequence[WindowNeed] | None = None,
+    needs_window_s: float = 60.0,
+    advisory: bool = False,
+    recorder: DiagnosticsRecorder | None = None,
+    progress: Callable[[float, float], None] | None = None,
+) -> ReplayResult:
+    """Replay ``requests`` under ``policy``; deterministic for a given setup and seed."""
+    wall0 = time.perf_counter()
+    cluster = setup.build(requests)
+    start = getattr(policy, "start", None)
+    if start is not None:
+        start(cluster)
+    last_arrival = max((r.arrival_s for r in requests), default=0.0)
+    horizon = last_arrival + GRACE_S
+    roles = tuple(cluster.roles)
+    timeline: list[TimelineRow] = []
+    snapshots: list[TickSnapshot] = []
+    scale_log = ScaleLog()
+    max_replicas = {r: cluster.desired_replicas(r) for r in roles}
+
+    while True:
+        t = policy.next_wakeup_s()
+        if not t < horizon:
+            break
+        cluster.run_until(max(t, cluster.now))
+        step = policy.wake(cluster)
+        if step.reason == "sample":
+            continue
+        applied = _apply(cluster, step, advisory=advisory, scale_log=scale_log)
+        for role in roles:
+            max_replicas[role] = max(max_replicas[role], cluster.desired_replicas(role))
+        row = TimelineRow(
+            t_s=cluster.now,
+            desired={r: cluster.desired_replicas(r) for r in roles},
+            ready={r: cluster.ready_replicas(r) for r in roles},
+            gpus_in_use=cluster.gpus_in_use(),
+            decision=applied,
+            reason=step.reason,
+            message=step.message,
+        )
+        timeline.append(row)
+        snap = _snapshot(cluster, step, row)
+        snapshots.append(snap)
+        if recorder is not None:
+            recorder.record(snap)
+        if progress is not None:
+            progress(cluster.now, horizon)
+    cluster.run_until(horizon)
+    gpu_seconds = cluster.gpu_seconds
+    # requests still running at the horizon finish for the record; their GPUs are not metered
+    cluster.run_to_completion(limit_s=horizon + 3600.0)
+    if progress is not None:
+        progress(horizon, horizon)
+
+    records = list(cluster.records)
+    summary: dict[str, Any] = {"policy": policy.name}
+    summary |= score_requests(
+        records, submitted=len(requests), ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms
+    )
+    gpu_hours = gpu_seconds / 3600.0
+    summary["gpu_hours"] = gpu_hours
+    if needs is not None:
+        oracle = lower_bound_gpu_hours(
+            needs,
+            window_s=needs_window_s,
+            duration_s=last_arrival,
+            gpus={r: cluster.gpus_per_replica(r) for r in roles},
+        )
+        summary["oracle_gpu_hours"] = oracle
+        summary["gpu_hours_ratio_to_oracle"] = gpu_hours / oracle if oracle > 0 else None
+    summary["scale_actions"] = {r: scale_log.actions().get(r, 0) for r in roles}
+    summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
+    summary["max_replicas"] = max_replicas
+    summary["duration_s"] = horizon
+    summary["wall_s"] = time.perf_counter() - wall0
+    return ReplayResult(policy.name, summary, records, timeline, snapshots)
+
+
+def _apply(cluster: Cluster, step: PolicyStep, *, advisory: bool, scale_log: ScaleLog) -> str:
+    if not step.scale_to:
+        return ""
+    text = ",".join(f"{r}={n}" for r, n in step.scale_to.items())
+    if advisory:
+        return f"advised {text}"
+    for role, n in step.scale_to.items():
+        before = cluster.desired_replicas(role)
+        if n != before:
+            scale_log.add(cluster.now, role, before, n)
+            cluster.set_replicas(role, n)
+    return text
+
+
+def _snapshot(cluster: Cluster, step: PolicyStep, row: TimelineRow) -> TickSnapshot:
+    effects = step.effects
+    observed = forecast = corrections = None
+    throughput = effects.throughput if effects is not None else None
+    if throughput is not None:
+        observed = throughput.diagnostics.observed
+        forecast = throughput.diagnostics.forecast
+        corrections = throughput.diagnostics.corrections
+    interval = observed.duration_s if observed is not None else None
+    return TickSnapshot(
+        t_s=row.t_s,
+        desired=row.desired,
+        ready=row.ready,
+        gpus_in_use=row.gpus_in_use,
+        gpu_hours=cluster.gpu_seconds / 3600.0,
+        scale_to=step.scale_to,
+        throughput_reason=effects.throughput_reason.value
+        if effects is not None and effects.throughput_reason is not None
+        else None,
+        load_reason=effects.load_reason.value
+        if effects is not None and effects.load_reason is not None
+        else None,
+        message=step.message or step.reason,
+        observed_rps=observed.request_rate if observed is not None else None,
+        observed_ttft_ms=observed.ttft_ms if observed is not None else None,
+        observed_itl_ms=observed.itl_ms if observed is not None else None,
+        observed_isl=observed.isl if observed is not None else None,
+        observed_osl=observed.osl if observed is not None else None,
+        predicted_rps=forecast.num_req / interval if forecast is not None and interval else None,
+        predicted_isl=forecast.isl if forecast is not None else None,
+        predicted_osl=forecast.osl if forecast is not None else None,
+        prefill_correction=corrections.prefill if corrections is not None else None,
+        decode_correction=corrections.decode if corrections is not None else None,
+        estimated_ttft_ms=effects.estimated_ttft_ms if effects is not None else None,
+        estimated_itl_ms=effects.estimated_itl_ms if effects is not None else None,
+        engines=engine_queues(cluster),
+    )
+
+
+def engine_spec_for_profile(profile: Profile) -> str:
+    """``sim:MODEL@GPU:tpN`` of the engine a (bundled, modelled) profile describes."""
+    manifest = profile.manifest
+    if manifest is None:
+        raise ValueError(
+            f"profile {profile.source_dir} has no profile.yaml manifest: give --engine "
+            "sim:MODEL@GPU[:tpN] to say which engine to simulate"
+        )
+    spec = manifest.extra.get("engine_spec") if manifest.extra else None
+    if isinstance(spec, str) and spec.startswith("sim:"):
+        return spec
+    shape = manifest.decode_engine if manifest.decode_engine.tp > 1 else manifest.engine
+    return f"sim:{manifest.model}@{manifest.gpu}:tp{shape.tp}"
+
+
+class Progress:
+    """A one-line progress bar on a terminal, or a log line every 10 % elsewhere."""
+
+    def __init__(self, label: str, *, stream: Any = sys.stderr) -> None:
+        self.label = label
+        self.stream = stream
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last_decile = -1
+
+    def __call__(self, now_s: float, horizon_s: float) -> None:
+        frac = min(1.0, now_s / horizon_s) if horizon_s > 0 else 1.0
+        if self.tty:
+            bar = "#" * int(frac * 30)
+            self.stream.write(f"\r{self.label:<16} [{bar:<30}] {frac:6.1%}")
+            if frac >= 1.0:
+                self.stream.write("\n")
+            self.stream.flush()
+            return
+        decile = math.floor(frac * 10)
+        if decile != self._last_decile:
+            self._last_decile = decile
+            log.info("%s: %d%% (simulated %.0f s)", self.label, decile * 10, now_s)
+
+
+def write_outputs(
+    out_dir: Path, result: ReplayResult, *, config: PlannerConfig | None, roles: Sequence[str]
+) -> None:
+    """summary.json, requests.csv, timeline.csv for one policy (the report is separate)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = dict(result.summary)
+    if config is not None:
+        summary["config"] = config.model_dump(mode="json")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_requests_csv(out_dir / "requests.csv", result.records)
+    write_timeline_csv(out_dir / "timeline.csv", result.timeline, roles)

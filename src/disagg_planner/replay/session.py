@@ -1,0 +1,272 @@
+"""One replay: load the workload, pick the engine, build each policy, run them on the same
+simulated cluster, write the outputs. Used by ``planner replay`` and the scorecard."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.errors import SpecError
+from disagg_planner.predictors.traces import read_trace
+from disagg_planner.profiles import Profile
+from disagg_planner.replay.hpa import HpaBehavior
+from disagg_planner.replay.oracle import OraclePolicy, WindowNeed, initial_replicas, plan_needs
+from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
+from disagg_planner.replay.runner import (
+    ClusterSetup,
+    Progress,
+    ReplayResult,
+    engine_spec_for_profile,
+    run_policy,
+)
+from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.simulator import engine_spec as engine_specs
+from disagg_planner.simulator.request import RequestLike
+from disagg_planner.simulator.workloads import parse_workload, scale_load, speedup
+from disagg_planner.wiring import build_core, profile_for
+
+log = logging.getLogger(__name__)
+
+BUNDLED_TRACE = (
+    Path(__file__).resolve().parents[1] / "data" / "traces" / ("AzureLLMInferenceTrace_conv.csv")
+)
+ORACLE_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    trace: str | None = None
+    workload: str | None = None
+    trace_format: str | None = None
+    speedup: float = 1.0
+    scale_load: float = 1.0
+    duration_s: float | None = None  # keep only arrivals before this time
+    seed: int = 0
+    # Clones of one request (scale_load) arrive spread over this many seconds, as independent
+    # users would; a 1 s spread turns every request into a synchronised burst of K.
+    clone_jitter_s: float = 30.0
+
+
+def load_requests(spec: WorkloadSpec) -> list[RequestLike]:
+    """The requests of a trace or synthetic workload, time-compressed and scaled."""
+    if spec.trace and spec.workload:
+        raise SpecError("give either --trace or --workload, not both")
+    source: Iterator[Any]
+    if spec.workload:
+        source = parse_workload(spec.workload, seed=spec.seed)
+    else:
+        source = read_trace(spec.trace or BUNDLED_TRACE, trace_format=spec.trace_format)
+    if spec.speedup != 1.0:
+        source = speedup(source, spec.speedup)
+    if spec.duration_s is not None:
+        limit = spec.duration_s
+        source = (r for r in _until(source, limit))
+    if spec.scale_load != 1.0:
+        source = scale_load(source, spec.scale_load, seed=spec.seed, jitter_s=spec.clone_jitter_s)
+    requests: list[RequestLike] = list(source)
+    if not requests:
+        raise SpecError("the workload has no requests")
+    return requests
+
+
+def _until(requests: Iterator[Any], limit_s: float) -> Iterator[Any]:
+    for r in requests:
+        if r.arrival_s >= limit_s:
+            return
+        yield r
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Everything the policies of one replay share."""
+
+    config: PlannerConfig
+    profile: Profile | None
+    setup: ClusterSetup
+    requests: list[RequestLike]
+    needs: list[WindowNeed]
+
+
+def prepare(
+    config: PlannerConfig,
+    workload: WorkloadSpec,
+    *,
+    engine: str | None = None,
+    startup_delay_s: float = 120.0,
+    initial: dict[str, int] | None = None,
+    router: str = "least_loaded",
+) -> ReplayPlan:
+    if config.elastic_ep is not None:
+        # Better a clear refusal than a setting the replay would silently ignore.
+        raise SpecError(
+            f"elastic_ep={config.elastic_ep}: resizing engines in place is driven by the live "
+            "loop (planner run / operator) and measured by benchmarks/elastic_ep_ramp.py, but "
+            "planner replay does not drive it yet; unset elastic_ep to replay this deployment "
+            "scaled by replicas (see docs/elastic-ep.md)"
+        )
+    if config.mode not in ("disagg", "agg"):
+        raise SpecError(f"replay simulates disagg or agg deployments, not mode={config.mode}")
+    profile = profile_for(config) if (config.throughput_scaling_active or engine is None) else None
+    spec_text = engine or (engine_spec_for_profile(profile) if profile is not None else None)
+    if spec_text is None:
+        raise SpecError("give --engine sim:MODEL@GPU[:tpN] or a profile with a manifest")
+    spec = engine_specs.parse(spec_text)
+    roles = ("agg",) if config.mode == "agg" else ("prefill", "decode")
+    specs = dict.fromkeys(roles, spec)
+    requests = load_requests(workload)
+    duration = max(r.arrival_s for r in requests)
+    floors = {r: config.min_endpoint_for(r) for r in roles}
+    needs = plan_needs(
+        requests,
+        specs=specs,
+        mode=config.mode,
+        window_s=ORACLE_WINDOW_S,
+        duration_s=duration,
+        ttft_ms=config.ttft_ms,
+        itl_ms=config.itl_ms,
+        floors=floors,
+        kv_transfer_bandwidth_bps=64e9,
+    )
+    # Every policy starts warm, sized for what the trace needs until a first decision could
+    # land (one interval plus one startup): the trace begins mid-day, not at a cold start.
+    lead = startup_delay_s + config.throughput_adjustment_interval_seconds
+    start = initial or initial_replicas(needs, window_s=ORACLE_WINDOW_S, lead_s=lead)
+    setup = ClusterSetup(
+        mode=config.mode,
+        specs=specs,
+        initial_replicas=start,
+        startup_delay_s=startup_delay_s,
+        seed=workload.seed,
+        router=router,
+        model_label=config.model_name or spec.model.name,
+        namespace=config.namespace,
+    )
+    return ReplayPlan(config, profile, setup, requests, needs)
+
+
+DYNAMO_DEFAULTS: dict[str, Any] = {
+    "enable_throughput_scaling": True,
+    "enable_load_scaling": False,
+    "load_predictor": "arima",
+    "throughput_adjustment_interval_seconds": 180.0,
+    "no_correction": False,
+    "load_predictor_quantile": None,
+    "ttft_attainment_target": None,
+    "scale_down_stabilization_seconds": 0.0,
+}
+
+
+def make_policy(name: str, plan: ReplayPlan) -> tuple[Policy, PlannerConfig | None]:
+    """A policy by name: planner, dynamo-default, static:NP,ND (or static:N), hpa, oracle."""
+    cfg = plan.config
+    roles = tuple(plan.setup.specs)
+    if name in ("planner", "dynamo-default"):
+        if name == "dynamo-default":
+            cfg = PlannerConfig.model_validate(cfg.model_dump() | DYNAMO_DEFAULTS)
+        profile = plan.profile if cfg.throughput_scaling_active else None
+        if cfg.throughput_scaling_active and profile is None:
+            profile = profile_for(cfg)
+        core = build_core(cfg, start_s=0.0, profile=profile)
+        return PlannerPolicy(name=name, core=core, config=cfg), cfg
+    if name.startswith("static:"):
+        counts = [c.strip() for c in name.removeprefix("static:").split(",")]
+        if len(counts) != len(roles) or not all(c.isdigit() for c in counts):
+            raise SpecError(
+                f"policy {name!r}: expected static:{','.join('N' + r[0].upper() for r in roles)}"
+                f" ({len(roles)} replica count(s) for {', '.join(roles)})"
+            )
+        return StaticPolicy(dict(zip(roles, map(int, counts), strict=True))), None
+    if name == "hpa":
+        floor = min(cfg.min_endpoint_for(r) for r in roles)
+        return HpaPolicy(roles, HpaBehavior(min_replicas=max(1, floor))), None
+    if name == "oracle":
+        return (
+            OraclePolicy(
+                plan.needs, window_s=ORACLE_WINDOW_S, startup_delay_s=plan.setup.startup_delay_s
+            ),
+            None,
+        )
+    raise SpecError(
+        f"unknown policy {name!r}: expected planner, dynamo-default, static:NP,ND, hpa or oracle"
+    )
+
+
+def run(
+    plan: ReplayPlan,
+    policy_name: str,
+    *,
+    out_dir: Path | None = None,
+    progress: bool = True,
+    write_report: bool = True,
+) -> ReplayResult:
+    """Run one policy of ``plan``; with ``out_dir``, write its files there."""
+    from disagg_planner.replay.runner import write_outputs
+
+    policy, cfg = make_policy(policy_name, plan)
+    effective = cfg or plan.config
+    recorder = None
+    if out_dir is not None and write_report:
+        recorder = DiagnosticsRecorder(
+            output_dir=out_dir,
+            filename="report",
+            write_gzip_log=False,
+            ttft_slo_ms=effective.ttft_ms,
+            itl_slo_ms=effective.itl_ms,
+            title=f"planner replay: {policy_name}",
+        )
+    flap_window = 2 * (
+        effective.throughput_adjustment_interval_seconds
+        if effective.throughput_scaling_active
+        else effective.load_adjustment_interval_seconds
+    )
+    result = run_policy(
+        policy,
+        setup=plan.setup,
+        requests=plan.requests,
+        ttft_slo_ms=plan.config.ttft_ms,
+        itl_slo_ms=plan.config.itl_ms,
+        flap_window_s=flap_window,
+        needs=plan.needs,
+        needs_window_s=ORACLE_WINDOW_S,
+        advisory=effective.advisory,
+        recorder=recorder,
+        progress=Progress(policy_name) if progress else None,
+    )
+    result.summary["startup_delay_s"] = plan.setup.startup_delay_s
+    result.summary["initial_replicas"] = plan.setup.initial_replicas
+    result.summary["engine"] = str(next(iter(plan.setup.specs.values())))
+    if out_dir is not None:
+        write_outputs(out_dir, result, config=effective, roles=tuple(plan.setup.specs))
+        if recorder is not None:
+            from disagg_planner.replay.report import latency_figure
+
+            recorder.write_report(extra_figures=[latency_figure(result, plan.config)])
+    return result
+
+
+def run_many(
+    plan: ReplayPlan,
+    policies: Sequence[str],
+    *,
+    out_dir: Path | None,
+    progress: bool = True,
+    on_done: Callable[[ReplayResult], None] | None = None,
+) -> list[ReplayResult]:
+    results = []
+    for name in policies:
+        sub = None
+        if out_dir is not None:
+            sub = out_dir if len(policies) == 1 else out_dir / _dirname(name)
+        result = run(plan, name, out_dir=sub, progress=progress)
+        results.append(result)
+        if on_done is not None:
+            on_done(result)
+    return results
+
+
+def _dirname(policy: str) -> str:
+    return policy.replace(":", "-").replace(",", "-")

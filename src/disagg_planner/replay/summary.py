@@ -1,0 +1,169 @@
+"""Scoring a replay: SLO attainment, latency percentiles, GPU-hours, scale actions and flaps,
+and the files every figure can be recomputed from (requests.csv, timeline.csv)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from disagg_planner.simulator.request import RequestRecord
+
+REQUEST_COLUMNS = (
+    "arrival_s",
+    "isl",
+    "osl",
+    "first_token_s",
+    "finish_s",
+    "ttft_ms",
+    "itl_ms",
+    "ok",
+)
+
+
+@dataclass(frozen=True)
+class TimelineRow:
+    t_s: float
+    desired: dict[str, int]
+    ready: dict[str, int]
+    gpus_in_use: int
+    decision: str  # the replicas asked for, "" when nothing changed
+    reason: str
+    message: str = ""
+
+
+@dataclass
+class ScaleLog:
+    """Every change of a role's desired replicas, to count actions and flaps."""
+
+    changes: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+
+    def add(self, t_s: float, role: str, before: int, after: int) -> None:
+        if after != before:
+            self.changes.setdefault(role, []).append((t_s, after - before))
+
+    def actions(self) -> dict[str, int]:
+        return {role: len(c) for role, c in self.changes.items()}
+
+    def flaps(self, window_s: float) -> dict[str, int]:
+        """Direction reversals closer than ``window_s`` (e.g. two adjustment intervals)."""
+        out: dict[str, int] = {}
+        for role, changes in self.changes.items():
+            n = 0
+            for (t0, d0), (t1, d1) in itertools.pairwise(changes):
+                if (d0 > 0) != (d1 > 0) and t1 - t0 < window_s:
+                    n += 1
+            out[role] = n
+        return out
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p95": None, "p99": None}
+    arr = np.asarray(values, dtype=float)
+    p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99])
+    return {"p50": float(p50), "p90": float(p90), "p95": float(p95), "p99": float(p99)}
+
+
+def score_requests(
+    records: Sequence[RequestRecord], *, submitted: int, ttft_slo_ms: float, itl_slo_ms: float
+) -> dict[str, Any]:
+    """Attainment over every submitted request: one that failed or never finished misses
+    both targets. A one-token answer has no ITL and meets the ITL target."""
+    ok = [r for r in records if r.ok]
+    ttft_ok = sum(1 for r in ok if r.ttft_ms is not None and r.ttft_ms <= ttft_slo_ms)
+    itl_ok = sum(1 for r in ok if r.itl_ms is None or r.itl_ms <= itl_slo_ms)
+    both_ok = sum(
+        1
+        for r in ok
+        if r.ttft_ms is not None
+        and r.ttft_ms <= ttft_slo_ms
+        and (r.itl_ms is None or r.itl_ms <= itl_slo_ms)
+    )
+    denominator = max(submitted, 1)
+    return {
+        "requests": submitted,
+        "completed": len(ok),
+        "failed": submitted - len(ok),
+        "slo_attainment": {
+            "ttft": ttft_ok / denominator,
+            "itl": itl_ok / denominator,
+            "both": both_ok / denominator,
+        },
+        "ttft_ms": percentiles([r.ttft_ms for r in ok if r.ttft_ms is not None]),
+        "itl_ms": percentiles([r.itl_ms for r in ok if r.itl_ms is not None]),
+    }
+
+
+def write_requests_csv(path: Path, records: Iterable[RequestRecord]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(REQUEST_COLUMNS)
+        for r in sorted(records, key=lambda r: (r.arrival_s, r.request_id)):
+            writer.writerow(
+                [
+                    f"{r.arrival_s:.6f}",
+                    r.isl,
+                    r.osl,
+                    "" if r.first_token_s is None else f"{r.first_token_s:.6f}",
+                    f"{r.finish_s:.6f}",
+                    "" if r.ttft_ms is None else f"{r.ttft_ms:.3f}",
+                    "" if r.itl_ms is None else f"{r.itl_ms:.3f}",
+                    int(r.ok),
+                ]
+            )
+
+
+def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[str]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(
+            ["t_s"]
+            + [f"desired_{r}" for r in roles]
+            + [f"ready_{r}" for r in roles]
+            + ["gpus_in_use", "decision", "reason", "message"]
+        )
+        for row in rows:
+            writer.writerow(
+                [f"{row.t_s:.3f}"]
+                + [row.desired.get(r, 0) for r in roles]
+                + [row.ready.get(r, 0) for r in roles]
+                + [row.gpus_in_use, row.decision, row.reason, row.message]
+            )
+
+
+def finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A short text table of several policies' summaries (printed at the end of a run)."""
+    header = ("policy", "SLO both", "TTFT p99 ms", "ITL p99 ms", "GPU-h", "x oracle", "actions")
+    lines = ["  ".join(f"{h:>12}" for h in header)]
+    for s in rows:
+        ratio = s.get("gpu_hours_ratio_to_oracle")
+        lines.append(
+            "  ".join(
+                f"{v:>12}"
+                for v in (
+                    s["policy"],
+                    f"{s['slo_attainment']['both']:.2%}",
+                    _fmt(s["ttft_ms"]["p99"]),
+                    _fmt(s["itl_ms"]["p99"]),
+                    f"{s['gpu_hours']:.2f}",
+                    "-" if ratio is None else f"{ratio:.2f}",
+                    sum(s["scale_actions"].values()),
+                )
+            )
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"

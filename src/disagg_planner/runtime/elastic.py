@@ -1,0 +1,213 @@
+"""The live loop's elastic-EP axis: plan a DP size each throughput tick, resize in the background.
+
+When ``config.elastic_ep`` names a role, that role's capacity moves by the data-parallel size
+of its engine (vLLM elastic EP) instead of its replica count. :class:`ElasticDriver` joins the
+pure policy (:class:`disagg_planner.core.elastic.ElasticPlanner`) to the actuator
+(:class:`disagg_planner.connectors.elastic_ep.ElasticEpController`) for one :class:`DeploymentLoop`:
+
+- at start, an unfinished resize recorded on the deployment is finished or rolled back
+  (``recover()``) in the background;
+- each throughput tick reads the engine's DP size and whether a resize is in flight, asks
+  the policy, and when it names a target (and the planner is not advisory) starts
+  ``resize(target)`` as a background task: a resize takes seconds to minutes and the loop
+  keeps its cadence meanwhile; the policy holds (``resize_in_flight``) until it is over;
+- a resize that failed is reported as a :class:`Problem` of the next tick (``source``
+  ``"elastic"``); nothing here raises into the loop except cancellation.
+
+The controller's waits run on real time (``time.monotonic`` / ``asyncio.sleep``), not on the
+loop's clock: they bound HTTP calls and pod start-up, which a test's jumping clock does not
+speed up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.connectors.elastic_ep import (
+    ElasticEpController,
+    ElasticEpKubernetes,
+    ResizeResult,
+    VllmElasticEpAdmin,
+)
+from disagg_planner.core.elastic import ElasticDecision, ElasticPlanner
+from disagg_planner.core.types import DeploymentStatus, MissingObservation, TrafficObservation
+from disagg_planner.errors import ConnectorError, DeploymentError, SpecError
+from disagg_planner.profiles import Profile
+from disagg_planner.runtime.outcome import Problem, ProblemKind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ElasticTick:
+    """What the elastic axis did in one tick: the policy's decision (None when it could not
+    be asked) and whether this tick started a resize."""
+
+    decision: ElasticDecision | None
+    started_resize: bool = False
+    resizing: bool = False
+
+    def render(self, role: str, *, advisory: bool) -> str:
+        """One line for the tick's message."""
+        if self.decision is None:
+            return f"elastic {role}: not planned this tick"
+        d = self.decision
+        if d.target_dp is None:
+            action = f"hold DP {d.current_dp}"
+        elif advisory:
+            action = f"DP {d.current_dp} -> {d.target_dp} [ADVISORY: not resized]"
+        elif self.started_resize:
+            action = f"resizing DP {d.current_dp} -> {d.target_dp}"
+        else:
+            action = f"DP {d.current_dp} -> {d.target_dp} waits for the resize in flight"
+        return f"elastic {role}: {action} ({d.reason.value}: {d.message})"
+
+    def as_extra(self) -> dict[str, object]:
+        """Plain values for the diagnostics snapshot."""
+        d = self.decision
+        return {
+            "reason": d.reason.value if d else None,
+            "current_dp": d.current_dp if d else None,
+            "target_dp": d.target_dp if d else None,
+            "started_resize": self.started_resize,
+            "resizing": self.resizing,
+        }
+
+
+class ElasticDriver:
+    """The elastic-EP axis of one deployment's loop (see the module doc).
+
+    ``profile`` is the throughput loop's capacity profile (the policy sizes ranks with it);
+    ``connector`` is the loop's: an :class:`ElasticEpKubernetes` also scales the follower
+    pods in two stages, any other connector leaves the GPUs to someone else and the engine
+    starts at ``elastic_ep_min_dp``. Raises :class:`SpecError` when the settings cannot drive
+    an engine.
+    """
+
+    def __init__(
+        self, config: PlannerConfig, *, profile: Profile | None, connector: object
+    ) -> None:
+        role = config.elastic_ep
+        if role is None:
+            raise ValueError("ElasticDriver needs a config with elastic_ep set")
+        if profile is None:
+            raise SpecError(
+                f"elastic_ep={role}: the elastic policy sizes DP ranks with the throughput "
+                "loop's profile; enable throughput scaling and give --profile or "
+                "--profile-results-dir"
+            )
+        if not config.elastic_ep_admin_url:
+            raise SpecError(
+                f"elastic_ep={role}: elastic_ep_admin_url is required (the vLLM API server "
+                "that serves /scale_elastic_ep, e.g. http://leader:8000)"
+            )
+        self.config = config
+        self.role: str = role
+        self.planner = ElasticPlanner(config=config, profile=profile)
+        followers = connector if isinstance(connector, ElasticEpKubernetes) else None
+        try:
+            admin = VllmElasticEpAdmin(config.elastic_ep_admin_url)
+        except ValueError as exc:
+            raise SpecError(f"elastic_ep_admin_url: {exc}") from None
+        self.controller = ElasticEpController(config, admin=admin, followers=followers)
+        self._task: asyncio.Task[ResizeResult | None] | None = None
+        self._task_what = ""
+
+    @property
+    def busy(self) -> bool:
+        """Whether a background resize (or recovery) of ours is running."""
+        return self._task is not None and not self._task.done()
+
+    async def wait_idle(self) -> None:
+        """Wait for the background resize, if any, to end (its outcome is kept for the next
+        tick's report)."""
+        if self._task is not None:
+            await asyncio.wait({self._task})
+
+    def start(self) -> None:
+        """Finish or roll back a resize a previous planner left unfinished (background)."""
+        if self.config.advisory:
+            return  # advisory never acts, not even to finish someone's resize
+        self._spawn(self.controller.recover(), "recovery of an unfinished resize")
+
+    async def close(self) -> None:
+        """Cancel a resize in flight; its record on the deployment lets the next planner
+        finish or roll it back."""
+        if self.busy:
+            assert self._task is not None
+            log.warning("elastic EP: stopping during the %s; its record stays", self._task_what)
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def tick(
+        self,
+        now: float,
+        traffic: TrafficObservation | MissingObservation,
+        status: DeploymentStatus | MissingObservation,
+        problems: list[Problem],
+    ) -> ElasticTick:
+        """One throughput tick of the elastic axis; problems are appended, never raised."""
+        self._collect(problems)
+        if not isinstance(status, DeploymentStatus):
+            # Without the other roles' GPUs the budget cap is unknown: do not size blind.
+            return ElasticTick(None)
+        other_gpus = sum(
+            max(s.desired, s.ready) * s.gpus_per_replica
+            for r, s in status.roles.items()
+            if r != self.role
+        )
+        try:
+            current_dp = await self.controller.current_dp()
+            resizing = await self.controller.is_resizing()
+        except (ConnectorError, DeploymentError) as exc:
+            problems.append(_problem(exc))
+            return ElasticTick(None)
+        decision = self.planner.tick(
+            now, traffic, current_dp=current_dp, resizing=resizing, other_gpus=other_gpus
+        )
+        started = False
+        if decision.target_dp is not None and not self.config.advisory and not self.busy:
+            self._spawn(
+                self.controller.resize(decision.target_dp),
+                f"resize DP {current_dp} -> {decision.target_dp}",
+            )
+            started = True
+        return ElasticTick(decision, started_resize=started, resizing=resizing)
+
+    def _spawn(self, work: object, what: str) -> None:
+        assert asyncio.iscoroutine(work)
+        self._task = asyncio.create_task(work, name=f"elastic EP {what}")
+        self._task_what = what
+        log.info("elastic EP (%s): %s started", self.role, what)
+
+    def _collect(self, problems: list[Problem]) -> None:
+        """Report how the last background resize ended, once."""
+        task = self._task
+        if task is None or not task.done():
+            return
+        self._task = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            result = task.result()
+            if result is not None:
+                log.info("elastic EP (%s): %s: %s", self.role, self._task_what, result.message)
+            return
+        if isinstance(exc, ConnectorError | DeploymentError):
+            log.warning("elastic EP (%s): %s failed: %s", self.role, self._task_what, exc)
+            problems.append(_problem(exc))
+        else:  # a bug: keep the traceback, keep the loop
+            log.error("elastic EP (%s): %s raised", self.role, self._task_what, exc_info=exc)
+            problems.append(
+                Problem(ProblemKind.TICK_FAILED, type(exc).__name__, str(exc), "elastic")
+            )
+
+
+def _problem(exc: ConnectorError | DeploymentError) -> Problem:
+    if isinstance(exc, DeploymentError):
+        return Problem(ProblemKind.DEPLOYMENT_INVALID, "deployment_error", str(exc), "elastic")
+    return Problem(ProblemKind.CONNECTOR_ERROR, type(exc).__name__, str(exc), "elastic")

@@ -1,0 +1,700 @@
+"""One deployment's reconcile loop: the shell around the pure :class:`PlannerCore`.
+
+The loop owns the clock and all per-tick I/O; the core decides. Shared by ``planner run``
+(one loop in the process) and ``planner operator`` (one loop per policy object)::
+
+    validate the deployment (retry with backoff until it passes or the loop stops)
+    build the core (its schedule starts now), the traffic observer, the FPM subscribers
+    repeat until stopped:
+        sleep until core.next_tick_at_s (later while the connector keeps failing)
+        due = core.due(now)                       which loops run this tick
+        learn from every FPM iteration received since the last tick
+        status  <- connector.status()             always
+        traffic <- Prometheus window [now - I, now]   throughput ticks only
+        engines <- latest FPM per engine          load ticks only
+        effects = core.tick(now, observation)
+        elastic EP role (if any): dropped from scale_to; its DP size is planned and resized
+                                  in the background (disagg_planner.runtime.elastic)
+        connector.set_replicas(scale_to)          unless advisory or held
+        gauges, diagnostics snapshot, outcome callback (the operator's status)
+
+Never dies on bad data: a missing observation is passed to the core, which holds and says
+why; a :class:`DeploymentError` or :class:`ConnectorError` becomes a :class:`Problem` of the
+tick (and, when it repeats, a longer pause before the next tick, up to
+:data:`MAX_BACKOFF_S`); any other exception in a tick is logged with its traceback and the
+next tick runs as scheduled. Only a configuration problem found while building the core
+(a :class:`SpecError` or a library error classified as one, e.g. an unreadable profile)
+ends :meth:`DeploymentLoop.run`, by raising it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.connectors.base import Connector, advisory_holds
+from disagg_planner.core.load_scaling import EngineKey
+from disagg_planner.core.planner import Effects, Observation, PlannerCore
+from disagg_planner.core.types import (
+    DeploymentStatus,
+    MissingObservation,
+    ThroughputReason,
+    TrafficObservation,
+)
+from disagg_planner.errors import ConnectorError, DeploymentError, SpecError, classify
+from disagg_planner.exporter import HealthState, PlannerMetrics
+from disagg_planner.observe import TrafficObserver
+from disagg_planner.profiles import Profile
+from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.runtime.clock import Clock, WallClock
+from disagg_planner.runtime.elastic import ElasticDriver, ElasticTick
+from disagg_planner.runtime.outcome import (
+    Problem,
+    ProblemKind,
+    TickOutcome,
+    build_snapshot,
+    engine_queues,
+    held_reasons,
+)
+from disagg_planner.signals.fpm import ForwardPassMetrics
+from disagg_planner.wiring import build_core, profile_for
+
+log = logging.getLogger(__name__)
+
+# Engines' busy share (sum of FPM wall_time) is measured over this window.
+BUSY_WINDOW_S = 60.0
+
+MAX_BACKOFF_S = 300.0
+SHUTDOWN_GRACE_S = 5.0
+
+# A scale the connector did not make, reported on the throughput enum (the load enum has no
+# such states; the per-role ``held`` map says it for both loops).
+_HOLD_TO_THROUGHPUT_REASON = {
+    "manual_override": ThroughputReason.MANUAL_OVERRIDE_HOLD,
+    "advisory": ThroughputReason.ADVISORY,
+    "awaiting_acknowledgement": ThroughputReason.SCALING_IN_PROGRESS,
+}
+_SCALING_REASONS = {ThroughputReason.SCALE.value, ThroughputReason.GPU_BUDGET_RECONCILE.value}
+
+
+@dataclass(frozen=True)
+class DeploymentRef:
+    """Which deployment a loop drives; ``namespace``/``name`` label its metrics."""
+
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class EngineSource(Protocol):
+    """Latest ForwardPassMetrics per engine of one role (``FpmSubscriber`` in production)."""
+
+    def start(self) -> None: ...
+    def stop(self, timeout_s: float = 5.0) -> None: ...
+    def snapshot(self, now_s: float | None = None) -> dict[EngineKey, ForwardPassMetrics]: ...
+    def last_seen(self) -> dict[EngineKey, float]: ...
+    def drain_samples(self) -> list[ForwardPassMetrics]: ...
+    @property
+    def dropped(self) -> dict[str, int]: ...
+
+
+TrafficFactory = Callable[[str | None], TrafficObserver]
+OutcomeHook = Callable[[TickOutcome], Awaitable[None]]
+
+
+class DeploymentLoop:
+    """The reconcile loop of one deployment (see the module docstring).
+
+    ``profile`` is the throughput loop's capacity profile, loaded by the caller (so that a
+    bad profile fails before anything starts); None loads it from the config.
+    ``traffic_factory(model_name)`` builds the traffic observer once the deployment's model
+    name is known (default: :class:`PrometheusTrafficObserver`). ``engine_sources`` maps each
+    role to its FPM source; by default one :class:`FpmSubscriber` per role is started when the
+    load loop runs, on this loop's clock. ``on_outcome`` is awaited after every tick and
+    every failed start-up attempt; an exception in it is logged and ignored.
+    """
+
+    def __init__(
+        self,
+        config: PlannerConfig,
+        *,
+        connector: Connector,
+        ref: DeploymentRef,
+        clock: Clock | None = None,
+        profile: Profile | None = None,
+        traffic_factory: TrafficFactory | None = None,
+        engine_sources: Mapping[str, EngineSource] | None = None,
+        metrics: PlannerMetrics | None = None,
+        health: HealthState | None = None,
+        recorder: DiagnosticsRecorder | None = None,
+        on_outcome: OutcomeHook | None = None,
+        shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+    ) -> None:
+        self.config = config
+        self.connector = connector
+        self.ref = ref
+        self.clock: Clock = clock or WallClock()
+        self.metrics = metrics
+        self.health = health
+        self.recorder = recorder
+        self._profile = profile
+        self._traffic_factory = traffic_factory
+        self._given_engine_sources = engine_sources
+        self._on_outcome = on_outcome
+        self._shutdown_grace_s = shutdown_grace_s
+        self.core: PlannerCore | None = None
+        self.traffic: TrafficObserver | None = None
+        self.engine_sources: dict[str, EngineSource] = {}
+        self._owned_sources: list[EngineSource] = []
+        self.last_outcome: TickOutcome | None = None
+        self.ticks = 0
+        self._gpu_hours = 0.0
+        self._last_gpu_sample: tuple[float, int] | None = None
+        self._failures = 0  # consecutive ticks (or start attempts) the connector failed
+        self._traffic_problem: Problem | None = None  # the last throughput tick's, if any
+        self._busy_total: dict[EngineKey, float] = {}  # wall time of every FPM received
+        self._busy_history: dict[EngineKey, deque[tuple[float, float]]] = {}
+        self._not_before_s = float("-inf")
+        self.elastic: ElasticDriver | None = None
+        self._dropped_seen: dict[tuple[str, str], int] = {}
+        intervals = []
+        if config.throughput_scaling_active:
+            intervals.append(config.throughput_adjustment_interval_seconds)
+        if config.load_scaling_active:
+            intervals.append(config.load_adjustment_interval_seconds)
+        self._base_backoff_s = min(intervals)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Validate, then tick until ``stop`` is set; releases everything on the way out.
+
+        Raises :class:`SpecError` when the core cannot be built from the configuration.
+        """
+        try:
+            if not await self.start(stop):
+                return
+            assert self.core is not None
+            while not stop.is_set():
+                wake = max(self.core.next_tick_at_s, self._not_before_s)
+                if await self.clock.sleep_until(wake, stop):
+                    break
+                await self._tick_or_stop(stop)
+        finally:
+            await self.close()
+
+    async def start(self, stop: asyncio.Event) -> bool:
+        """Validate the deployment (retrying with backoff), then build the observers and the
+        core. False when ``stop`` was set first."""
+        while True:
+            if stop.is_set():
+                return False
+            problem = await self._validate()
+            if problem is None:
+                break
+            self._failures += 1
+            delay = self._backoff_s()
+            log.warning(
+                "%s: cannot start: %s; retrying in %.0f s", self.ref, problem.render(), delay
+            )
+            failed = TickOutcome(t_s=self.clock.now(), problems=(problem,))
+            self._count_problems(failed)
+            await self._emit(failed)
+            if await self.clock.sleep_until(self.clock.now() + delay, stop):
+                return False
+        self._failures = 0
+        await self._build()
+        return True
+
+    async def close(self) -> None:
+        """Stop the FPM subscribers this loop started, close the observer and the connector,
+        write the last diagnostics report."""
+        if self.elastic is not None:
+            await self.elastic.close()
+        for source in self._owned_sources:
+            await asyncio.to_thread(source.stop)
+        self._owned_sources.clear()
+        close_observer = getattr(self.traffic, "close", None)
+        if callable(close_observer):
+            close_observer()
+        try:
+            await self.connector.close()
+        except Exception:  # closing must never mask why the loop ended
+            log.exception("%s: closing the connector failed", self.ref)
+        if self.recorder is not None and self.recorder.snapshots:
+            try:
+                await asyncio.to_thread(self.recorder.finalize)
+            except OSError as exc:
+                log.warning("%s: could not write the final report: %s", self.ref, exc)
+
+    async def _validate(self) -> Problem | None:
+        try:
+            await self.connector.validate()
+        except DeploymentError as exc:
+            return Problem(ProblemKind.DEPLOYMENT_INVALID, "deployment_error", str(exc), "validate")
+        except ConnectorError as exc:
+            return Problem(ProblemKind.CONNECTOR_ERROR, "connector_error", str(exc), "validate")
+        except Exception as exc:
+            log.exception("%s: validating the deployment raised", self.ref)
+            return Problem(ProblemKind.TICK_FAILED, type(exc).__name__, str(exc), "validate")
+        return None
+
+    async def _build(self) -> None:
+        cfg = self.config
+        model_name = self.connector.model_name
+        if cfg.throughput_scaling_active:
+            if self._traffic_factory is not None:
+                self.traffic = self._traffic_factory(model_name)
+            else:
+                from disagg_planner.observe.prometheus import PrometheusTrafficObserver
+
+                self.traffic = PrometheusTrafficObserver(cfg, model_name=model_name)
+        if cfg.load_scaling_active:
+            if self._given_engine_sources is not None:
+                self.engine_sources = dict(self._given_engine_sources)
+            else:
+                self.engine_sources = self._start_subscribers()
+        try:
+            profile = self._profile
+            if profile is None and cfg.throughput_scaling_active:
+                profile = await asyncio.to_thread(profile_for, cfg)  # file I/O
+            # in a thread: a predictor warm-up trace may take seconds to read and fit
+            self.core = await asyncio.to_thread(
+                build_core, cfg, start_s=self.clock.now(), profile=profile
+            )
+            if cfg.elastic_ep is not None:
+                self.elastic = ElasticDriver(cfg, profile=profile, connector=self.connector)
+        except Exception as exc:
+            if not is_spec_error(exc):
+                raise
+            problem = Problem(ProblemKind.INVALID_SPEC, type(exc).__name__, str(exc), "spec")
+            await self._emit(TickOutcome(t_s=self.clock.now(), problems=(problem,)))
+            raise
+        if self.elastic is not None:
+            self.elastic.start()
+        if self.metrics is not None:
+            self.metrics.set_slo(
+                self.ref.namespace, self.ref.name, ttft_ms=cfg.ttft_ms, itl_ms=cfg.itl_ms
+            )
+        log.info(
+            "%s: planning %s (throughput loop %s, load loop %s)%s",
+            self.ref,
+            ", ".join(cfg.roles),
+            f"every {cfg.throughput_adjustment_interval_seconds:g} s"
+            if cfg.throughput_scaling_active
+            else "off",
+            f"every {cfg.load_adjustment_interval_seconds:g} s"
+            if cfg.load_scaling_active
+            else "off",
+            " [ADVISORY: replicas are never changed]" if cfg.advisory else "",
+        )
+
+    def _start_subscribers(self) -> dict[str, EngineSource]:
+        from disagg_planner.observe.fpm_subscriber import FpmSubscriber
+
+        cfg = self.config
+        sources: dict[str, EngineSource] = {}
+        for role in cfg.roles:
+            endpoints = cfg.prefill_fpm_endpoints if role == "prefill" else cfg.decode_fpm_endpoints
+            if not endpoints:
+                log.warning(
+                    "%s: no ForwardPassMetrics endpoints for %s (set %s_fpm_endpoints); the "
+                    "load loop holds with no_fpm_data",
+                    self.ref,
+                    role,
+                    "prefill" if role == "prefill" else "decode",
+                )
+            subscriber = FpmSubscriber(
+                endpoints=endpoints,
+                staleness_s=cfg.fpm_staleness_seconds,
+                clock=self.clock.now,
+                name=f"{self.ref.name}-{role}",
+            )
+            subscriber.start()
+            self._owned_sources.append(subscriber)
+            sources[role] = subscriber
+        return sources
+
+    # --- ticking ----------------------------------------------------------------------------
+
+    async def _tick_or_stop(self, stop: asyncio.Event) -> None:
+        """Run one tick; if ``stop`` is set meanwhile, give it a short grace, then cancel it
+        (a blocking API call must not hold up a SIGTERM)."""
+        tick = asyncio.create_task(self.tick(), name=f"tick {self.ref}")
+        stopped = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({tick, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not tick.done():
+                await asyncio.wait({tick}, timeout=self._shutdown_grace_s)
+            if not tick.done():
+                log.warning("%s: stopping in the middle of a tick", self.ref)
+                tick.cancel()
+            await asyncio.gather(tick, return_exceptions=True)
+        finally:
+            stopped.cancel()
+            if not tick.done():  # we were cancelled ourselves: take the tick along
+                tick.cancel()
+
+    async def tick(self) -> TickOutcome | None:
+        """Run the tick due now, if any. Never raises except for cancellation."""
+        if self.core is None:
+            raise RuntimeError("DeploymentLoop.tick() before start()")
+        now = self.clock.now()
+        due = self.core.due(now)
+        if due is None:
+            return None
+        self.ticks += 1
+        try:
+            outcome = await self._tick(now, due.run_throughput, due.run_load)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("%s: tick at %.3f failed; the next tick runs as scheduled", self.ref, now)
+            problem = Problem(ProblemKind.TICK_FAILED, type(exc).__name__, str(exc), "tick")
+            outcome = TickOutcome(
+                t_s=now,
+                ran_throughput=due.run_throughput,
+                ran_load=due.run_load,
+                problems=(problem,),
+                message=f"tick failed: {type(exc).__name__}: {exc}",
+                advisory=self.config.advisory,
+            )
+        self._count_problems(outcome)
+        await self._emit(outcome)
+        return outcome
+
+    async def _tick(self, now: float, run_throughput: bool, run_load: bool) -> TickOutcome:
+        assert self.core is not None
+        core = self.core
+        problems: list[Problem] = []
+        # The load models learn from every iteration, not only the ones at ticks; the wall
+        # time of those iterations is each engine's busy time.
+        for role, source in self.engine_sources.items():
+            for report in source.drain_samples():
+                core.observe_iteration(role, report)
+                key = (report.worker_id, report.dp_rank)
+                self._busy_total[key] = self._busy_total.get(key, 0.0) + report.wall_time
+
+        status = await self._read_status(problems)
+        traffic: TrafficObservation | MissingObservation | None = None
+        if run_throughput and self.traffic is not None:
+            traffic = await self._observe_traffic(now, problems)
+            self._traffic_problem = next(
+                (p for p in problems if p.kind is ProblemKind.TRAFFIC_MISSING), None
+            )
+        elif self._traffic_problem is not None:
+            # Traffic is read on throughput ticks only: an outage stands until the next one
+            # reads it again, so load-only ticks in between do not clear Degraded.
+            problems.append(self._traffic_problem)
+        engines: dict[str, dict[EngineKey, ForwardPassMetrics]] = {}
+        seen: dict[str, dict[EngineKey, float]] = {}
+        dp_size: dict[str, int] = {}
+        busy: dict[str, dict[EngineKey, float]] = {}
+        if run_load:
+            for role, source in self.engine_sources.items():
+                engines[role] = source.snapshot(now)
+                seen[role] = source.last_seen()
+                dp_size[role] = _dp_size(engines[role])
+                busy[role] = self._busy_fractions(now, engines[role])
+
+        effects = core.tick(
+            now,
+            Observation(
+                status=status,
+                traffic=traffic,
+                engines=engines or None,
+                engine_last_seen_s=seen or None,
+                dp_size=dp_size,
+                engine_busy_fraction=busy or None,
+            ),
+        )
+        elastic: ElasticTick | None = None
+        if self.elastic is not None:
+            effects = self._without_elastic_role(effects, status)
+            if traffic is not None:
+                elastic = await self.elastic.tick(now, traffic, status, problems)
+        applied, held = await self._apply(effects, status, problems)
+        tp_reason = effects.throughput_reason.value if effects.throughput_reason else None
+        if held and tp_reason in _SCALING_REASONS:
+            hold_reason = _HOLD_TO_THROUGHPUT_REASON.get(next(iter(held.values())))
+            if hold_reason is not None:
+                tp_reason = hold_reason.value
+        load_reason = effects.load_reason.value if effects.load_reason else None
+
+        status_ok = status if isinstance(status, DeploymentStatus) else None
+        traffic_ok = traffic if isinstance(traffic, TrafficObservation) else None
+        gpu_hours = self._account_gpu_hours(now, status_ok)
+        self._track_failures(now, problems)
+        message = effects.message
+        if held:
+            message += f" | held: {', '.join(f'{r} ({why})' for r, why in held.items())}"
+        extra: dict[str, object] = {
+            "applied": applied,
+            "held": held,
+            "problems": [p.render() for p in problems],
+        }
+        if elastic is not None and self.elastic is not None:
+            message += " | " + elastic.render(self.elastic.role, advisory=self.config.advisory)
+            extra["elastic"] = elastic.as_extra()
+        snapshot = build_snapshot(
+            t_s=now,
+            status=status_ok,
+            gpu_hours=gpu_hours,
+            effects=effects,
+            traffic=traffic_ok,
+            throughput_reason=tp_reason,
+            load_reason=load_reason,
+            message=message,
+            engines=engine_queues(engines),
+            extra=extra,
+        )
+        outcome = TickOutcome(
+            t_s=now,
+            ran_throughput=run_throughput,
+            ran_load=run_load,
+            status=status_ok,
+            traffic=traffic_ok,
+            effects=effects,
+            throughput_reason=tp_reason,
+            load_reason=load_reason,
+            scale_to=dict(effects.scale_to) if effects.scale_to else None,
+            applied=applied,
+            held=held,
+            problems=tuple(problems),
+            message=message,
+            advisory=self.config.advisory,
+            snapshot=snapshot,
+            elastic=elastic.decision if elastic is not None else None,
+        )
+        self._publish(outcome)
+        if self.recorder is not None:
+            try:
+                await asyncio.to_thread(self.recorder.record, snapshot)
+            except OSError as exc:
+                log.warning("%s: could not write the diagnostics report: %s", self.ref, exc)
+        if self.health is not None and outcome.observed_ok and not self.health.ready:
+            self.health.mark_ready()
+            log.info("%s: first successful observation; ready", self.ref)
+        self._log_summary(outcome)
+        return outcome
+
+    def _without_elastic_role(
+        self, effects: Effects, status: DeploymentStatus | MissingObservation
+    ) -> Effects:
+        """The core's effects without a replica target for the elastic role: its capacity
+        moves by DP size, and a replica change would fight the resize."""
+        assert self.elastic is not None
+        role = self.elastic.role
+        if not effects.scale_to or role not in effects.scale_to:
+            return effects
+        wanted = effects.scale_to[role]
+        current = status.desired(role) if isinstance(status, DeploymentStatus) else None
+        if wanted != current:
+            log.info(
+                "%s: not scaling %s to %d replicas: it is the elastic-EP role, whose capacity "
+                "changes by data-parallel size",
+                self.ref,
+                role,
+                wanted,
+            )
+        rest = {r: n for r, n in effects.scale_to.items() if r != role}
+        return replace(effects, scale_to=rest or None)
+
+    async def _read_status(self, problems: list[Problem]) -> DeploymentStatus | MissingObservation:
+        try:
+            return await self.connector.status()
+        except DeploymentError as exc:
+            problems.append(
+                Problem(ProblemKind.DEPLOYMENT_INVALID, "deployment_error", str(exc), "status")
+            )
+            return MissingObservation("deployment_error", str(exc))
+        except ConnectorError as exc:
+            problems.append(
+                Problem(ProblemKind.CONNECTOR_ERROR, "connector_error", str(exc), "status")
+            )
+            return MissingObservation("connector_error", str(exc))
+
+    def _busy_fractions(
+        self, now: float, engines: Mapping[EngineKey, ForwardPassMetrics]
+    ) -> dict[EngineKey, float]:
+        """Each live engine's share of the last ``BUSY_WINDOW_S`` spent in iterations."""
+        out: dict[EngineKey, float] = {}
+        for key in engines:
+            history = self._busy_history.setdefault(key, deque())
+            history.append((now, self._busy_total.get(key, 0.0)))
+            while len(history) > 2 and history[1][0] <= now - BUSY_WINDOW_S:
+                history.popleft()
+            (t0, b0), (t1, b1) = history[0], history[-1]
+            if t1 > t0:
+                out[key] = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
+        for gone in set(self._busy_history) - set(engines):
+            del self._busy_history[gone]
+            self._busy_total.pop(gone, None)
+        return out
+
+    async def _observe_traffic(
+        self, now: float, problems: list[Problem]
+    ) -> TrafficObservation | MissingObservation:
+        assert self.traffic is not None
+        interval = self.config.throughput_adjustment_interval_seconds
+        try:
+            # The observer is blocking HTTP; the window ends at this tick's time.
+            traffic = await asyncio.to_thread(self.traffic.observe, end_s=now, duration_s=interval)
+        except Exception as exc:  # an observer bug must not look like traffic, nor kill the loop
+            log.exception("%s: the traffic observer raised", self.ref)
+            traffic = MissingObservation("observer_failed", f"{type(exc).__name__}: {exc}")
+        if isinstance(traffic, MissingObservation):
+            problems.append(
+                Problem(ProblemKind.TRAFFIC_MISSING, str(traffic.reason), traffic.detail, "traffic")
+            )
+        return traffic
+
+    async def _apply(
+        self,
+        effects: Effects,
+        status: DeploymentStatus | MissingObservation,
+        problems: list[Problem],
+    ) -> tuple[dict[str, int], dict[str, str]]:
+        """Apply ``scale_to`` through the connector; (applied, held reasons by role)."""
+        target = effects.scale_to
+        if not target or not isinstance(status, DeploymentStatus):
+            return {}, {}
+        changed = {r: n for r, n in target.items() if status.desired(r) != n}
+        if self.config.advisory:
+            return {}, held_reasons(advisory_holds(changed))
+        holds = self.connector.holds()
+        if changed and all(role in holds for role in changed):
+            return {}, held_reasons({r: holds[r] for r in changed})
+        try:
+            result = await self.connector.set_replicas(target, blocking=False)
+        except (ConnectorError, DeploymentError) as exc:
+            kind = (
+                ProblemKind.CONNECTOR_ERROR
+                if isinstance(exc, ConnectorError)
+                else ProblemKind.DEPLOYMENT_INVALID
+            )
+            reason = "connector_error" if isinstance(exc, ConnectorError) else "deployment_error"
+            problems.append(Problem(kind, reason, str(exc), "scale"))
+            return {}, {}
+        return dict(result.applied), held_reasons(result.held)
+
+    # --- bookkeeping ------------------------------------------------------------------------
+
+    def _account_gpu_hours(self, now: float, status: DeploymentStatus | None) -> float:
+        """Cumulative GPU-hours: the GPUs seen at the previous tick times the time since."""
+        if self._last_gpu_sample is not None:
+            then, gpus = self._last_gpu_sample
+            self._gpu_hours += gpus * max(0.0, now - then) / 3600.0
+        if status is not None:
+            self._last_gpu_sample = (now, status.gpus_in_use)
+        elif self._last_gpu_sample is not None:
+            self._last_gpu_sample = (now, self._last_gpu_sample[1])
+        return self._gpu_hours
+
+    def _track_failures(self, now: float, problems: list[Problem]) -> None:
+        """Back off while the connector keeps failing: the first failure keeps the cadence,
+        each further one doubles the pause (from the shortest loop interval)."""
+        failed = any(
+            p.kind in (ProblemKind.CONNECTOR_ERROR, ProblemKind.DEPLOYMENT_INVALID)
+            for p in problems
+        )
+        if not failed:
+            self._failures = 0
+            self._not_before_s = float("-inf")
+            return
+        self._failures += 1
+        if self._failures >= 2:
+            self._not_before_s = now + self._backoff_s()
+
+    def _backoff_s(self) -> float:
+        exponent = max(0, self._failures - 1)
+        return float(min(self._base_backoff_s * 2.0**exponent, MAX_BACKOFF_S))
+
+    def _count_problems(self, outcome: TickOutcome) -> None:
+        if self.metrics is None:
+            return
+        for problem in outcome.problems:
+            self.metrics.observation_failures.labels(
+                self.ref.namespace, self.ref.name, problem.source or "tick", problem.reason
+            ).inc()
+
+    def _publish(self, outcome: TickOutcome) -> None:
+        if self.metrics is None or outcome.snapshot is None:
+            return
+        self.metrics.publish(self.ref.namespace, self.ref.name, outcome.snapshot)
+        for role, source in self.engine_sources.items():
+            for kind, total in source.dropped.items():
+                before = self._dropped_seen.get((role, kind), 0)
+                if total > before:
+                    self.metrics.fpm_dropped.labels(self.ref.namespace, self.ref.name, kind).inc(
+                        total - before
+                    )
+                self._dropped_seen[(role, kind)] = total
+
+    async def _emit(self, outcome: TickOutcome) -> None:
+        self.last_outcome = outcome
+        if self._on_outcome is None:
+            return
+        try:
+            await self._on_outcome(outcome)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: the outcome hook failed", self.ref)
+
+    def _log_summary(self, outcome: TickOutcome) -> None:
+        status = outcome.status
+        current = (
+            " ".join(f"{r}={s.desired}" for r, s in status.roles.items()) if status else "unknown"
+        )
+        target = outcome.scale_to
+        if target is None or status is None:
+            action = "HOLD"
+            recommended = current
+        else:
+            ups = sum(n > status.desired(r) for r, n in target.items())
+            downs = sum(n < status.desired(r) for r, n in target.items())
+            action = (
+                "REBALANCE"
+                if ups and downs
+                else "SCALE_UP"
+                if ups
+                else "SCALE_DOWN"
+                if downs
+                else "HOLD"
+            )
+            recommended = " ".join(f"{r}={n}" for r, n in target.items())
+        log.info(
+            "%s%s [summary] %s | current: %s | recommended: %s | throughput_reason=%s "
+            "load_reason=%s%s",
+            "[ADVISORY] " if outcome.advisory else "",
+            self.ref,
+            action,
+            current,
+            recommended,
+            outcome.throughput_reason or "-",
+            outcome.load_reason or "-",
+            "".join(f" | {p.render()}" for p in outcome.problems),
+        )
+
+
+def is_spec_error(exc: BaseException) -> bool:
+    """A mistake in what the user gave (config, profile), ours or a library layer's."""
+    kind = classify(exc)
+    return kind is not None and issubclass(kind, SpecError)
+
+
+def _dp_size(engines: Mapping[EngineKey, ForwardPassMetrics]) -> int:
+    """Data-parallel ranks per worker, as the engines report them (the widest worker); 1
+    when nothing reports. A worker missing ranks then shows as a worker-count mismatch."""
+    ranks: dict[str, set[int]] = {}
+    for worker, rank in engines:
+        ranks.setdefault(worker, set()).add(rank)
+    return max((len(r) for r in ranks.values()), default=1)

@@ -1,0 +1,146 @@
+"""``planner run``: one planner loop for one deployment, as a long-running service.
+
+Wires the parts for a config: the connector of ``config.environment`` (a DGD through the
+Kubernetes API, or the virtual decision-id protocol over etcd), the profile (loaded before
+anything starts, so a bad profile exits at once with the spec-error code), the exporter
+(``/metrics``, ``/healthz``, ``/readyz`` on ``metric_reporting_prometheus_port`` when it is
+not 0; ready after the first successful observation) and the diagnostics recorder (when
+``report_interval_hours`` is set). SIGTERM and SIGINT stop the loop: the tick in flight gets
+a short grace, then the subscribers, the connector and the HTTP server are closed and the
+last report is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.connectors.base import Connector
+from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
+from disagg_planner.profiles import Profile
+from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.runtime.clock import Clock, WallClock
+from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
+from disagg_planner.wiring import profile_for
+
+log = logging.getLogger(__name__)
+
+
+def make_connector(
+    config: PlannerConfig, *, clock: Clock, api_client: Any | None = None
+) -> Connector:
+    """The connector for ``config.environment``; ``api_client`` (a ``kubernetes`` ApiClient)
+    defaults to the in-cluster service account, else the kubeconfig."""
+    if config.environment == "virtual":
+        from disagg_planner.connectors.virtual import VirtualConnector
+
+        return VirtualConnector(config, clock=clock.now, sleep=clock.sleep)
+    if config.elastic_ep is not None and config.elastic_ep_follower_service:
+        # The DGD connector that also scales the elastic role's follower pods (two stages).
+        from disagg_planner.connectors.elastic_ep import ElasticEpKubernetes
+
+        return ElasticEpKubernetes(
+            config, api_client=api_client, clock=clock.now, sleep=clock.sleep
+        )
+    from disagg_planner.connectors.kubernetes import KubernetesConnector
+
+    return KubernetesConnector(config, api_client=api_client, clock=clock.now, sleep=clock.sleep)
+
+
+def deployment_ref(config: PlannerConfig, connector: Connector) -> DeploymentRef:
+    """The ``namespace``/``dgd`` metric labels: the DGD's Kubernetes namespace and name, or
+    for the virtual protocol the Dynamo namespace (and ``dgd_name`` when set)."""
+    namespace = getattr(connector, "namespace", None)
+    name = getattr(connector, "dgd_name", None)
+    if isinstance(namespace, str) and isinstance(name, str):
+        return DeploymentRef(namespace, name)
+    return DeploymentRef(config.namespace, config.dgd_name or config.namespace)
+
+
+def make_recorder(
+    config: PlannerConfig, ref: DeploymentRef, *, subdirectory: bool = False
+) -> DiagnosticsRecorder | None:
+    """A recorder when periodic reports are on; ``subdirectory`` puts each deployment's
+    reports under ``<report_output_dir>/<namespace>/<name>`` (one process, many DGDs)."""
+    if config.report_interval_hours is None:
+        return None
+    output = Path(config.report_output_dir)
+    if subdirectory:
+        output = output / ref.namespace / ref.name
+    return DiagnosticsRecorder(
+        output_dir=output,
+        report_interval_hours=config.report_interval_hours,
+        filename=config.report_filename,
+        write_gzip_log=config.report_write_gzip_log,
+        ttft_slo_ms=config.ttft_ms,
+        itl_slo_ms=config.itl_ms,
+        title=f"Planner diagnostics: {ref}",
+    )
+
+
+def load_profile_for(config: PlannerConfig) -> Profile | None:
+    """The throughput loop's profile, or None when that loop is off."""
+    return profile_for(config) if config.throughput_scaling_active else None
+
+
+async def serve(
+    config: PlannerConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    api_client: Any | None = None,
+    clock: Clock | None = None,
+    metrics_host: str = "0.0.0.0",
+    handle_signals: bool = True,
+) -> int:
+    """Run one deployment's loop until SIGTERM/SIGINT (or ``stop``); returns the exit status.
+
+    Raises the spec error (exit code 2 on the command line) when the profile cannot be read.
+    """
+    clock = clock or WallClock()
+    stop = stop or asyncio.Event()
+    profile = await asyncio.to_thread(load_profile_for, config)
+    loop = asyncio.get_running_loop()
+    if handle_signals:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, _request_stop, stop, signum)
+    metrics = PlannerMetrics()
+    health = HealthState()
+    server: MetricsServer | None = None
+    connector = make_connector(config, clock=clock, api_client=api_client)
+    ref = deployment_ref(config, connector)
+    try:
+        if config.metric_reporting_prometheus_port:
+            server = MetricsServer(
+                metrics, health, host=metrics_host, port=config.metric_reporting_prometheus_port
+            ).start()
+            log.info("serving /metrics, /healthz and /readyz on port %d", server.port)
+        planner_loop = DeploymentLoop(
+            config,
+            connector=connector,
+            ref=ref,
+            clock=clock,
+            profile=profile,
+            metrics=metrics,
+            health=health,
+            recorder=make_recorder(config, ref),
+        )
+        await planner_loop.run(stop)
+        log.info("%s: planner stopped after %d tick(s)", ref, planner_loop.ticks)
+        return 0
+    finally:
+        if server is not None:
+            server.stop()
+        if handle_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(signum)
+
+
+def _request_stop(stop: asyncio.Event, signum: int) -> None:
+    log.info("received %s; stopping", signal.Signals(signum).name)
+    stop.set()

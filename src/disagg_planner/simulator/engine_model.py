@@ -1,0 +1,300 @@
+"""Wall time of one scheduler iteration of one engine rank: a calibrated roofline.
+
+Model (per data-parallel rank, whose ``tp`` GPUs work in lockstep; all quantities per GPU):
+
+- Tokens this iteration ``T = P + B`` (``P`` fresh prefill tokens, ``B`` decode requests).
+- **GEMMs**: ``F_lin = 2 * N_active * T / tp`` FLOPs (``N_active``: weights one token multiplies
+  through; MoE counts the shared plus top-k routed experts) against the weight bytes read once
+  per iteration (dense weights; for MoE only the experts some token of the global batch
+  ``T * dp`` routes to: ``E/ep_group * (1 - (1 - k/E)^(T*dp))`` experts per layer per GPU).
+  Time ``max(F_lin / (peak * e_gemm(T)), bytes / (HBM * e_hbm))`` with
+  ``e_gemm(T) = e_max * T / (T + T_half)`` (the tokens-per-GEMM knee of Vidur's profiles).
+- **Attention**: prefill ``pairs = sum_i n_i * (c_i + (n_i + 1) / 2)`` (new tokens ``n_i``
+  attending to ``c_i`` earlier tokens plus causally to themselves), decode one pair per KV
+  token; FLOPs ``pairs * flops_per_pair / tp`` at the BF16 peak times ``e_attn``, against the
+  KV bytes read and written. Time is again the larger of the two.
+- **Communication**: TP all-reduce twice per layer (ring: ``2 (tp-1)/tp * T * hidden * 2 B``
+  over NVLink, plus a fixed latency); EP dispatch + combine per MoE layer
+  (``T * top_k * hidden * (1 + 2) B * (g-1)/g``) over NVLink inside an NVLink domain,
+  otherwise over the scale-out network.
+- **Elementwise kernels**: ``T * L * 2 B * (a_h * hidden + a_f * ffn / tp)`` activation bytes
+  through HBM, added (these kernels do not overlap the GEMMs).
+- **Overhead**: ``step + layer * L + request * (B + prefill requests)`` (scheduling, sampling,
+  kernel launches under CUDA graphs).
+
+The efficiency factors live in ``catalogue.yaml`` and are fitted in ``CALIBRATION.md``.
+Every function accepts numpy arrays for ``decode_kv_tokens`` so that a run of decode
+iterations whose KV grows by ``B`` tokens per step is timed in one vectorised call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
+
+from disagg_planner.simulator import catalogue
+from disagg_planner.simulator.catalogue import DTYPE_BYTES, Efficiency
+from disagg_planner.simulator.engine_spec import EngineSpec, coerce
+from disagg_planner.simulator.errors import EngineSpecError
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine advertises (Dynamo's ModelRuntimeConfig / WorkerInfo fields)."""
+
+    gpus: int
+    dp: int
+    total_kv_blocks: int  # per data-parallel rank
+    kv_cache_block_size: int
+    max_kv_tokens: int  # per data-parallel rank
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    context_length: int
+
+
+class EngineModel:
+    """Timing and memory model of one engine spec; stateless and cheap to call."""
+
+    def __init__(self, spec: EngineSpec | str, *, efficiency: Efficiency | None = None) -> None:
+        self.spec = coerce(spec)
+        self.eff = efficiency or catalogue.efficiency()
+        s, m, g, e = self.spec, self.spec.model, self.spec.gpu, self.eff
+        wbytes = DTYPE_BYTES[m.weight_dtype]
+        tp, dp = s.tp, s.dp
+        self._tp = tp
+        self._dp = dp
+        self._layers = m.layers
+        # GEMM FLOPs per token per GPU, split into the part every token runs (attention
+        # projections, dense MLPs, shared experts) and the routed experts.
+        routed_active = 0.0
+        if m.moe is not None:
+            routed_active = float(m.moe_layers * m.moe.top_k * m.expert_params)
+        self._flops_dense_per_token = 2.0 * (m.active_linear_params - routed_active) / tp
+        self._flops_routed_per_token = 2.0 * routed_active / tp
+        self._flops_lm_head_per_logit = 2.0 * (m.vocab * m.hidden) / tp
+        self._gemm_peak = g.peak_flops(m.weight_dtype) * e.gemm[m.weight_dtype]
+        self._attn_peak = g.bf16_flops * e.attention
+        self._hbm = g.hbm_bytes_per_s * e.hbm_for(g.name)
+        self._half = e.gemm_half_tokens
+        # Weight bytes streamed per iteration per GPU (the embedding table is only gathered).
+        dense_weights = m.non_expert_params - m.embedding_params
+        self._dense_weight_bytes = dense_weights * wbytes / tp
+        if m.moe is not None:
+            self._experts = m.moe.routed_experts
+            self._top_k = m.moe.top_k
+            self._expert_bytes_per_gpu_layer = (
+                m.moe.routed_experts * m.expert_params * wbytes / (tp * dp)
+            )
+        else:
+            self._experts = 0
+            self._top_k = 0
+            self._expert_bytes_per_gpu_layer = 0.0
+        self._moe_layers = m.moe_layers
+        # Elementwise kernels (norms, residual adds, rotary, activation) stream activations
+        # through HBM: hidden-sized tensors are replicated on TP ranks, ffn-sized ones split.
+        if m.moe is not None:
+            ffn_width = (m.moe.top_k + m.moe.shared_experts) * m.moe.expert_ffn
+        else:
+            ffn_width = m.ffn
+        self._act_bytes_per_token = (
+            m.layers
+            * 2.0
+            * (e.activation_hidden_passes * m.hidden + e.activation_ffn_passes * ffn_width / tp)
+        )
+        # KV cache: GQA heads are split over TP (replicated when tp > kv_heads); the MLA latent
+        # is replicated on every TP rank.
+        kv_shards = 1 if m.mla is not None else min(tp, m.kv_heads)
+        self.kv_bytes_per_token = m.kv_bytes_per_token  # whole model, all layers
+        self._kv_bytes_per_token_gpu = m.kv_bytes_per_token / kv_shards
+        self._attn_prefill_flops_pair = m.attention_flops_per_pair(decode=False) / tp
+        self._attn_decode_flops_pair = m.attention_flops_per_pair(decode=True) / tp
+        # Communication.
+        link = g.nvlink_bytes_per_s if tp <= g.nvlink_domain else g.scale_out_bytes_per_s
+        self._ar_bytes_per_token = (2.0 * (tp - 1) / tp) * m.hidden * 2.0 if tp > 1 else 0.0
+        self._ar_bw = link * e.link_efficiency
+        self._ar_count = 2 * m.layers if tp > 1 else 0
+        group = tp * dp
+        self._ep_active = m.moe is not None and group > 1
+        if self._ep_active and m.moe is not None:
+            ep_link = g.nvlink_bytes_per_s if group <= g.nvlink_domain else g.scale_out_bytes_per_s
+            self._ep_bytes_per_token = m.moe.top_k * m.hidden * 3.0 * (group - 1) / group
+            self._ep_bw = ep_link * e.link_efficiency
+        else:
+            self._ep_bytes_per_token = 0.0
+            self._ep_bw = 1.0
+        self._fixed_overhead = e.step_overhead_s + e.layer_overhead_s * m.layers
+        # Memory for the KV cache.
+        weights_resident = (m.non_expert_params * wbytes / tp) + (
+            m.routed_expert_params_total * wbytes / (tp * dp)
+        )
+        self.weight_bytes_per_gpu = weights_resident
+        free = g.memory_bytes * s.gpu_memory_utilization - weights_resident
+        free -= e.activation_reserve_bytes
+        tokens = int(free // self._kv_bytes_per_token_gpu) if free > 0 else 0
+        self.kv_blocks = tokens // s.block_size
+        if self.kv_blocks < 1:
+            budget = g.memory_bytes * s.gpu_memory_utilization / 1e9
+            raise EngineSpecError(
+                f"engine spec {s}: {weights_resident / 1e9:.1f} GB of weights per GPU plus "
+                f"{e.activation_reserve_bytes / 1e9:.1f} GB reserve leave no room for a KV cache "
+                f"in {budget:.1f} GB ({g.name} x gpu_memory_utilization "
+                f"{s.gpu_memory_utilization}); use more GPUs (tp/dp) or a smaller precision"
+            )
+        self.max_kv_tokens = self.kv_blocks * s.block_size
+        limit = s.max_model_len or m.max_context
+        self.max_model_len = min(limit, self.max_kv_tokens)
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        s = self.spec
+        return EngineCapabilities(
+            gpus=s.gpus,
+            dp=s.dp,
+            total_kv_blocks=self.kv_blocks,
+            kv_cache_block_size=s.block_size,
+            max_kv_tokens=self.max_kv_tokens,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            context_length=self.max_model_len,
+        )
+
+    def _gemm_eff(self, tokens: float) -> float:
+        return tokens / (tokens + self._half)
+
+    @overload
+    def iteration_time_s(
+        self,
+        prefill_tokens: int,
+        prefill_context_tokens: int,
+        decode_requests: int,
+        decode_kv_tokens: int | float,
+        *,
+        prefill_requests: int | None = ...,
+        prefill_attention_pairs: float | None = ...,
+    ) -> float: ...
+
+    @overload
+    def iteration_time_s(
+        self,
+        prefill_tokens: int,
+        prefill_context_tokens: int,
+        decode_requests: int,
+        decode_kv_tokens: FloatArray,
+        *,
+        prefill_requests: int | None = ...,
+        prefill_attention_pairs: float | None = ...,
+    ) -> FloatArray: ...
+
+    def iteration_time_s(
+        self,
+        prefill_tokens: int,
+        prefill_context_tokens: int,
+        decode_requests: int,
+        decode_kv_tokens: int | float | FloatArray,
+        *,
+        prefill_requests: int | None = None,
+        prefill_attention_pairs: float | None = None,
+    ) -> float | FloatArray:
+        """Seconds one iteration of one data-parallel rank takes.
+
+        ``prefill_tokens``: fresh prompt tokens computed this iteration (all prefill requests);
+        ``prefill_context_tokens``: earlier tokens those prefills attend to (prefix-cache hits
+        and previous chunks); ``decode_requests``: requests generating one token each;
+        ``decode_kv_tokens``: their summed context (may be an array, giving an array).
+        ``prefill_requests`` defaults to 1 when there are prefill tokens;
+        ``prefill_attention_pairs`` defaults to the single-request value
+        ``P * (C + (P + 1) / 2)``; the engine scheduler passes the exact per-request sum.
+        """
+        p = int(prefill_tokens)
+        b = int(decode_requests)
+        if p < 0 or b < 0 or prefill_context_tokens < 0:
+            raise ValueError(
+                f"iteration_time_s: negative input (prefill_tokens={p}, "
+                f"prefill_context_tokens={prefill_context_tokens}, decode_requests={b})"
+            )
+        n_prefill = (1 if p > 0 else 0) if prefill_requests is None else int(prefill_requests)
+        tokens = p + b
+        # GEMMs: the dense part of every token ...
+        t_gemm = 0.0
+        if tokens > 0:
+            flops = self._flops_dense_per_token * tokens
+            flops += self._flops_lm_head_per_logit * (b + n_prefill)
+            t_flops = flops / (self._gemm_peak * self._gemm_eff(tokens))
+            weight_bytes = self._dense_weight_bytes
+            if self._moe_layers:
+                global_tokens = tokens * self._dp
+                touched = 1.0 - (1.0 - self._top_k / self._experts) ** global_tokens
+                weight_bytes += self._moe_layers * self._expert_bytes_per_gpu_layer * touched
+                per_expert = global_tokens * self._top_k / self._experts
+                routed = self._flops_routed_per_token * tokens
+                t_flops += routed / (self._gemm_peak * self._gemm_eff(per_expert))
+            t_gemm = max(t_flops, weight_bytes / self._hbm)
+            t_gemm += tokens * self._act_bytes_per_token / self._hbm
+        # Attention: prefill (compute-bound) and decode (KV-read bound) kernels.
+        if p > 0:
+            pairs = (
+                float(prefill_attention_pairs)
+                if prefill_attention_pairs is not None
+                else p * (prefill_context_tokens + (p + 1) / 2.0)
+            )
+            attn_flops = pairs * self._attn_prefill_flops_pair
+            kv_bytes = (prefill_context_tokens + p) * self._kv_bytes_per_token_gpu
+            t_prefill_attn = max(attn_flops / self._attn_peak, kv_bytes / self._hbm)
+        else:
+            t_prefill_attn = 0.0
+        overhead = self._fixed_overhead + self.eff.request_overhead_s * (b + n_prefill)
+        comm = 0.0
+        if tokens > 0:
+            if self._ar_count:
+                comm += self._ar_count * (
+                    self.eff.allreduce_latency_s + tokens * self._ar_bytes_per_token / self._ar_bw
+                )
+            if self._ep_active:
+                comm += (
+                    2 * self._moe_layers * self.eff.alltoall_latency_s
+                    + self._moe_layers * tokens * self._ep_bytes_per_token / self._ep_bw
+                )
+        base = t_gemm + t_prefill_attn + overhead + comm
+        if b == 0:
+            if isinstance(decode_kv_tokens, np.ndarray):
+                return np.full(decode_kv_tokens.shape, base)
+            return base
+        kv = decode_kv_tokens
+        attn_flops_d = kv * self._attn_decode_flops_pair / self._attn_peak
+        attn_bytes_d = kv * (self._kv_bytes_per_token_gpu / self._hbm)
+        if isinstance(kv, np.ndarray):
+            return base + np.maximum(attn_flops_d, attn_bytes_d)
+        return base + max(float(attn_flops_d), float(attn_bytes_d))
+
+    # -- convenience views used by profiling and the oracle ----------------------------------------
+    def prefill_time_s(self, isl: int, *, cached_tokens: int = 0) -> float:
+        """One request's prefill alone on an idle engine, chunked by ``max_num_batched_tokens``
+        (engine time only; the frontend adds its own latency)."""
+        if isl < 1:
+            raise ValueError(f"prefill_time_s: isl={isl} must be >= 1")
+        chunk = self.spec.max_num_batched_tokens
+        done = min(cached_tokens, isl - 1)
+        total = 0.0
+        while done < isl:
+            n = min(chunk, isl - done)
+            total += self.iteration_time_s(n, done, 0, 0)
+            done += n
+        return total
+
+    def decode_step_time_s(self, batch: int, context_tokens: float) -> float:
+        """One decode iteration of ``batch`` requests each holding ``context_tokens`` of KV."""
+        return float(self.iteration_time_s(0, 0, batch, batch * context_tokens))
+
+    def max_decode_batch(self, context_tokens: float) -> int:
+        """Largest decode batch the KV cache and ``max_num_seqs`` allow at that context."""
+        if context_tokens <= 0:
+            return self.spec.max_num_seqs
+        blocks_each = math.ceil(context_tokens / self.spec.block_size)
+        return max(0, min(self.spec.max_num_seqs, self.kv_blocks // blocks_each))

@@ -1,0 +1,214 @@
+"""Engine specs: which model on which GPU with which parallelism and scheduler limits.
+
+Grammar (the string form is what the command line and configs use)::
+
+    sim:MODEL@GPU[:OPTION]...
+
+    OPTION := tpN | dpN | epN | KEY=VALUE
+    KEY    := max_num_batched_tokens (mnbt) | max_num_seqs (seqs) | block_size (block)
+            | gpu_memory_utilization (mem) | max_model_len | kv_cache_dtype (kv)
+            | prefix_caching (on|off) | backend (vllm|sglang|trtllm)
+
+Examples: ``sim:llama-3.1-8b-fp8@h200_sxm:tp1``, ``sim:deepseek-r1@gb200:tp1:dp16:ep16``,
+``sim:llama-3.3-70b-fp8@h100_sxm:tp4:mnbt=4096``.
+
+Defaults follow vLLM (block size 16, ``gpu_memory_utilization`` 0.9) and Dynamo's mocker
+(``max_num_batched_tokens`` 8192, ``max_num_seqs`` 256). MoE models default to wide expert
+parallelism (``ep = tp * dp``); dense models cannot set ``ep``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from disagg_planner.simulator import catalogue
+from disagg_planner.simulator.catalogue import GpuSpec, ModelSpec
+from disagg_planner.simulator.errors import CatalogueError, EngineSpecError
+
+PREFIX = "sim:"
+BACKENDS = ("vllm", "sglang", "trtllm")
+_KEY_ALIASES = {
+    "mnbt": "max_num_batched_tokens",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "seqs": "max_num_seqs",
+    "max_num_seqs": "max_num_seqs",
+    "block": "block_size",
+    "block_size": "block_size",
+    "mem": "gpu_memory_utilization",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "max_model_len": "max_model_len",
+    "kv": "kv_cache_dtype",
+    "kv_cache_dtype": "kv_cache_dtype",
+    "prefix_caching": "prefix_caching",
+    "backend": "backend",
+}
+_PAR = re.compile(r"^(tp|dp|ep)(\d+)$")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine (one replica): ``tp * dp`` GPUs serving ``model``.
+
+    Each of the ``dp`` data-parallel ranks schedules its own requests over ``tp`` GPUs; with
+    ``ep > 1`` the MoE experts are spread over all ``tp * dp`` GPUs.
+    """
+
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int = 1
+    dp: int = 1
+    ep: int = 1
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    prefix_caching: bool = True
+    backend: str = "vllm"
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("tp", "dp", "ep", "max_num_batched_tokens", "max_num_seqs", "block_size"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
+            problems.append(
+                f"gpu_memory_utilization={self.gpu_memory_utilization} must be in [0.05, 1]"
+            )
+        if self.model.heads % self.tp:
+            problems.append(f"tp={self.tp} must divide the {self.model.heads} attention heads")
+        if self.model.moe is None and self.ep != 1:
+            problems.append(f"ep={self.ep} needs an MoE model; {self.model.name} is dense")
+        if self.model.moe is not None and self.ep not in (1, self.tp * self.dp):
+            problems.append(f"ep={self.ep} must be 1 or tp*dp={self.tp * self.dp}")
+        if self.backend not in BACKENDS:
+            problems.append(f"backend={self.backend!r} must be one of {', '.join(BACKENDS)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            problems.append(f"max_model_len={self.max_model_len} must be >= 2")
+        if problems:
+            raise EngineSpecError(f"engine spec {self}: " + "; ".join(problems))
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one replica occupies."""
+        return self.tp * self.dp
+
+    def with_dp(self, dp: int) -> EngineSpec:
+        """The same engine resized to ``dp`` ranks (elastic EP keeps EP = TP * DP)."""
+        ep = self.tp * dp if self.ep > 1 else 1
+        return dataclasses.replace(self, dp=dp, ep=ep)
+
+    def __str__(self) -> str:
+        parts = [f"{PREFIX}{self.model.name}@{self.gpu.name}", f"tp{self.tp}"]
+        if self.dp != 1:
+            parts.append(f"dp{self.dp}")
+        if self.ep != 1:
+            parts.append(f"ep{self.ep}")
+        defaults = _DEFAULTS
+        for key in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+            if getattr(self, key) != getattr(defaults, key):
+                parts.append(f"{key}={getattr(self, key)}")
+        if self.gpu_memory_utilization != defaults.gpu_memory_utilization:
+            parts.append(f"gpu_memory_utilization={self.gpu_memory_utilization:g}")
+        if self.max_model_len is not None:
+            parts.append(f"max_model_len={self.max_model_len}")
+        if not self.prefix_caching:
+            parts.append("prefix_caching=off")
+        if self.backend != "vllm":
+            parts.append(f"backend={self.backend}")
+        return ":".join(parts)
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+
+
+_DEFAULTS = _Defaults()
+
+
+def _int(text: str, key: str, spec: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise EngineSpecError(f"engine spec {spec!r}: {key}={text!r} is not an integer") from None
+    return value
+
+
+def parse(text: str) -> EngineSpec:
+    """Parse ``sim:MODEL@GPU[:OPTION]...`` (see the module doc) into an :class:`EngineSpec`."""
+    spec = text.strip()
+    if not spec.lower().startswith(PREFIX):
+        raise EngineSpecError(
+            f"engine spec {text!r}: expected 'sim:MODEL@GPU[:tpN][:dpN][:epN][:key=value]'"
+        )
+    body = spec[len(PREFIX) :]
+    head, *options = body.split(":")
+    if "@" not in head:
+        raise EngineSpecError(f"engine spec {text!r}: expected MODEL@GPU before the options")
+    model_name, gpu_name = (s.strip() for s in head.split("@", 1))
+    if not model_name or not gpu_name:
+        raise EngineSpecError(f"engine spec {text!r}: empty model or GPU name")
+    try:
+        model = catalogue.model(model_name)
+        gpu = catalogue.gpu(gpu_name)
+    except CatalogueError as exc:
+        raise EngineSpecError(f"engine spec {text!r}: {exc}") from None
+    fields: dict[str, object] = {}
+    kv_dtype: str | None = None
+    for option in options:
+        option = option.strip()
+        if not option:
+            continue
+        par = _PAR.match(option.lower())
+        if par:
+            fields[par.group(1)] = int(par.group(2))
+            continue
+        if "=" not in option:
+            raise EngineSpecError(
+                f"engine spec {text!r}: option {option!r} is neither tpN/dpN/epN nor key=value"
+            )
+        raw_key, value = (s.strip() for s in option.split("=", 1))
+        key = _KEY_ALIASES.get(raw_key.lower())
+        if key is None:
+            raise EngineSpecError(
+                f"engine spec {text!r}: unknown option {raw_key!r}; known: "
+                + ", ".join(sorted(set(_KEY_ALIASES)))
+            )
+        if key in ("max_num_batched_tokens", "max_num_seqs", "block_size", "max_model_len"):
+            fields[key] = _int(value, key, text)
+        elif key == "gpu_memory_utilization":
+            try:
+                fields[key] = float(value)
+            except ValueError:
+                raise EngineSpecError(
+                    f"engine spec {text!r}: {key}={value!r} is not a number"
+                ) from None
+        elif key == "prefix_caching":
+            if value.lower() not in ("on", "off", "true", "false", "1", "0"):
+                raise EngineSpecError(f"engine spec {text!r}: prefix_caching={value!r}: use on|off")
+            fields[key] = value.lower() in ("on", "true", "1")
+        elif key == "kv_cache_dtype":
+            if value.lower() not in catalogue.DTYPE_BYTES:
+                raise EngineSpecError(
+                    f"engine spec {text!r}: kv_cache_dtype={value!r}: use one of "
+                    + ", ".join(sorted(catalogue.DTYPE_BYTES))
+                )
+            kv_dtype = value.lower()
+        else:
+            fields[key] = value.lower()
+    if kv_dtype is not None:
+        model = dataclasses.replace(model, kv_dtype=kv_dtype)
+    if model.moe is not None and "ep" not in fields:
+        fields["ep"] = int(str(fields.get("tp", 1))) * int(str(fields.get("dp", 1)))
+    return EngineSpec(model=model, gpu=gpu, **fields)  # type: ignore[arg-type]
+
+
+def coerce(spec: EngineSpec | str) -> EngineSpec:
+    """Accept a parsed spec or its string form."""
+    return spec if isinstance(spec, EngineSpec) else parse(spec)

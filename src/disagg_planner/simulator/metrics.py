@@ -1,0 +1,234 @@
+"""Frontend metrics as Dynamo's HTTP frontend exports them: cumulative counters and histograms.
+
+Names and default bucket bounds come from :mod:`disagg_planner.signals.frontend` (the one table).
+What is observed when follows Dynamo's frontend: requests started at arrival; TTFT and ISL at the
+first token; one inter-token-latency observation per token after the first (the gap since the
+previous token); OSL, request duration and the finished-requests counter when the request
+ends (failed requests included). Values are cumulative since the start of the simulation,
+exactly what a Prometheus scrape at that moment would read.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from disagg_planner.signals import frontend as names
+
+
+@dataclass(frozen=True)
+class CounterSample:
+    labels: Mapping[str, str]
+    value: float
+
+
+@dataclass(frozen=True)
+class HistogramSample:
+    """``buckets``: cumulative ``(upper bound, count)`` pairs ending with ``(inf, count)``."""
+
+    labels: Mapping[str, str]
+    sum: float
+    count: int
+    buckets: tuple[tuple[float, int], ...]
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Every frontend series at ``time_s``, as plain values."""
+
+    time_s: float
+    counters: Mapping[str, tuple[CounterSample, ...]]
+    histograms: Mapping[str, tuple[HistogramSample, ...]]
+
+    def counter(self, name: str) -> float:
+        """Sum of a counter over its label sets (0 when absent)."""
+        return float(sum(s.value for s in self.counters.get(name, ())))
+
+    def histogram(self, name: str) -> HistogramSample | None:
+        """The single series of a histogram (the simulator has one label set)."""
+        series = self.histograms.get(name, ())
+        return series[0] if series else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: ``{name: {"type": ..., "series": [...]}}``; bucket bounds are
+        Prometheus ``le`` strings ("+Inf" last)."""
+        out: dict[str, Any] = {}
+        for name, counters in self.counters.items():
+            series = [{"labels": dict(s.labels), "value": s.value} for s in counters]
+            out[name] = {"type": "counter", "series": series}
+        for name, hists in self.histograms.items():
+            out[name] = {
+                "type": "histogram",
+                "series": [
+                    {
+                        "labels": dict(h.labels),
+                        "sum": h.sum,
+                        "count": h.count,
+                        "buckets": [
+                            ["+Inf" if math.isinf(b) else repr(b), c] for b, c in h.buckets
+                        ],
+                    }
+                    for h in hists
+                ],
+            }
+        return {"time_s": self.time_s, "metrics": out}
+
+
+class Histogram:
+    """A cumulative Prometheus histogram with fixed upper bounds (``le``); +Inf implied."""
+
+    __slots__ = ("_bounds_arr", "bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Iterable[float]) -> None:
+        self.bounds = tuple(float(b) for b in bounds)
+        if list(self.bounds) != sorted(set(self.bounds)):
+            raise ValueError(f"histogram bounds must be strictly increasing: {self.bounds}")
+        self._bounds_arr = np.asarray(self.bounds, dtype=np.float64)
+        self.counts = [0] * (len(self.bounds) + 1)  # non-cumulative; last is the +Inf bucket
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """Record ``value`` ``n`` times (``le`` semantics: a value equal to a bound is in it)."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
+
+    def observe_array(self, values: npt.NDArray[np.float64], weight: int = 1) -> None:
+        """Record every value of ``values``, each ``weight`` times."""
+        if values.size == 0 or weight == 0:
+            return
+        idx = np.searchsorted(self._bounds_arr, values, side="left")
+        binned = np.bincount(idx, minlength=len(self.counts))
+        for i in np.flatnonzero(binned):
+            self.counts[int(i)] += int(binned[i]) * weight
+        self.sum += float(values.sum()) * weight
+        self.count += int(values.size) * weight
+
+    def cumulative(self) -> tuple[tuple[float, int], ...]:
+        out = []
+        running = 0
+        for bound, c in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += c
+            out.append((bound, running))
+        return tuple(out)
+
+
+class FrontendMetrics:
+    """The frontend's counters and histograms for one model in one Dynamo namespace."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        namespace: str,
+        ttft_buckets: Iterable[float] = names.TTFT_BUCKETS_S,
+        itl_buckets: Iterable[float] = names.ITL_BUCKETS_S,
+        duration_buckets: Iterable[float] = names.DURATION_BUCKETS_S,
+        token_buckets: Iterable[float] = names.TOKEN_BUCKETS,
+    ) -> None:
+        # Dynamo's frontend lower-cases the model label.
+        self.labels: Mapping[str, str] = {
+            names.MODEL_LABEL: model.lower(),
+            names.NAMESPACE_LABEL: namespace,
+        }
+        self.requests_started = 0
+        self.requests_finished = 0
+        self.ttft = Histogram(ttft_buckets)
+        self.itl = Histogram(itl_buckets)
+        self.duration = Histogram(duration_buckets)
+        self.isl = Histogram(token_buckets)
+        self.osl = Histogram(token_buckets)
+        self.time_s = 0.0
+
+    # -- observation hooks (called by the cluster) ---------------------------------------------
+    def on_started(self) -> None:
+        self.requests_started += 1
+
+    def on_first_token(self, ttft_s: float, isl: int) -> None:
+        self.ttft.observe(ttft_s)
+        self.isl.observe(float(isl))
+
+    def on_finished(self, duration_s: float, osl: int) -> None:
+        self.requests_finished += 1
+        self.duration.observe(duration_s)
+        self.osl.observe(float(osl))
+
+    # -- views ----------------------------------------------------------------------------
+    def _histograms(self) -> dict[str, Histogram]:
+        f = names.FRONTEND
+        return {
+            f.ttft_seconds: self.ttft,
+            f.itl_seconds: self.itl,
+            f.request_duration_seconds: self.duration,
+            f.input_tokens: self.isl,
+            f.output_tokens: self.osl,
+        }
+
+    def _counters(self) -> dict[str, int]:
+        f = names.FRONTEND
+        return {
+            f.requests_started: self.requests_started,
+            f.requests_finished: self.requests_finished,
+        }
+
+    def snapshot(self) -> MetricsSnapshot:
+        labels = dict(self.labels)
+        return MetricsSnapshot(
+            time_s=self.time_s,
+            counters={
+                name: (CounterSample(labels=labels, value=float(v)),)
+                for name, v in self._counters().items()
+            },
+            histograms={
+                name: (
+                    HistogramSample(
+                        labels=labels, sum=h.sum, count=h.count, buckets=h.cumulative()
+                    ),
+                )
+                for name, h in self._histograms().items()
+            },
+        )
+
+    def render_prometheus_text(self) -> str:
+        """The Prometheus text exposition format (version 0.0.4) of every series."""
+        label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(self.labels.items()))
+        lines: list[str] = []
+        for name, value in self._counters().items():
+            lines.append(f"# HELP {name} {_HELP.get(name, name)}")
+            lines.append(f"# TYPE {name} counter")
+            lines.append(f"{name}{{{label_text}}} {value}")
+        for name, h in self._histograms().items():
+            lines.append(f"# HELP {name} {_HELP.get(name, name)}")
+            lines.append(f"# TYPE {name} histogram")
+            for bound, cum in h.cumulative():
+                le = "+Inf" if math.isinf(bound) else _fmt(bound)
+                lines.append(f'{name}_bucket{{{label_text},le="{le}"}} {cum}')
+            lines.append(f"{name}_sum{{{label_text}}} {_fmt(h.sum)}")
+            lines.append(f"{name}_count{{{label_text}}} {h.count}")
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(x: float) -> str:
+    return repr(float(x))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+_HELP = {
+    names.FRONTEND.requests_started: "Requests received by the frontend",
+    names.FRONTEND.requests_finished: "Requests the frontend finished (successful or not)",
+    names.FRONTEND.ttft_seconds: "Time to first token in seconds",
+    names.FRONTEND.itl_seconds: "Inter-token latency in seconds",
+    names.FRONTEND.request_duration_seconds: "Request duration in seconds",
+    names.FRONTEND.input_tokens: "Input sequence length in tokens",
+    names.FRONTEND.output_tokens: "Output sequence length in tokens",
+}

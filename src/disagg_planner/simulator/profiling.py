@@ -1,0 +1,529 @@
+"""Profiling sweeps in the manner of Dynamo's pre-deployment profiler, against the simulated
+engine or a real OpenAI-compatible endpoint.
+
+- **Prefill**: ``granularity_prefill`` ISLs evenly spaced from ``min_isl`` to the maximum
+  context; at each, requests with one output token are sent one at a time (one per
+  data-parallel rank at once), giving TTFT and ``thpt_per_gpu = ISL / TTFT / GPUs-per-rank``.
+- **Decode**: ``granularity_decode`` ISLs evenly spaced from ``min_isl`` to
+  ``max context - decode_osl``; at each, ``granularity_decode`` concurrencies evenly spaced
+  from 1 to what the KV cache holds (and ``max_num_seqs`` allows) at that context. A closed
+  loop keeps that many requests in flight; each point records the mean ITL,
+  ``context_length = ISL + OSL/2``, ``kv_usage = concurrency * context_length / max_kv_tokens``
+  and ``thpt_per_gpu = concurrency / ITL / GPUs``.
+
+The result is written in Dynamo's NPZ layout with ``interpolation.write_profile`` plus a
+``profile.yaml`` manifest (``source: modelled`` for the simulator, ``measured`` for an
+endpoint).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import http.client
+import json
+import math
+import random
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.profiles import EngineShape, ProfileManifest, write_profile
+from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.engine_spec import EngineSpec, coerce
+from disagg_planner.simulator.errors import ProfilingError
+from disagg_planner.simulator.request import RequestRecord
+
+DEFAULT_GRANULARITY_PREFILL = 16
+DEFAULT_GRANULARITY_DECODE = 6
+DEFAULT_MAX_CONTEXT = 16384
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What to sweep. ``max_context_length`` None: the engine's, capped at 16,384 tokens."""
+
+    granularity_prefill: int = DEFAULT_GRANULARITY_PREFILL
+    granularity_decode: int = DEFAULT_GRANULARITY_DECODE
+    max_context_length: int | None = None
+    min_isl: int = 100
+    decode_osl: int = 500
+    prefill_repeats: int = 1
+    decode_rounds: float = 2.0  # measured requests per concurrency slot, after one warm-up wave
+
+    def __post_init__(self) -> None:
+        if self.granularity_prefill < 2 or self.granularity_decode < 2:
+            raise ProfilingError(
+                f"granularity must be >= 2 (prefill {self.granularity_prefill}, "
+                f"decode {self.granularity_decode})"
+            )
+        if self.min_isl < 1 or self.decode_osl < 2:
+            raise ProfilingError(
+                f"min_isl={self.min_isl} must be >= 1 and decode_osl={self.decode_osl} >= 2"
+            )
+        if self.prefill_repeats < 1 or self.decode_rounds <= 0:
+            raise ProfilingError("prefill_repeats must be >= 1 and decode_rounds > 0")
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """The measured points, in the units of Dynamo's NPZ files."""
+
+    prefill_isl: list[float]
+    prefill_ttft_ms: list[float]
+    prefill_thpt_per_gpu: list[float]
+    decode_kv_usage: list[float]
+    decode_context_length: list[float]
+    decode_itl_ms: list[float]
+    decode_thpt_per_gpu: list[float]
+    max_kv_tokens: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, directory: str | Path, *, manifest: ProfileManifest | None) -> Path:
+        return write_profile(
+            directory,
+            prefill_isl=self.prefill_isl,
+            prefill_ttft_ms=self.prefill_ttft_ms,
+            prefill_thpt_per_gpu=self.prefill_thpt_per_gpu,
+            decode_kv_usage=self.decode_kv_usage,
+            decode_context_length=self.decode_context_length,
+            decode_itl_ms=self.decode_itl_ms,
+            decode_thpt_per_gpu=self.decode_thpt_per_gpu,
+            max_kv_tokens=self.max_kv_tokens,
+            manifest=manifest,
+        )
+
+
+class SweepTarget(Protocol):
+    """An engine to profile."""
+
+    gpus: int  # GPUs of one engine
+    dp: int  # data-parallel ranks (requests sent at once for a prefill point)
+    max_kv_tokens: int  # whole engine
+    max_context: int
+    max_num_seqs: int | None  # whole engine
+
+    def prefill_ttft_ms(self, isl: int, *, concurrent: int) -> float:
+        """Mean TTFT of ``concurrent`` simultaneous requests of ``isl`` tokens, one output."""
+
+    def decode_itl_ms(self, isl: int, osl: int, *, concurrency: int, measured: int) -> float:
+        """Mean ITL while ``concurrency`` requests stay in flight (closed loop)."""
+
+
+def _grid(lo: int, hi: int, n: int) -> list[int]:
+    if hi <= lo:
+        return [lo]
+    return sorted({round(x) for x in np.linspace(lo, hi, n)})
+
+
+def run_sweep(
+    target: SweepTarget,
+    config: SweepConfig,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> SweepResult:
+    """Sweep ``target`` (see the module doc)."""
+    say = progress or (lambda _msg: None)
+    max_ctx = config.max_context_length or min(target.max_context, DEFAULT_MAX_CONTEXT)
+    max_ctx = min(max_ctx, target.max_context)
+    if max_ctx <= config.min_isl + config.decode_osl:
+        raise ProfilingError(
+            f"max context {max_ctx} is too short for min_isl {config.min_isl} plus "
+            f"decode_osl {config.decode_osl}"
+        )
+    per_rank_gpus = target.gpus / target.dp
+    p_isl, p_ttft, p_thpt = [], [], []
+    for isl in _grid(config.min_isl, max_ctx - 1, config.granularity_prefill):
+        ttft = target.prefill_ttft_ms(isl, concurrent=target.dp)
+        p_isl.append(float(isl))
+        p_ttft.append(ttft)
+        p_thpt.append(isl / (ttft / 1000.0) / per_rank_gpus)
+        say(f"prefill ISL {isl}: TTFT {ttft:.1f} ms")
+    osl = config.decode_osl
+    d_kv, d_ctx, d_itl, d_thpt = [], [], [], []
+    for isl in _grid(config.min_isl, max_ctx - osl, config.granularity_decode):
+        context = isl + osl / 2.0
+        cap = int(target.max_kv_tokens // (isl + osl))
+        if target.max_num_seqs is not None:
+            cap = min(cap, target.max_num_seqs)
+        if cap < 1:
+            continue
+        for conc in _grid(1, cap, config.granularity_decode):
+            measured = max(2, math.ceil(conc * config.decode_rounds))
+            itl = target.decode_itl_ms(isl, osl, concurrency=conc, measured=measured)
+            d_kv.append(min(1.0, conc * context / target.max_kv_tokens))
+            d_ctx.append(context)
+            d_itl.append(itl)
+            d_thpt.append(conc / (itl / 1000.0) / target.gpus)
+            say(f"decode ISL {isl} concurrency {conc}: ITL {itl:.2f} ms")
+    if len(d_kv) < 3:
+        raise ProfilingError(
+            f"only {len(d_kv)} decode points fit the KV cache ({target.max_kv_tokens} tokens); "
+            "lower --max-context-length"
+        )
+    return SweepResult(
+        prefill_isl=p_isl,
+        prefill_ttft_ms=p_ttft,
+        prefill_thpt_per_gpu=p_thpt,
+        decode_kv_usage=d_kv,
+        decode_context_length=d_ctx,
+        decode_itl_ms=d_itl,
+        decode_thpt_per_gpu=d_thpt,
+        max_kv_tokens=int(target.max_kv_tokens),
+        details={"max_context_length": max_ctx, "decode_osl": osl},
+    )
+
+
+# --- the simulated engine ----------------------------------------------------------------------
+
+
+class SimulatedEngine:
+    """A :class:`SweepTarget` running the cluster simulator: prefill on one aggregated
+    replica, decode on one decode replica fed by enough prefill replicas that prefill never
+    limits the loop (as a profiler measures a decode worker)."""
+
+    def __init__(self, spec: EngineSpec | str, *, seed: int = 0) -> None:
+        self.spec = coerce(spec)
+        self.model = EngineModel(self.spec)
+        self.gpus = self.spec.gpus
+        self.dp = self.spec.dp
+        self.max_kv_tokens = self.model.max_kv_tokens * self.spec.dp
+        self.max_context = self.model.max_model_len
+        self.max_num_seqs: int | None = self.spec.max_num_seqs * self.spec.dp
+        self.seed = seed
+
+    def prefill_ttft_ms(self, isl: int, *, concurrent: int) -> float:
+        # One request per data-parallel rank at once on an idle engine (round-robin routing
+        # puts one on each rank); the simulator is deterministic, so one round suffices.
+        cluster = Cluster(engines={"agg": self.spec}, mode="agg", replicas={"agg": 1})
+        n = max(1, concurrent)
+        cluster.submit(
+            TraceRequest(arrival_s=0.0, input_length=isl, output_length=1) for _ in range(n)
+        )
+        cluster.run_until(math.inf)
+        ttfts = [r.ttft_ms for r in cluster.records if r.ttft_ms is not None]
+        if len(ttfts) != n:
+            raise ProfilingError(f"simulated prefill at ISL {isl} produced no first token")
+        return float(np.mean(ttfts))
+
+    def decode_itl_ms(self, isl: int, osl: int, *, concurrency: int, measured: int) -> float:
+        # Enough prefill replicas to keep the decode engine at ``concurrency``.
+        t_prefill = self.model.prefill_time_s(isl)
+        t_decode = osl * self.model.decode_step_time_s(
+            max(1, concurrency // self.dp), isl + osl / 2
+        )
+        prefill_replicas = max(1, math.ceil(2 * concurrency * t_prefill / max(t_decode, 1e-6)))
+        full: list[RequestRecord] = []
+        target = concurrency + measured  # first wave plus the measured requests
+        issued = concurrency
+
+        def on_record(rec: RequestRecord) -> None:
+            nonlocal issued
+            if rec.osl == osl:
+                full.append(rec)
+            if issued < target:
+                issued += 1
+                cluster.submit(
+                    [TraceRequest(arrival_s=cluster.now, input_length=isl, output_length=osl)]
+                )
+
+        cluster = Cluster(
+            engines={"prefill": self.spec, "decode": self.spec},
+            replicas={"prefill": prefill_replicas, "decode": 1},
+            on_record=on_record,
+            seed=self.seed,
+        )
+        # The first wave has staggered lengths so that completions (and refills) spread out
+        # as in a steady state instead of finishing in lockstep.
+        cluster.submit(
+            TraceRequest(
+                arrival_s=0.0,
+                input_length=isl,
+                output_length=max(2, round(osl * (i + 1) / concurrency)),
+            )
+            for i in range(concurrency)
+        )
+        cluster.run_until(math.inf)
+        window = full[-measured:] if len(full) >= measured else full
+        itls = [r.itl_ms for r in window if r.itl_ms is not None]
+        if not itls:
+            raise ProfilingError(f"simulated decode at ISL {isl} x {concurrency} gave no ITL")
+        return float(np.mean(itls))
+
+
+def simulated_manifest(spec: EngineSpec, *, tool: str) -> ProfileManifest:
+    shape = EngineShape(
+        tp=spec.tp,
+        dp=spec.dp,
+        ep=spec.ep,
+        gpus_per_engine=spec.gpus,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+    )
+    return ProfileManifest(
+        model=spec.model.name,
+        gpu=spec.gpu.name,
+        backend=spec.backend,
+        source="modelled",
+        kv_block_size=spec.block_size,
+        tool=tool,
+        date=_dt.date.today().isoformat(),
+        engine=shape,
+        prefill_engine=shape,
+        decode_engine=shape,
+        extra={
+            "engine_spec": str(spec),
+            "model_notes": (
+                "simulator roofline model calibrated in disagg_planner/simulator/CALIBRATION.md"
+            ),
+        },
+    )
+
+
+def parallelism_dirname(spec: EngineSpec) -> str:
+    """``tp1``, ``tp4``, ``tp1-dp16-ep16``: the last folder of a bundled profile."""
+    name = f"tp{spec.tp}"
+    if spec.dp != 1:
+        name += f"-dp{spec.dp}"
+    if spec.ep != 1:
+        name += f"-ep{spec.ep}"
+    return name
+
+
+def bundled_path(root: str | Path, spec: EngineSpec) -> Path:
+    """``root/<gpu>/<backend>/<model>/<parallelism>`` for ``spec``."""
+    return Path(root) / spec.gpu.name / spec.backend / spec.model.name / parallelism_dirname(spec)
+
+
+# --- a real OpenAI-compatible endpoint ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    ttft_s: float
+    itl_s: float | None
+    tokens: int
+
+
+class HttpEndpoint:
+    """A :class:`SweepTarget` that streams completions from an OpenAI-compatible server.
+
+    Prompts are token-id arrays (``prompt: [ids]``), so the ISL is exact without a
+    tokenizer; ``ignore_eos`` and ``min_tokens`` (vLLM/SGLang/Dynamo extensions) pin the OSL.
+    Every prompt starts with distinct random ids so that no prefix-cache hit shortens a
+    prefill. TTFT is the time to the first streamed token; ITL is
+    ``(last token - first token) / (tokens - 1)``, tokens from the final usage chunk when the
+    server sends one, else the number of streamed chunks.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str,
+        gpus: int = 1,
+        dp: int = 1,
+        max_kv_tokens: int | None = None,
+        max_context: int = DEFAULT_MAX_CONTEXT,
+        max_num_seqs: int | None = None,
+        timeout_s: float = 600.0,
+        seed: int = 0,
+        vocab_range: tuple[int, int] = (1000, 30000),
+    ) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ProfilingError(f"endpoint {url!r}: expected http://HOST:PORT")
+        self.url = url.rstrip("/")
+        self._parsed = parsed
+        self.model = model
+        self.gpus = gpus
+        self.dp = dp
+        self.max_context = max_context
+        self.max_num_seqs = max_num_seqs
+        self.timeout_s = timeout_s
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._vocab = vocab_range
+        self.max_kv_tokens = max_kv_tokens if max_kv_tokens is not None else self._kv_from_metrics()
+
+    # -- HTTP -------------------------------------------------------------------------------------
+    def _connection(self) -> http.client.HTTPConnection:
+        p = self._parsed
+        cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
+        port = p.port or (443 if p.scheme == "https" else 80)
+        return cls(p.hostname or "localhost", port, timeout=self.timeout_s)
+
+    def _path(self, suffix: str) -> str:
+        base = self._parsed.path.rstrip("/")
+        return f"{base}{suffix}"
+
+    def _kv_from_metrics(self) -> int:
+        """Read ``vllm:cache_config_info`` (``num_gpu_blocks`` x ``block_size``) from
+        ``/metrics``; a clear error asks for ``--max-kv-tokens`` when it is not there."""
+        try:
+            conn = self._connection()
+            conn.request("GET", self._path("/metrics"))
+            resp = conn.getresponse()
+            text = resp.read().decode("utf-8", "replace") if resp.status == 200 else ""
+            conn.close()
+        except OSError as exc:
+            raise ProfilingError(f"cannot reach {self.url}/metrics: {exc}") from None
+        match = re.search(r"^vllm:cache_config_info\{([^}]*)\}", text, re.MULTILINE)
+        if match:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+            try:
+                return int(labels["num_gpu_blocks"]) * int(labels["block_size"]) * self.dp
+            except (KeyError, ValueError):
+                pass
+        raise ProfilingError(
+            f"{self.url}/metrics does not report vllm:cache_config_info; pass --max-kv-tokens"
+        )
+
+    def _prompt(self, isl: int) -> list[int]:
+        lo, hi = self._vocab
+        with self._lock:
+            return [self._rng.randrange(lo, hi) for _ in range(isl)]
+
+    def stream(self, isl: int, osl: int) -> StreamResult:
+        """Send one streamed completion; returns its TTFT, ITL and token count."""
+        body = json.dumps(
+            {
+                "model": self.model,
+                "prompt": self._prompt(isl),
+                "max_tokens": osl,
+                "min_tokens": osl,
+                "ignore_eos": True,
+                "temperature": 0.0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        )
+        try:
+            conn = self._connection()
+            start = time.perf_counter()
+            conn.request(
+                "POST",
+                self._path("/v1/completions"),
+                body=body,
+                headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+            )
+            resp = conn.getresponse()
+            if resp.status != 200:
+                detail = resp.read(300).decode("utf-8", "replace")
+                conn.close()
+                raise ProfilingError(
+                    f"{self.url}/v1/completions answered HTTP {resp.status}: {detail}"
+                )
+            first = last = None
+            chunks = 0
+            usage_tokens = None
+            while True:
+                line = resp.readline()
+                if not line:
+                    break
+                text = line.decode("utf-8", "replace").strip()
+                if not text.startswith("data:"):
+                    continue
+                payload = text[5:].strip()
+                if payload == "[DONE]":
+                    break
+                try:
+                    event = json.loads(payload)
+                except json.JSONDecodeError:
+                    raise ProfilingError(
+                        f"{self.url}: a stream event is not JSON: {payload[:120]!r}"
+                    ) from None
+                usage = event.get("usage")
+                if usage and usage.get("completion_tokens") is not None:
+                    usage_tokens = int(usage["completion_tokens"])
+                if event.get("choices"):
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    last = now
+                    chunks += 1
+            conn.close()
+        except OSError as exc:
+            raise ProfilingError(f"cannot stream from {self.url}: {exc}") from None
+        if first is None or last is None:
+            raise ProfilingError(f"{self.url}: the stream carried no tokens")
+        tokens = usage_tokens if usage_tokens is not None else chunks
+        itl = (last - first) / (tokens - 1) if tokens > 1 and last > first else None
+        return StreamResult(ttft_s=first - start, itl_s=itl, tokens=tokens)
+
+    def _concurrent(self, n: int, work: Callable[[], None]) -> None:
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:  # surfaced below, in the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, daemon=True) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    # -- SweepTarget ---------------------------------------------------------------------------
+    def prefill_ttft_ms(self, isl: int, *, concurrent: int) -> float:
+        results: list[StreamResult] = []
+
+        def one() -> None:
+            r = self.stream(isl, 1)
+            with self._lock:
+                results.append(r)
+
+        self._concurrent(max(1, concurrent), one)
+        return 1000.0 * float(np.mean([r.ttft_s for r in results]))
+
+    def decode_itl_ms(self, isl: int, osl: int, *, concurrency: int, measured: int) -> float:
+        remaining = [concurrency + measured]  # one warm-up request per worker, then measured
+        itls: list[float] = []
+
+        def worker() -> None:
+            warm = True
+            while True:
+                with self._lock:
+                    if remaining[0] <= 0:
+                        return
+                    remaining[0] -= 1
+                r = self.stream(isl, osl)
+                if not warm and r.itl_s is not None:
+                    with self._lock:
+                        itls.append(r.itl_s)
+                warm = False
+
+        self._concurrent(concurrency, worker)
+        if not itls:
+            raise ProfilingError(f"{self.url}: no ITL measured at ISL {isl} x {concurrency}")
+        return 1000.0 * float(np.mean(itls))
+
+
+def endpoint_manifest(
+    endpoint: HttpEndpoint, *, gpu: str, backend: str, tool: str, tp: int, dp: int
+) -> ProfileManifest:
+    shape = EngineShape(tp=tp, dp=dp, gpus_per_engine=endpoint.gpus)
+    return ProfileManifest(
+        model=endpoint.model,
+        gpu=gpu,
+        backend=backend,
+        source="measured",
+        tool=tool,
+        date=_dt.date.today().isoformat(),
+        engine=shape,
+        prefill_engine=shape,
+        decode_engine=shape,
+        extra={"endpoint": endpoint.url},
+    )

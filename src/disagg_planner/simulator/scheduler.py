@@ -1,0 +1,590 @@
+"""One engine rank's scheduler: vLLM v1 continuous batching over a paged KV cache.
+
+Each iteration (``_schedule_pass``), as vLLM v1 does:
+
+1. one token budget (``max_num_batched_tokens``) shared by decodes and prefill chunks;
+2. running requests first, in admission order: a decode takes one token, an unfinished
+   prefill takes ``min(remaining prompt, remaining budget)`` (chunked prefill);
+3. a running request whose KV blocks cannot be allocated preempts the most recently admitted
+   running request (LIFO) and retries; preempted requests lose their KV and are recomputed
+   (prompt plus generated tokens) when readmitted at the head of the waiting queue;
+4. only if nothing was preempted, waiting requests are admitted in FCFS order while budget,
+   ``max_num_seqs`` and KV blocks allow; prefix-cache hits (Mooncake ``hash_ids``) skip
+   compute but still hold blocks;
+5. a prefill that completes samples its first token in the same pass.
+
+Speed: when a pass schedules only decodes, admits nothing and preempts nothing, the next
+iterations are identical except that every context grows by one token, until a request
+finishes, a request arrives or KV runs out. The engine then plans that whole run at once
+(``_plan_bulk``): iteration times come from one vectorised call, and a later arrival
+truncates the run at the iteration in progress (``interrupt``). Results are the same as
+stepping one iteration at a time.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from disagg_planner.signals.fpm import (
+    FPM_VERSION,
+    ForwardPassMetrics,
+    QueuedRequestMetrics,
+    ScheduledRequestMetrics,
+)
+from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.metrics import Histogram
+from disagg_planner.simulator.request import SimRequest
+
+Role = Literal["prefill", "decode", "agg"]
+FpmCallback = Callable[[ForwardPassMetrics], None]
+_MAX_BULK = 4096
+_EPS = 1e-9
+
+
+class EngineSink(Protocol):
+    """What an engine needs from its cluster."""
+
+    def schedule(self, time_s: float, engine: EngineCore, token: int) -> None:
+        """Call ``engine.on_event(token, time_s)`` at ``time_s``."""
+
+    def on_first_token(self, req: SimRequest, time_s: float) -> None: ...
+
+    def on_leave(self, engine: EngineCore, req: SimRequest, time_s: float) -> None:
+        """``req`` is done on this engine (prefill finished on a prefill engine, or the
+        request finished on a decode/agg engine)."""
+
+
+def _var(values: list[int]) -> float:
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return sum((v - mean) ** 2 for v in values) / n
+
+
+class EngineCore:
+    """One data-parallel rank of one engine replica (``tp`` GPUs in lockstep)."""
+
+    def __init__(
+        self,
+        *,
+        model: EngineModel,
+        role: Role,
+        worker_id: str,
+        dp_rank: int,
+        sink: EngineSink,
+        itl: Histogram,
+        on_fpm: FpmCallback | None = None,
+        prefix_block_tokens: int = 512,
+        bulk_decode: bool = True,
+    ) -> None:
+        spec = model.spec
+        self.bulk_decode = bulk_decode
+        self.model = model
+        self.role: Role = role
+        self.worker_id = worker_id
+        self.dp_rank = dp_rank
+        self.sink = sink
+        self.itl = itl
+        self.on_fpm = on_fpm
+        self.block_size = spec.block_size
+        self.budget = spec.max_num_batched_tokens
+        self.max_seqs = spec.max_num_seqs
+        self.total_blocks = model.kv_blocks
+        self.free_blocks = model.kv_blocks
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.busy = False
+        self.paused = False
+        self._token = 0
+        # The iteration in progress: a single step ...
+        self._step_prefill: list[tuple[SimRequest, int, int]] = []
+        self._step_decode: list[SimRequest] = []
+        self._step_end = 0.0
+        self._step_dur = 0.0
+        self._step_desc: tuple[float, ...] = ()
+        # ... or a planned run of decode-only iterations.
+        self._bulk_ends: npt.NDArray[np.float64] | None = None
+        self._bulk_durs: npt.NDArray[np.float64] | None = None
+        self._bulk_start = 0.0
+        self._bulk_done = 0
+        self._bulk_k0 = 0
+        self._bulk_var = 0.0
+        # Waiting-queue aggregates for the FPM's queued section.
+        self._q = [0, 0, 0, 0, 0, 0]  # n_pf, sum_pf, sumsq_pf, n_dc, sum_dc, sumsq_dc
+        # Latest FPM, built lazily.
+        self.counter_id = 0
+        self._last_fpm: tuple[float, tuple[float, ...], tuple[float, ...]] | None = None
+        self._was_active = False
+        # Counters (tests and reports).
+        self.iterations = 0
+        self.requests_received = 0
+        self.prefill_tokens_computed = 0
+        self.tokens_generated = 0
+        self.preemptions = 0
+        self.busy_time_s = 0.0
+        self._prefix: OrderedDict[int, None] | None = None
+        self._prefix_block_tokens = prefix_block_tokens
+        if spec.prefix_caching and role != "decode":
+            self._prefix = OrderedDict()
+            self._prefix_capacity = max(1, model.max_kv_tokens // prefix_block_tokens)
+
+    # -- public state ------------------------------------------------------------------------------
+    @property
+    def used_blocks(self) -> int:
+        return self.total_blocks - self.free_blocks
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    @property
+    def is_empty(self) -> bool:
+        """No request held (an iteration in progress always holds its requests)."""
+        return not self.running and not self.waiting
+
+    def load(self) -> float:
+        """Routing load in tokens: queued prompt tokens plus KV tokens held (O(1))."""
+        q = self._q
+        return float(q[1] + q[4] + self.used_blocks * self.block_size)
+
+    # -- waiting queue with aggregates ---------------------------------------------------------
+    def _q_key(self, req: SimRequest) -> tuple[int, int]:
+        """(slot, value): preempted requests with output count as queued decodes."""
+        if req.preemptions and req.generated:
+            return 3, req.prompt_len
+        return 0, req.prompt_len - req.computed
+
+    def _q_add(self, req: SimRequest, sign: int) -> None:
+        slot, value = self._q_key(req)
+        q = self._q
+        q[slot] += sign
+        q[slot + 1] += sign * value
+        q[slot + 2] += sign * value * value
+
+    def _enqueue(self, req: SimRequest, *, front: bool = False) -> None:
+        self._q_add(req, 1)
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+
+    def _queued(self) -> tuple[float, ...]:
+        n_pf, s_pf, ss_pf, n_dc, s_dc, ss_dc = self._q
+        var_pf = ss_pf / n_pf - (s_pf / n_pf) ** 2 if n_pf > 1 else 0.0
+        var_dc = ss_dc / n_dc - (s_dc / n_dc) ** 2 if n_dc > 1 else 0.0
+        return (n_pf, s_pf, max(0.0, var_pf), n_dc, s_dc, max(0.0, var_dc))
+
+    # -- entry points (called by the cluster) --------------------------------------------------
+    def add(self, req: SimRequest, now: float) -> None:
+        """Queue a request (its KV, if transferred, is already counted in ``computed``)."""
+        req.blocks = 0
+        self.requests_received += 1
+        self._enqueue(req)
+        if self.paused:
+            return
+        if not self.busy:
+            self._schedule(now)
+        elif self._bulk_ends is not None:
+            self.interrupt(now)
+
+    def interrupt(self, now: float) -> None:
+        """New work arrived during a planned decode run: end it after the iteration in
+        progress so that the next pass sees the new request."""
+        ends = self._bulk_ends
+        if ends is None:
+            return
+        j = int(np.searchsorted(ends, now, side="left"))
+        j = max(j, self._bulk_done)
+        if j + 1 < len(ends):
+            assert self._bulk_durs is not None
+            self._bulk_ends = ends[: j + 1]
+            self._bulk_durs = self._bulk_durs[: j + 1]
+            self._token += 1
+            self.sink.schedule(float(ends[j]), self, self._token)
+
+    def sync(self, now: float) -> None:
+        """Account the iterations of a planned run that ended by ``now`` (tokens, ITL,
+        KV blocks, FPM), so that state read at ``now`` is exact."""
+        ends = self._bulk_ends
+        if ends is None:
+            return
+        done = int(np.searchsorted(ends, now, side="right"))
+        if self._bulk_done < done < len(ends):
+            self._commit_bulk(done - self._bulk_done, final=False)
+
+    def on_event(self, token: int, now: float) -> None:
+        if token != self._token:
+            return  # superseded by a truncation
+        if self._bulk_ends is not None:
+            self._commit_bulk(len(self._bulk_ends) - self._bulk_done, final=True)
+            self._bulk_ends = None
+            self._bulk_durs = None
+        else:
+            self._commit_step(now)
+        self.busy = False
+        if not self.paused:
+            self._schedule(now)
+
+    def pause(self, now: float) -> None:
+        """Stop starting iterations (elastic-EP downtime); the one in progress finishes."""
+        self.paused = True
+        self.interrupt(now)
+
+    def resume(self, now: float) -> None:
+        self.paused = False
+        if not self.busy:
+            self._schedule(now)
+
+    def evacuate(self) -> list[SimRequest]:
+        """Remove every request (this rank is going away); each loses its KV and will be
+        recomputed wherever it lands. Work of an unfinished iteration is discarded."""
+        if self.busy:
+            self._token += 1
+            self.busy = False
+            self._bulk_ends = None
+            self._bulk_durs = None
+            self._step_prefill = []
+            self._step_decode = []
+        out = list(self.running) + list(self.waiting)
+        self.running = []
+        self.waiting.clear()
+        self._q = [0, 0, 0, 0, 0, 0]
+        for req in out:
+            if req.computed or req.generated:
+                req.preemptions += 1  # it loses its KV like a preempted request
+            self._reset_for_recompute(req)
+        self.free_blocks = self.total_blocks
+        return out
+
+    # -- the scheduler ---------------------------------------------------------------------------
+    def _reset_for_recompute(self, req: SimRequest) -> None:
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        req.prompt_len = req.isl + req.generated
+        req.gen_base = req.generated
+        req.computed = 0
+        req.remote_kv = False
+
+    def _preempt(self, victim: SimRequest) -> None:
+        self._reset_for_recompute(victim)
+        victim.preemptions += 1
+        self.preemptions += 1
+        self._enqueue(victim, front=True)
+
+    def _prefix_hit(self, req: SimRequest) -> int:
+        cache = self._prefix
+        if cache is None or not req.hash_ids:
+            return 0
+        hits = 0
+        for h in req.hash_ids:
+            if h not in cache:
+                break
+            cache.move_to_end(h)
+            hits += 1
+        return min(hits * self._prefix_block_tokens, req.prompt_len - 1)
+
+    def _prefix_insert(self, req: SimRequest) -> None:
+        cache = self._prefix
+        if cache is None or not req.hash_ids:
+            return
+        for h in req.hash_ids:
+            cache[h] = None
+            cache.move_to_end(h)
+        while len(cache) > self._prefix_capacity:
+            cache.popitem(last=False)
+
+    def _schedule_pass(self) -> tuple[bool, bool]:
+        """Build the next iteration into ``_step_prefill``/``_step_decode``; returns
+        (preempted, admitted)."""
+        bs = self.block_size
+        budget = self.budget
+        prefill: list[tuple[SimRequest, int, int]] = []
+        decode: list[SimRequest] = []
+        running = self.running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            if req.computed < req.prompt_len:
+                n = min(req.prompt_len - req.computed, budget)
+                need = -(-(req.computed + n) // bs)
+            else:
+                n = 0
+                need = -(-req.context // bs)
+            extra = need - req.blocks
+            self_preempted = False
+            while extra > self.free_blocks:
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                break
+            self.free_blocks -= extra
+            req.blocks = need
+            if n:
+                prefill.append((req, n, req.computed))
+                budget -= n
+            else:
+                decode.append(req)
+                budget -= 1
+            i += 1
+        admitted = False
+        if not preempted:
+            waiting = self.waiting
+            while waiting and budget > 0 and len(running) < self.max_seqs:
+                req = waiting[0]
+                computed = req.computed
+                hit = 0
+                if computed == 0 and req.generated == 0:
+                    hit = self._prefix_hit(req)
+                    computed = hit
+                n = min(req.prompt_len - computed, budget)
+                need = -(-(computed + n) // bs)
+                if need > self.free_blocks:
+                    break
+                waiting.popleft()
+                self._q_add(req, -1)
+                req.computed = computed
+                if hit:
+                    req.cached_tokens = hit
+                self.free_blocks -= need
+                req.blocks = need
+                running.append(req)
+                prefill.append((req, n, computed))
+                budget -= n
+                admitted = True
+        self._step_prefill = prefill
+        self._step_decode = decode
+        return preempted, admitted
+
+    def _schedule(self, now: float) -> None:
+        if not self.running and not self.waiting:
+            if self._was_active:
+                self._was_active = False
+                self._emit_idle()
+            return
+        preempted, admitted = self._schedule_pass()
+        prefill, decode = self._step_prefill, self._step_decode
+        if not prefill and not decode:
+            # Nothing fits (cannot happen with the cluster's admission checks); stay idle
+            # rather than spin.
+            return
+        self._was_active = True
+        self.busy = True
+        if (
+            self.bulk_decode
+            and not prefill
+            and not preempted
+            and not admitted
+            and len(decode) == len(self.running)
+        ):
+            self._plan_bulk(now)
+            return
+        p = c = 0
+        pairs = 0.0
+        for _req, n, ctx in prefill:
+            p += n
+            c += ctx
+            pairs += n * (ctx + (n + 1) / 2.0)
+        k = sum(r.context for r in decode)
+        dur = self.model.iteration_time_s(
+            p, c, len(decode), k, prefill_requests=len(prefill), prefill_attention_pairs=pairs
+        )
+        self._step_desc = (
+            float(len(prefill)),
+            float(p),
+            _var([n for _, n, _ in prefill]),
+            float(c),
+            float(len(decode)),
+            float(k),
+            _var([r.context for r in decode]),
+        )
+        self._step_dur = float(dur)
+        self._step_end = now + self._step_dur
+        self._token += 1
+        self.sink.schedule(self._step_end, self, self._token)
+
+    def _plan_bulk(self, now: float) -> None:
+        running = self.running
+        b = len(running)
+        bs = self.block_size
+        ctx0 = [r.context for r in running]
+        k = min(min(r.target - r.generated for r in running), _MAX_BULK)
+        k = max(k, 1)
+
+        def extra_blocks(steps: int) -> int:
+            return sum(-(-(c + steps - 1) // bs) for c in ctx0) - sum(r.blocks for r in running)
+
+        if extra_blocks(k) > self.free_blocks:
+            lo, hi = 1, k  # extra_blocks(1) == 0: step 1 is already allocated
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if extra_blocks(mid) <= self.free_blocks:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        k0 = sum(ctx0)
+        kv = k0 + b * np.arange(k, dtype=np.float64)
+        durs = self.model.iteration_time_s(0, 0, b, kv)
+        self._bulk_durs = durs
+        self._bulk_ends = now + np.cumsum(durs)
+        self._bulk_start = now
+        self._bulk_done = 0
+        self._bulk_k0 = k0
+        self._bulk_var = _var(ctx0)
+        self._token += 1
+        self.sink.schedule(float(self._bulk_ends[-1]), self, self._token)
+
+    # -- commits ----------------------------------------------------------------------------------
+    def _emit_token(self, req: SimRequest, t: float) -> None:
+        if req.first_token_s is None:
+            req.first_token_s = t
+            self.sink.on_first_token(req, t)
+        else:
+            self.itl.observe(t - req.last_token_s)
+        req.last_token_s = t
+
+    def _commit_step(self, now: float) -> None:
+        prefill, decode = self._step_prefill, self._step_decode
+        visible = self.role != "prefill"
+        touched: list[SimRequest] = []
+        for req, n, _ctx in prefill:
+            req.computed += n
+            self.prefill_tokens_computed += n
+            if req.computed >= req.prompt_len:
+                req.generated += 1
+                if self._prefix is not None and req.gen_base == 0:
+                    self._prefix_insert(req)
+                if visible:
+                    self._emit_token(req, now)
+                    self.tokens_generated += 1
+                touched.append(req)
+        for req in decode:
+            req.generated += 1
+            self._emit_token(req, now)
+            touched.append(req)
+        self.tokens_generated += len(decode)
+        self._finish_iteration(self._step_desc, self._step_dur)
+        self._step_prefill = []
+        self._step_decode = []
+        self._release_finished(touched, now)
+
+    def _release_finished(self, touched: list[SimRequest], now: float) -> None:
+        done = [r for r in touched if r.generated >= r.target]
+        if not done:
+            return
+        gone = set(map(id, done))
+        self.running = [r for r in self.running if id(r) not in gone]
+        for req in done:
+            self.free_blocks += req.blocks
+            req.blocks = 0
+            self.sink.on_leave(self, req, now)
+
+    def _commit_bulk(self, m: int, *, final: bool) -> None:
+        ends, durs = self._bulk_ends, self._bulk_durs
+        assert ends is not None and durs is not None
+        c = self._bulk_done
+        seg = durs[c : c + m]
+        seg_start = float(ends[c - 1]) if c else self._bulk_start
+        first_end = float(ends[c])
+        last_end = float(ends[c + m - 1])
+        running = self.running
+        b = len(running)
+        self.itl.observe_array(seg, weight=b)
+        bs = self.block_size
+        for req in running:
+            if abs(req.last_token_s - seg_start) > _EPS:
+                # This request's previous token came earlier than the run's start (it was
+                # starved or just admitted): its first gap is longer than the iteration.
+                self.itl.observe(float(seg[0]), -1)
+                self.itl.observe(first_end - req.last_token_s)
+            req.generated += m
+            req.last_token_s = last_end
+            # Blocks for the next iteration (partial commit) or the last one run (final).
+            ctx = req.context - (1 if final else 0)
+            need = -(-ctx // bs)
+            if need > req.blocks:
+                self.free_blocks -= need - req.blocks
+                req.blocks = need
+        self.tokens_generated += m * b
+        self.busy_time_s += float(seg.sum())
+        queued = self._queued()
+        if self.on_fpm is not None:
+            for j in range(c, c + m):
+                sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b), self._bulk_var)
+                self._record_fpm(float(durs[j]), sched, queued, emit=True)
+        else:
+            j = c + m - 1
+            sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b), self._bulk_var)
+            self.counter_id += m - 1
+            self.iterations += m - 1
+            self._record_fpm(float(durs[j]), sched, queued, emit=False)
+        self._bulk_done = c + m
+        if final:
+            self._release_finished(list(running), last_end)
+
+    # -- forward-pass metrics ------------------------------------------------------------------
+    def _finish_iteration(self, sched: tuple[float, ...], wall: float) -> None:
+        self.busy_time_s += wall
+        self._record_fpm(wall, sched, self._queued(), emit=self.on_fpm is not None)
+
+    def _record_fpm(
+        self, wall: float, sched: tuple[float, ...], queued: tuple[float, ...], *, emit: bool
+    ) -> None:
+        self.counter_id += 1
+        self.iterations += 1
+        self._last_fpm = (wall, sched, queued)
+        if emit and self.on_fpm is not None:
+            self.on_fpm(self._build_fpm(wall, sched, queued, self.counter_id))
+
+    def _emit_idle(self) -> None:
+        self.counter_id += 1
+        zero = (0.0,) * 7
+        self._last_fpm = (0.0, zero, self._queued())
+        if self.on_fpm is not None:
+            self.on_fpm(self._build_fpm(0.0, zero, self._queued(), self.counter_id))
+
+    def _build_fpm(
+        self, wall: float, sched: tuple[float, ...], queued: tuple[float, ...], counter: int
+    ) -> ForwardPassMetrics:
+        return ForwardPassMetrics(
+            version=FPM_VERSION,
+            worker_id=self.worker_id,
+            dp_rank=self.dp_rank,
+            counter_id=counter,
+            wall_time=wall,
+            scheduled_requests=ScheduledRequestMetrics(
+                num_prefill_requests=int(sched[0]),
+                sum_prefill_tokens=int(sched[1]),
+                var_prefill_length=float(sched[2]),
+                sum_prefill_kv_tokens=int(sched[3]),
+                num_decode_requests=int(sched[4]),
+                sum_decode_kv_tokens=int(sched[5]),
+                var_decode_kv_tokens=float(sched[6]),
+            ),
+            queued_requests=QueuedRequestMetrics(
+                num_prefill_requests=int(queued[0]),
+                sum_prefill_tokens=int(queued[1]),
+                var_prefill_length=float(queued[2]),
+                num_decode_requests=int(queued[3]),
+                sum_decode_kv_tokens=int(queued[4]),
+                var_decode_kv_tokens=float(queued[5]),
+            ),
+        )
+
+    def latest_fpm(self) -> ForwardPassMetrics | None:
+        """The FPM of the last iteration (or idle heartbeat) this rank finished."""
+        if self._last_fpm is None:
+            return None
+        wall, sched, queued = self._last_fpm
+        return self._build_fpm(wall, sched, queued, self.counter_id)
