@@ -1,7 +1,8 @@
 """Forecasting library: load predictors (constant, ARIMA, Kalman, Prophet, automatic choice)
 and the request-trace readers that feed them.
 
-It imports nothing from the other project packages, so it can be tested and reused alone.
+It imports nothing else of the package (an import-linter contract), so it can be tested and
+reused alone.
 """
 
 from disagg_planner.predictors.base import SERIES, Forecast, LoadPredictor

@@ -1,7 +1,7 @@
 """Profile library: reads pre-deployment performance profiles (Dynamo's NPZ/JSON layout) and
 answers how much prefill and decode capacity one GPU gives under a TTFT or ITL target.
 
-It imports nothing from the other project packages.
+It imports nothing else of the package (an import-linter contract).
 """
 
 from disagg_planner.profiles.decode import (
