@@ -3,7 +3,11 @@
 Each sub-command lives in its own module with ``register(subparsers)``, which adds its parser
 and sets ``handler`` (a function of the parsed arguments returning an exit status). User
 mistakes end with one line on stderr and the exit code of their error class; a traceback is
-shown only with ``--debug``.
+shown only with ``--debug``, which never changes the exit code.
+
+The global options (``--log-level``, ``--log-format``, ``--debug``) are accepted before or
+after the sub-command: ``planner replay --log-level WARNING`` is ``planner --log-level WARNING
+replay``.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -41,25 +46,61 @@ COMMANDS: tuple[ModuleType, ...] = (
 )
 
 
+GLOBAL_DEFAULTS = {"log_level": "INFO", "log_format": "text", "debug": False}
+
+
+def _global_options(*, suppress_defaults: bool) -> argparse.ArgumentParser:
+    """The options every command takes. On the sub-commands their defaults are suppressed, so
+    a value given before the sub-command is not reset by the sub-parser's default."""
+    options = argparse.ArgumentParser(add_help=False)
+
+    def default(name: str) -> object:
+        return argparse.SUPPRESS if suppress_defaults else GLOBAL_DEFAULTS[name]
+
+    options.add_argument(
+        "--log-level",
+        default=default("log_level"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        type=str.upper,
+        help="Least severe log level shown (default: INFO).",
+    )
+    options.add_argument(
+        "--log-format",
+        default=default("log_format"),
+        choices=["text", "json"],
+        help="Log line format.",
+    )
+    options.add_argument(
+        "--debug",
+        action="store_true",
+        default=default("debug"),
+        help="Show tracebacks for user errors too (the exit code stays the same).",
+    )
+    return options
+
+
+class _SubParsers(argparse._SubParsersAction):
+    """Adds the global options to every sub-command's parser, nested ones (``config show``)
+    included."""
+
+    def add_parser(self, name: str, **kwargs: object) -> argparse.ArgumentParser:
+        parents = list(kwargs.pop("parents", None) or [])  # type: ignore[call-overload]
+        kwargs["parents"] = [*parents, _global_options(suppress_defaults=True)]
+        parser = super().add_parser(name, **kwargs)  # type: ignore[arg-type]
+        parser.register("action", "parsers", _SubParsers)
+        return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="planner",
         description="SLO-driven autoscaler for disaggregated LLM inference on Kubernetes.",
         epilog=flag_summary(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_global_options(suppress_defaults=False)],
     )
     parser.add_argument("--version", action="version", version=f"planner {__version__}")
-    parser.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        type=str.upper,
-        help="Least severe log level shown (default: INFO).",
-    )
-    parser.add_argument(
-        "--log-format", default="text", choices=["text", "json"], help="Log line format."
-    )
-    parser.add_argument("--debug", action="store_true", help="Show tracebacks for user errors too.")
+    parser.register("action", "parsers", _SubParsers)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)
@@ -79,8 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         user_error = classify(exc)
-        if user_error is None or args.debug:
+        if user_error is None:
             raise
+        if args.debug:
+            # The traceback is for the reader; scripts keep seeing the error's own exit code.
+            traceback.print_exception(exc, file=sys.stderr)
         print(f"planner: {user_error.kind}: {exc}", file=sys.stderr)
         return user_error.exit_code
 
