@@ -277,10 +277,30 @@ def _locate(folder: Path, json_name: str) -> Path:
     raise ProfileError(f"neither {npz} nor {js} exists; {_HOW_TO_MAKE}")
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _check_npz_magic(path: Path) -> None:
+    """An NPZ file is a zip archive of ``.npy`` arrays. Anything else would reach numpy's
+    fallback, which reads it as a pickle and advises loading it unsafely: say what it is."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_ZIP_MAGIC))
+    except OSError as exc:
+        raise ProfileError(f"cannot read the file ({exc.strerror})", file=path) from exc
+    if head != _ZIP_MAGIC:
+        raise ProfileError(
+            f"not an NPZ file: expected a zip archive of .npy arrays (starting {_ZIP_MAGIC!r}), "
+            f"got {head!r} ({path.stat().st_size} bytes); {_HOW_TO_MAKE}",
+            file=path,
+        )
+
+
 def _load_mapping(path: Path, keys: tuple[str, ...]) -> dict[str, Any]:
     """The arrays stored under ``keys`` in an NPZ or JSON file, naming a missing key."""
     data: dict[str, Any] = {}
     if path.suffix == ".npz":
+        _check_npz_magic(path)
         try:
             with np.load(path, allow_pickle=False) as npz:
                 present = list(npz.files)

@@ -360,6 +360,16 @@ def test_missing_directory_and_file_instead_of_directory(tmp_path: Path) -> None
         load_profile(tmp_path / "f")
 
 
+def test_random_bytes_npz_says_what_it_is_without_numpys_pickle_advice(tmp_path: Path) -> None:
+    write_dynamo_layout(tmp_path, ENGINE.arrays())
+    (tmp_path / PREFILL_NPZ).write_bytes(bytes(range(7, 255)))
+    with pytest.raises(ProfileError, match="not an NPZ file: expected a zip archive") as info:
+        load_profile(tmp_path)
+    message = str(info.value)
+    assert str(tmp_path / PREFILL_NPZ) in message
+    assert "pickle" not in message and "unsafely" not in message
+
+
 def test_corrupt_npz_and_pickled_object_arrays(tmp_path: Path) -> None:
     write_dynamo_layout(tmp_path, ENGINE.arrays())
     (tmp_path / PREFILL_NPZ).write_bytes(b"PK\x03\x04 truncated")
