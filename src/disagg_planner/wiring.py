@@ -67,13 +67,19 @@ def build_core(
 
 
 def warm_up_predictors(
-    predictors: Mapping[str, LoadPredictor], config: PlannerConfig
+    predictors: Mapping[str, LoadPredictor],
+    config: PlannerConfig,
+    *,
+    interval_s: float | None = None,
 ) -> WarmupReport:
-    """Feed the predictors the trace of ``--load-predictor-warmup-trace``, bucketed with the
-    throughput interval. Raises TraceError naming the setting, the file and what is wrong."""
+    """Feed the predictors the trace of ``--load-predictor-warmup-trace``, bucketed with
+    ``interval_s`` (default: the throughput interval; ``planner backtest --interval`` passes
+    its own). Raises TraceError naming the setting, the file and what is wrong."""
     path = config.load_predictor_warmup_trace
     assert path is not None
-    interval = config.throughput_adjustment_interval_seconds
+    interval = (
+        config.throughput_adjustment_interval_seconds if interval_s is None else interval_s
+    )
     try:
         report = warm_up(predictors, path, interval_s=interval)
     except LibraryTraceError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from disagg_planner.config import load_config
@@ -20,8 +21,10 @@ from disagg_planner.errors import TraceError, register_foreign_error
 from disagg_planner.predictors import PREDICTOR_NAMES
 from disagg_planner.predictors.auto import AutoPredictor
 from disagg_planner.predictors.backtest import BacktestResult, run_backtest
+from disagg_planner.predictors.base import LoadPredictor
 from disagg_planner.predictors.traces import FORMATS, bucket_trace, read_trace
-from disagg_planner.predictors.warmup import SERIES
+from disagg_planner.predictors.warmup import SERIES, WarmupReport
+from disagg_planner.wiring import warm_up_predictors
 
 # The predictors library raises its own TraceError (it may not import planner); the CLI shows
 # it as one line and exits 2, like every other bad input.
@@ -142,7 +145,15 @@ def _run(args: argparse.Namespace) -> int:
         "kalman_min_points": config.kalman_min_points,
         "interval_s": interval,
     }
-    results = run_backtest(intervals, predictors=names, series=args.series, settings=settings)
+    warmup = None
+    if config.load_predictor_warmup_trace:
+
+        def warmup(family: Mapping[str, LoadPredictor]) -> WarmupReport:
+            return warm_up_predictors(family, config, interval_s=interval)
+
+    results = run_backtest(
+        intervals, predictors=names, series=args.series, settings=settings, prepare=warmup
+    )
     if args.json:
         print(json.dumps({"results": [r.as_json() for r in results]}, indent=2))
         return 0
@@ -156,6 +167,11 @@ def _run(args: argparse.Namespace) -> int:
         f"{args.trace}: {reader.format}, {reader.requests} requests{skipped}; "
         f"{len(intervals) - 1} intervals of {interval:g} s (last, partial one left out); "
         f"scored: {scored}"
+        + (
+            f"; predictors warmed up on {config.load_predictor_warmup_trace}"
+            if warmup is not None
+            else ""
+        )
     )
     print(format_table(results))
     for line in summary_lines(results):

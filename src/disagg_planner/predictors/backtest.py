@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,12 +161,16 @@ def run_backtest(
     series: Sequence[str] = SERIES,
     settings: Mapping[str, Any] | None = None,
     drop_last_interval: bool = True,
+    prepare: Callable[[Mapping[str, LoadPredictor]], object] | None = None,
 ) -> list[BacktestResult]:
     """Backtest each of ``predictors`` (names for ``make_predictor``) on each of ``series``.
 
     ``settings`` are keyword arguments of ``make_predictor`` (log1p, quantile, kalman_* ...);
     with a quantile the upper forecast is scored. The last interval is dropped by default:
     a trace's end is unknown, so it is usually partial and reads as a false drop.
+    ``prepare`` is called with each fresh family of predictors before it is scored (the
+    planner's warm-up from ``--load-predictor-warmup-trace``, so the backtest scores what the
+    planner would run).
     """
     unknown = sorted(set(series) - set(SERIES))
     if unknown:
@@ -178,6 +182,8 @@ def run_backtest(
     for name in predictors:
         # auto's series share evidence: all three run, as in the planner, whatever is reported
         family = make_predictors(name, SERIES if name == "auto" else series, **kwargs)
+        if prepare is not None:
+            prepare(family)
         scored = backtest_family(
             family,
             {key: values[key] for key in family},
