@@ -1,0 +1,232 @@
+"""Golden outputs: the simulator's speed-ups must not change any simulated result.
+
+The digests below were recorded before the simulator was optimised (issue 16, item 5) and
+must stay equal: the same seed gives the same ``requests.csv`` byte for byte, the same
+decisions in ``timeline.csv`` and the same summary figures, under the default planner and with
+the load-based loop (which reads every ForwardPassMetrics). Two bare-cluster runs pin what the
+replay does not exercise: every FPM of every iteration, preemptions under a tight KV cache,
+prefix-cache hits, partial commits of planned decode runs (``sync``) and an elastic-EP resize.
+
+A failure here means a simulated result changed. If it comes from the replay shell
+(``replay/``, ``runtime/``) rather than the simulator, ``git log`` says who changed what.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disagg_planner.cli.main import main
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.signals.fpm import ForwardPassMetrics
+from disagg_planner.simulator.cluster import Cluster
+
+STEP = "step:rates=4/12,at=300,duration=900,isl=3000,osl=300"
+
+# summary.json figures of the recorded runs; floats compared exactly (they are computed from
+# the same simulated times, so any change of the model shows here).
+GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
+    "planner": {
+        "requests_csv": "63f041e113363170ff519241f710826cbca7c639ebadd247a2c5e14ec92c7846",
+        "timeline": "9ab590778165068c23df7cd6fcca7ee5bc3bfab29463f341153153a6e78c8a72",
+        "summary": {
+            "requests": 8302,
+            "completed": 8302,
+            "failed": 0,
+            "slo_attainment": {
+                "ttft": 0.9396530956396049,
+                "itl": 1.0,
+                "both": 0.9396530956396049,
+            },
+            "ttft_ms": {
+                "p50": 91.00100851460536,
+                "p90": 410.7920952686414,
+                "p95": 534.1842114476718,
+                "p99": 754.9128782310709,
+            },
+            "itl_ms": {
+                "p50": 5.139089516165292,
+                "p90": 5.546826055228088,
+                "p95": 5.603550045470744,
+                "p99": 5.935485281173201,
+            },
+            "gpu_hours": 0.749903313909239,
+            "oracle_gpu_hours": 0.6665699805759057,
+            "scale_actions": {"prefill": 2, "decode": 0},
+            "max_replicas": {"prefill": 2, "decode": 1},
+            "duration_s": 1019.8839766910868,
+        },
+    },
+    "load": {
+        "requests_csv": "5778655b2fb17e6f42161f5fc5e87052cff80e65d5c6a0109ca71f4cacf6f64e",
+        "timeline": "b6a09a21be83bbf437543a0ff3319e8126828e4ae971da12a46a91812a3481d0",
+        "summary": {
+            "requests": 8302,
+            "completed": 8302,
+            "failed": 0,
+            "slo_attainment": {
+                "ttft": 0.9638641291255119,
+                "itl": 1.0,
+                "both": 0.9638641291255119,
+            },
+            "ttft_ms": {
+                "p50": 85.83403523999777,
+                "p90": 245.82780413894628,
+                "p95": 415.9918149821521,
+                "p99": 728.3698065830854,
+            },
+            "itl_ms": {
+                "p50": 5.134610159386925,
+                "p90": 5.5544831943787845,
+                "p95": 5.647911300888626,
+                "p99": 5.977163049744668,
+            },
+            "gpu_hours": 0.762403313909239,
+            "oracle_gpu_hours": 0.6665699805759057,
+            "scale_actions": {"prefill": 1, "decode": 0},
+            "max_replicas": {"prefill": 2, "decode": 1},
+            "duration_s": 1019.8839766910868,
+        },
+    },
+}
+SUMMARY_KEYS = (
+    "requests",
+    "completed",
+    "failed",
+    "slo_attainment",
+    "ttft_ms",
+    "itl_ms",
+    "gpu_hours",
+    "oracle_gpu_hours",
+    "scale_actions",
+    "max_replicas",
+    "duration_s",
+)
+# The timeline's decisions, without the free-text reason and message (the shell's wording).
+TIMELINE_COLUMNS = (
+    "t_s",
+    "desired_prefill",
+    "desired_decode",
+    "ready_prefill",
+    "ready_decode",
+    "gpus_in_use",
+    "decision",
+)
+
+GOLDEN_CLUSTER: dict[str, str] = {
+    "tight_prefix": "46c925226ec4b3d0e3b0476fbc98af60752ae55d32870e3103ec56f94d09fb73",
+    "moe_resize": "17cd59b4643e3bb6aa5053f1440e4ee69e2ea2fa9a8c289210bebb7ae6de35ea",
+}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _replay(out: Path, *extra: str) -> dict[str, Any]:
+    code = main(["replay", "--workload", STEP, "--no-progress", "-o", str(out), *extra])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    with (out / "timeline.csv").open() as handle:
+        timeline = [[row[c] for c in TIMELINE_COLUMNS] for row in csv.DictReader(handle)]
+    return {
+        "requests_csv": hashlib.sha256((out / "requests.csv").read_bytes()).hexdigest(),
+        "timeline": _sha(repr(timeline)),
+        "summary": {k: summary[k] for k in SUMMARY_KEYS},
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "flags"),
+    [
+        ("planner", ()),
+        # Started small, the load loop scales prefill up at 315 s on the engines' FPMs.
+        ("load", ("--enable-load-scaling", "--initial", "prefill=1", "--initial", "decode=1")),
+    ],
+)
+def test_replay_outputs_are_unchanged(case: str, flags: tuple[str, ...], tmp_path: Path) -> None:
+    got = _replay(tmp_path, *flags)
+    assert got == GOLDEN_REPLAY[case]
+
+
+# -- bare cluster ------------------------------------------------------------------------------
+def _prefix_requests(n: int, seed: int) -> Iterator[TraceRequest]:
+    """Poisson arrivals whose prompts share 512-token prefix blocks (a few system prompts,
+    then conversation turns), so that prefix hits and KV pressure both occur."""
+    rng = random.Random(seed)
+    t = 0.0
+    for i in range(n):
+        t += rng.expovariate(6.0)
+        blocks = rng.randint(1, 12)
+        system = rng.randrange(4)
+        hashes = tuple([system * 1000] + [(i * 31 + k) % 97 + 10_000 for k in range(blocks - 1)])
+        isl = blocks * 512 - rng.randrange(512)
+        yield TraceRequest(t, isl, rng.randint(1, 400), hashes)
+
+
+def _digest_run(cluster: Cluster, fpms: list[ForwardPassMetrics], step_s: float) -> str:
+    """Step the cluster like a replay does, reading the latest FPMs and the frontend's
+    metrics at every step, and hash everything it produced."""
+    parts: list[str] = []
+    t = cluster.now
+    while not cluster.idle:
+        t += step_s
+        cluster.run_until(t)
+        parts.append(repr(sorted(cluster.latest_fpm().items())))
+        parts.append(cluster.frontend.render_prometheus_text())
+    parts.append(repr(cluster.records))
+    parts.append(repr(fpms))
+    parts.append(repr(cluster.gpu_seconds))
+    return _sha("\n".join(parts))
+
+
+def _tight_prefix() -> str:
+    fpms: list[ForwardPassMetrics] = []
+    # About 18k KV tokens and 64 sequences per rank: preemptions under this load.
+    tight = "sim:llama-3.1-8b-fp8@h100_sxm:tp1:mem=0.14:seqs=64"
+    cluster = Cluster(
+        engines={"prefill": tight, "decode": tight},
+        replicas={"prefill": 1, "decode": 2},
+        router="least_loaded",
+        on_fpm=fpms.append,
+    )
+    cluster.submit(_prefix_requests(600, seed=5))
+    digest = _digest_run(cluster, fpms, 2.5)
+    assert sum(r.preemptions for r in cluster.records) > 0
+    assert sum(r.cached_tokens for r in cluster.records) > 0
+    return digest
+
+
+def _moe_resize() -> str:
+    fpms: list[ForwardPassMetrics] = []
+    cluster = Cluster(
+        mode="agg",
+        engines={"agg": "sim:deepseek-r1@gb200:tp1:dp8"},
+        replicas={"agg": 1},
+        on_fpm=fpms.append,
+    )
+    rng = random.Random(11)
+    reqs = []
+    t = 0.0
+    for _ in range(800):
+        t += rng.expovariate(20.0)
+        reqs.append(TraceRequest(t, rng.randint(200, 4000), rng.randint(1, 600)))
+    cluster.submit(reqs)
+    cluster.run_until(10.0)
+    [plan] = cluster.resize_dp("agg", 6, "nixl_ep")
+    digest = _digest_run(cluster, fpms, 1.0)
+    assert plan.end_s < cluster.now  # the resize (and its evacuation) happened under load
+    return digest
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CLUSTER))
+def test_cluster_outputs_are_unchanged(case: str) -> None:
+    run = {"tight_prefix": _tight_prefix, "moe_resize": _moe_resize}[case]
+    assert run() == GOLDEN_CLUSTER[case]
