@@ -10,6 +10,9 @@ nothing else escapes a connector on a backend failure.
 
 Roles are the planner's names (``prefill``, ``decode``, ``agg``); a connector maps them to
 its own (a DGD service, an etcd key). Replica counts are whole replicas (engines), not GPUs.
+
+A connector is given its own frozen settings (:class:`ConnectorSettings` and the connector's
+subclass), built by the application from its config: connectors never see the config itself.
 """
 
 from __future__ import annotations
@@ -31,6 +34,19 @@ class HoldReason(StrEnum):
     AWAITING_ACKNOWLEDGEMENT = "awaiting_acknowledgement"
     # config.advisory: the connector reads but never writes.
     ADVISORY = "advisory"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectorSettings:
+    """What every replica connector reads; each connector's settings add their own fields."""
+
+    roles: tuple[str, ...]  # the roles this planner scales
+    model_name: str | None  # None: read from the deployment where it can be
+    # GPUs per replica by role as configured; a role not here is read from the deployment.
+    gpus_per_replica: Mapping[str, int]
+    advisory: bool  # read, never write
+    scaling_max_wait_s: float  # how long a blocking scale waits (the virtual protocol: an ack)
+    scaling_check_interval_s: float  # polling period of that wait
 
 
 @dataclass(frozen=True)
@@ -107,18 +123,6 @@ class Connector(Protocol):
         skipped. With ``blocking`` the call then waits until the deployment is ready or the
         configured maximum wait passed (``ScaleOutcome.ready``).
         """
-        ...
-
-    async def add_replica(self, role: str) -> ScaleOutcome:
-        """One more replica of ``role`` (Dynamo's ``add_component``)."""
-        ...
-
-    async def remove_replica(self, role: str) -> ScaleOutcome:
-        """One replica fewer of ``role``, never below zero (Dynamo's ``remove_component``)."""
-        ...
-
-    async def wait_until_ready(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds for the deployment to be ready; False on timeout."""
         ...
 
     def holds(self) -> Mapping[str, Hold]:

@@ -1,7 +1,8 @@
 """Kubernetes connector: the replicas of a DynamoGraphDeployment (DGD), changed the way the
 Dynamo operator expects.
 
-Model of the deployment (``nvidia.com/v1alpha1``, the DGD's storage version):
+Model of the deployment (``nvidia.com/v1alpha1``, the DGD's storage version; the pure rules
+over the object are in :mod:`disagg_planner.connectors.dgd_shape`):
 
 - ``spec.services`` maps a service name to ``{subComponentType, replicas, resources, ...}``.
   A role resolves to the one service whose ``subComponentType`` is the role's (``prefill``;
@@ -53,13 +54,12 @@ import logging
 import math
 import os
 import secrets
-import shlex
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import urllib3
 from kubernetes import client as k8s_client
@@ -67,14 +67,25 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import (
+    ConnectorSettings,
     Hold,
     HoldReason,
     ManualOverride,
     ScaleOutcome,
     advisory_holds,
     check_replicas,
+)
+from disagg_planner.connectors.dgd_shape import (
+    ROLE_SUB_COMPONENT,
+    ResolvedService,
+    dgd_services,
+    ready_count,
+    replicas_of,
+    resolve_service,
+    service_gpus,
+    service_model_name,
+    services_stable,
 )
 from disagg_planner.core.types import DeploymentStatus, RoleStatus
 from disagg_planner.errors import ConnectorError, DeploymentError
@@ -90,34 +101,24 @@ DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
 # The service-account namespace file of an in-cluster pod.
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
-# Dynamo 1.x's worker service names per backend, for DGDs that predate subComponentType.
-LEGACY_SERVICE_NAMES: Mapping[str, Mapping[str, str]] = {
-    "vllm": {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"},
-    "sglang": {"prefill": "prefill", "decode": "decode"},
-    "trtllm": {"prefill": "TRTLLMPrefillWorker", "decode": "TRTLLMDecodeWorker"},
-    "mocker": {"prefill": "prefill", "decode": "decode"},
-}
-
-# Aggregated workers are the decode-type service of an aggregated graph (Dynamo's agg planner).
-ROLE_SUB_COMPONENT: Mapping[str, str] = {"prefill": "prefill", "decode": "decode", "agg": "decode"}
-
-# Engine flags that name the served model, in Dynamo's order of preference.
-MODEL_NAME_FLAGS = ("--served-model-name", "--model-name", "--model")
-
 EVENT_COMPONENT = "planner"
 MAX_BACKOFF_S = 30.0
 
 
-@dataclass(frozen=True)
-class ResolvedService:
-    """The DGD service that carries one role, and how it was found."""
+@dataclass(frozen=True, kw_only=True)
+class KubernetesSettings(ConnectorSettings):
+    """What the DGD connector reads, built by the application from its config
+    (:func:`disagg_planner.runtime.connector_settings.kubernetes_settings`)."""
 
-    role: str
-    service: str
-    sub_component_type: str
-    matched_by: str  # "subComponentType" or "legacy name"
-    gpus_per_replica: int
-    model_name: str | None
+    dgd_name: str | None  # None: refused when the connector is built (nothing to manage)
+    namespace: str | None  # the DGD's Kubernetes namespace; None: the pod's own
+    backend: str  # a key of dgd_shape.LEGACY_SERVICE_NAMES
+    manual_override: Literal["respect", "revert"]
+    # How long a manually edited role is left alone (one adjustment interval, s).
+    override_hold_s: float
+    api_max_attempts: int  # per API call, for the retryable answers
+    api_timeout_s: float  # of one API request
+    api_backoff_s: float  # before the first retry; doubles per attempt
 
 
 @dataclass(frozen=True)
@@ -138,161 +139,6 @@ class _Retryable(Exception):
         super().__init__(detail)
         self.detail = detail
         self.delay_s = delay_s
-
-
-# --- pure helpers over the DGD object --------------------------------------------------------
-
-
-def dgd_services(dgd: Mapping[str, Any], ref: str) -> Mapping[str, Mapping[str, Any]]:
-    """``spec.services`` of a v1alpha1 DGD, checked to be a map of maps."""
-    spec = dgd.get("spec")
-    services = spec.get("services") if isinstance(spec, Mapping) else None
-    if not isinstance(services, Mapping):
-        hint = ""
-        if isinstance(spec, Mapping) and "components" in spec:
-            hint = " (it has spec.components: a v1beta1 object; this planner reads v1alpha1)"
-        raise DeploymentError(f"DynamoGraphDeployment {ref} has no spec.services map{hint}")
-    for name, service in services.items():
-        if not isinstance(service, Mapping):
-            raise DeploymentError(
-                f"DynamoGraphDeployment {ref}: spec.services.{name} is "
-                f"{type(service).__name__}, expected a map"
-            )
-    return services
-
-
-def resolve_service(
-    services: Mapping[str, Mapping[str, Any]], sub_component_type: str, backend: str, ref: str
-) -> tuple[str, str]:
-    """The service name for ``sub_component_type`` and how it matched.
-
-    By ``subComponentType`` first; the backend's legacy name only for a service that has no
-    ``subComponentType``. Raises DeploymentError for duplicates or no match.
-    """
-    matches = sorted(
-        name for name, svc in services.items() if svc.get("subComponentType") == sub_component_type
-    )
-    if len(matches) > 1:
-        raise DeploymentError(
-            f"DynamoGraphDeployment {ref}: services {matches} all have subComponentType "
-            f"'{sub_component_type}'; exactly one service may have it"
-        )
-    if matches:
-        return matches[0], "subComponentType"
-    legacy = LEGACY_SERVICE_NAMES[backend][sub_component_type]
-    legacy_service = services.get(legacy)
-    if legacy_service is not None:
-        other = legacy_service.get("subComponentType")
-        if other:
-            raise DeploymentError(
-                f"DynamoGraphDeployment {ref}: no service has subComponentType "
-                f"'{sub_component_type}', and service '{legacy}' (the {backend} legacy name) "
-                f"has subComponentType '{other}'"
-            )
-        return legacy, "legacy name"
-    raise DeploymentError(
-        f"DynamoGraphDeployment {ref} has no service with subComponentType "
-        f"'{sub_component_type}' and no service named '{legacy}' (the {backend} legacy name); "
-        f"services: {sorted(services)}"
-    )
-
-
-def service_gpus(service: Mapping[str, Any], name: str, ref: str) -> int | None:
-    """GPUs per replica from ``resources.limits.gpu``, else ``requests.gpu``; None if absent."""
-    resources = service.get("resources")
-    if not isinstance(resources, Mapping):
-        return None
-    for kind in ("limits", "requests"):
-        section = resources.get(kind)
-        raw = section.get("gpu") if isinstance(section, Mapping) else None
-        if raw is None or raw == "":
-            continue
-        try:
-            value = int(str(raw).strip())
-        except ValueError:
-            raise DeploymentError(
-                f"DynamoGraphDeployment {ref}: spec.services.{name}.resources.{kind}.gpu = "
-                f"{raw!r}, expected a whole number of GPUs"
-            ) from None
-        if value < 0:
-            raise DeploymentError(
-                f"DynamoGraphDeployment {ref}: spec.services.{name}.resources.{kind}.gpu = "
-                f"{raw!r}, expected >= 0"
-            )
-        # 0 GPUs (a CPU mocker) says nothing about engine size: let the config decide.
-        return value or None
-    return None
-
-
-def service_model_name(service: Mapping[str, Any]) -> str | None:
-    """Served model name from the main container's command line (lower case), or None."""
-    pod = service.get("extraPodSpec")
-    container = pod.get("mainContainer") if isinstance(pod, Mapping) else None
-    if not isinstance(container, Mapping):
-        return None
-    tokens: list[str] = []
-    for key in ("command", "args"):
-        parts = container.get(key) or []
-        if isinstance(parts, str):
-            parts = [parts]
-        for part in parts:
-            if not isinstance(part, str):
-                continue
-            try:
-                tokens.extend(shlex.split(part))
-            except ValueError:  # unbalanced quotes: still try the plain words
-                tokens.extend(part.split())
-    for flag in MODEL_NAME_FLAGS:
-        for i, token in enumerate(tokens):
-            if token == flag and i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                return tokens[i + 1].lower()
-            if token.startswith(flag + "="):
-                value = token.split("=", 1)[1]
-                if value:
-                    return value.lower()
-    return None
-
-
-def _replicas_of(value: Any, where: str) -> int:
-    if value is None:
-        return 1  # the Dynamo operator's default for a service without replicas
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise DeploymentError(f"{where} = {value!r}, expected an integer >= 0")
-    return value
-
-
-def ready_count(dgd: Mapping[str, Any], service: str) -> int:
-    """``availableReplicas`` of the service's status, else ``readyReplicas``, else 0."""
-    status = dgd.get("status")
-    services = status.get("services") if isinstance(status, Mapping) else None
-    entry = services.get(service) if isinstance(services, Mapping) else None
-    if not isinstance(entry, Mapping):
-        return 0
-    for key in ("availableReplicas", "readyReplicas"):
-        value = entry.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return 0
-
-
-def services_stable(dgd: Mapping[str, Any], ref: str) -> bool:
-    """Every service except the planner runs its desired replicas, all updated."""
-    status = dgd.get("status")
-    reported = status.get("services") if isinstance(status, Mapping) else None
-    if not isinstance(reported, Mapping):
-        return False
-    for name, service in dgd_services(dgd, ref).items():
-        # The planner may itself be a service of the graph: waiting on it would deadlock.
-        if service.get("componentType") == "planner":
-            continue
-        desired = _replicas_of(service.get("replicas"), f"spec.services.{name}.replicas")
-        entry = reported.get(name)
-        if not isinstance(entry, Mapping):
-            return False
-        updated = entry.get("updatedReplicas")
-        if ready_count(dgd, name) != desired or (updated is not None and updated != desired):
-            return False
-    return True
 
 
 def _default_namespace() -> str:
@@ -349,29 +195,28 @@ class KubernetesConnector:
     """The replicas of one DynamoGraphDeployment (see the module docstring for the model).
 
     ``api_client`` defaults to the in-cluster service account, else the kubeconfig.
-    ``namespace`` defaults to ``config.kubernetes_namespace``, else the pod's namespace.
-    ``clock`` (monotonic seconds) and ``sleep`` are injectable for tests.
+    ``settings.namespace`` defaults to the pod's namespace. ``clock`` (monotonic seconds) and
+    ``sleep`` are injectable for tests.
     """
 
     def __init__(
         self,
-        config: PlannerConfig,
+        settings: KubernetesSettings,
         *,
         api_client: k8s_client.ApiClient | None = None,
-        namespace: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        if not config.dgd_name:
+        if not settings.dgd_name:
             raise DeploymentError(
                 "no DynamoGraphDeployment to manage: set --dgd-name (or the environment "
                 "variable DYN_PARENT_DGD_K8S_NAME)"
             )
-        self._config = config
-        self.dgd_name: str = config.dgd_name
-        self.namespace: str = namespace or config.kubernetes_namespace or _default_namespace()
+        self._settings = settings
+        self.dgd_name: str = settings.dgd_name
+        self.namespace: str = settings.namespace or _default_namespace()
         self._ref = f"{self.namespace}/{self.dgd_name}"
-        self._roles: tuple[str, ...] = config.roles
+        self._roles: tuple[str, ...] = settings.roles
         self._api_client = api_client if api_client is not None else default_api_client()
         self._owns_client = api_client is None
         self._custom = k8s_client.CustomObjectsApi(self._api_client)
@@ -379,18 +224,14 @@ class KubernetesConnector:
         self._clock = clock
         self._sleep = sleep
         self._lock = asyncio.Lock()
-        self._hold_s = (
-            config.throughput_adjustment_interval_seconds
-            if config.throughput_scaling_active
-            else config.load_adjustment_interval_seconds
-        )
+        self._hold_s = settings.override_hold_s
         # What this planner last set (or first saw) per role: the baseline of manual edits.
         self._expected: dict[str, int] = {}
         # Writes whose outcome is unknown (the call failed): seeing them is not a manual edit.
         self._pending: dict[str, int] = {}
         self._holds: dict[str, Hold] = {}
         self._last_overrides: tuple[ManualOverride, ...] = ()
-        self._model_name: str | None = config.model_name
+        self._model_name: str | None = settings.model_name
         self._uid: str | None = None
         self._instance = os.environ.get("HOSTNAME") or socket.gethostname()
 
@@ -416,7 +257,7 @@ class KubernetesConnector:
                 f"DynamoGraphDeployment {self._ref}: the model names disagree ({detail})"
             )
         found = next(iter(names.values()), None)
-        wanted = self._config.model_name
+        wanted = self._settings.model_name
         if wanted and found and wanted != found:
             raise DeploymentError(
                 f"DynamoGraphDeployment {self._ref} serves model '{found}', but model_name is "
@@ -463,7 +304,7 @@ class KubernetesConnector:
             writes = {
                 role: n for role, n in targets.items() if role not in held and role not in unchanged
             }
-            if self._config.advisory and writes:
+            if self._settings.advisory and writes:
                 held.update(advisory_holds(writes))
                 writes = {}
             for role, hold in held.items():
@@ -472,18 +313,10 @@ class KubernetesConnector:
                 await self._write(obs, writes)
         ready = None
         if blocking:
-            ready = await self.wait_until_ready(self._config.scaling_max_wait_seconds)
+            ready = await self.wait_until_ready(self._settings.scaling_max_wait_s)
         return ScaleOutcome(
             requested=dict(targets), applied=writes, unchanged=unchanged, held=held, ready=ready
         )
-
-    async def add_replica(self, role: str) -> ScaleOutcome:
-        current = (await self.status()).desired(role)
-        return await self.set_replicas({role: current + 1})
-
-    async def remove_replica(self, role: str) -> ScaleOutcome:
-        current = (await self.status()).desired(role)
-        return await self.set_replicas({role: max(current - 1, 0)})
 
     async def wait_until_ready(self, timeout_s: float) -> bool:
         """Poll until every non-planner service runs its desired replicas (and each adapter's
@@ -496,7 +329,7 @@ class KubernetesConnector:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return False
-            await self._sleep(min(self._config.scaling_check_interval_seconds, remaining))
+            await self._sleep(min(self._settings.scaling_check_interval_s, remaining))
 
     def holds(self) -> Mapping[str, Hold]:
         return dict(self._active_holds())
@@ -535,9 +368,10 @@ class KubernetesConnector:
         ready: dict[str, int] = {}
         for role in self._roles:
             sub = ROLE_SUB_COMPONENT[role]
-            name, matched_by = resolve_service(services, sub, self._config.backend, self._ref)
+            name, matched_by = resolve_service(services, sub, self._settings.backend, self._ref)
             service = services[name]
-            gpus = self._config.engine_num_gpu_for(role) or service_gpus(service, name, self._ref)
+            configured = self._settings.gpus_per_replica.get(role)
+            gpus = configured or service_gpus(service, name, self._ref)
             if gpus is None:
                 flag = "prefill_engine_num_gpu" if role == "prefill" else "decode_engine_num_gpu"
                 raise DeploymentError(
@@ -569,13 +403,13 @@ class KubernetesConnector:
             if isinstance(adapter, Mapping):
                 self._check_adapter(adapter, adapter_name, name)
                 adapters[role] = adapter_name
-                desired[role] = _replicas_of(
+                desired[role] = replicas_of(
                     (adapter.get("spec") or {}).get("replicas"),
                     f"DynamoGraphDeploymentScalingAdapter {adapter_name} spec.replicas",
                 )
             else:
                 adapters[role] = None
-                desired[role] = _replicas_of(
+                desired[role] = replicas_of(
                     service.get("replicas"),
                     f"DynamoGraphDeployment {self._ref} spec.services.{name}.replicas",
                 )
@@ -605,7 +439,7 @@ class KubernetesConnector:
         for role, adapter in obs.adapters.items():
             # An adapter's value must have reached the DGD before the rollout can be judged.
             name = obs.services[role].service
-            spec_value = _replicas_of(services[name].get("replicas"), name)
+            spec_value = replicas_of(services[name].get("replicas"), name)
             if adapter is not None and obs.desired[role] != spec_value:
                 return False
         return True
@@ -625,7 +459,7 @@ class KubernetesConnector:
                 self._expected[role] = observed
                 continue
             target = obs.adapters[role] or f"spec.services.{obs.services[role].service}"
-            if self._config.manual_override == "revert" and not self._config.advisory:
+            if self._settings.manual_override == "revert" and not self._settings.advisory:
                 reverts[role] = expected
                 overrides.append(ManualOverride(role, target, expected, observed, "reverted"))
             else:
@@ -777,8 +611,8 @@ class KubernetesConnector:
         Returns None on 404 when ``allow_404``. Raises DeploymentError (404) or
         ConnectorError (everything else) with ``what`` and the server's message.
         """
-        attempts = self._config.kubernetes_api_max_attempts
-        timeout = self._config.kubernetes_api_timeout_seconds
+        attempts = self._settings.api_max_attempts
+        timeout = self._settings.api_timeout_s
         last = ""
         for attempt in range(1, attempts + 1):
             try:
@@ -796,7 +630,7 @@ class KubernetesConnector:
                 delay = retry.delay_s
                 if delay is None:
                     delay = min(
-                        self._config.kubernetes_api_backoff_seconds * 2 ** (attempt - 1),
+                        self._settings.api_backoff_s * 2 ** (attempt - 1),
                         MAX_BACKOFF_S,
                     )
                 log.warning(

@@ -30,8 +30,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import (
+    ConnectorSettings,
     Hold,
     HoldReason,
     ScaleOutcome,
@@ -50,6 +50,17 @@ LEGACY_DECODE_KEY = "num_decode_workers"
 LEGACY_ID_KEY = "decision_id"
 SCALED_ID_KEY = "scaled_decision_id"
 NO_DECISION = -1
+
+
+@dataclass(frozen=True, kw_only=True)
+class VirtualSettings(ConnectorSettings):
+    """What the virtual connector reads, built by the application from its config
+    (:func:`disagg_planner.runtime.connector_settings.virtual_settings`)."""
+
+    namespace: str  # the Dynamo namespace: part of the key root
+    etcd_endpoint: str  # etcd client URL (its v3 JSON gateway)
+    etcd_key_prefix: str  # root of the keys: {prefix}/{namespace}/planner/...
+    etcd_timeout_s: float  # of one etcd request
 
 
 @dataclass(frozen=True)
@@ -137,28 +148,24 @@ def _read_snapshot(gateway: EtcdGateway, root: str) -> _Snapshot:
 class VirtualConnector:
     """The planner's side of the decision-id protocol (see the module docstring).
 
-    ``etcd_url`` defaults to ``config.virtual_etcd_endpoint``. ``clock`` (monotonic s) and
-    ``sleep`` are injectable for tests.
+    ``clock`` (monotonic s) and ``sleep`` are injectable for tests.
     """
 
     def __init__(
         self,
-        config: PlannerConfig,
+        settings: VirtualSettings,
         *,
-        etcd_url: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self._config = config
-        self._roles = config.roles
-        self.root = key_root(config.virtual_etcd_key_prefix, config.namespace)
-        self._gateway = EtcdGateway(
-            etcd_url or config.virtual_etcd_endpoint, timeout_s=config.virtual_etcd_timeout_seconds
-        )
+        self._settings = settings
+        self._roles = settings.roles
+        self.root = key_root(settings.etcd_key_prefix, settings.namespace)
+        self._gateway = EtcdGateway(settings.etcd_endpoint, timeout_s=settings.etcd_timeout_s)
         self._clock = clock
         self._sleep = sleep
         self._lock = asyncio.Lock()
-        self._max_wait_s = config.scaling_max_wait_seconds
+        self._max_wait_s = settings.scaling_max_wait_s
         self._snapshot: _Snapshot | None = None
         # When the planner first saw the current decision unacknowledged (monotonic s).
         self._unacked_since: tuple[int, float] | None = None
@@ -167,13 +174,13 @@ class VirtualConnector:
 
     @property
     def model_name(self) -> str | None:
-        return self._config.model_name
+        return self._settings.model_name
 
     async def validate(self) -> None:
         """Check that etcd answers and its keys are well-formed; no deployment to inspect."""
         await self._refresh()
         for role in self._roles:
-            if self._config.engine_num_gpu_for(role) is None:
+            if role not in self._settings.gpus_per_replica:
                 log.warning(
                     "virtual connector: GPUs per %s replica not configured; counting 1", role
                 )
@@ -189,7 +196,7 @@ class VirtualConnector:
                 role: RoleStatus(
                     desired=self._count(desired, role),
                     ready=self._count(ready, role),
-                    gpus_per_replica=self._config.engine_num_gpu_for(role) or 1,
+                    gpus_per_replica=self._settings.gpus_per_replica.get(role) or 1,
                 )
                 for role in self._roles
             }
@@ -207,7 +214,7 @@ class VirtualConnector:
             changed = {r: n for r, n in targets.items() if self._count(current, r) != n}
             if snap.decision is not None and not changed:
                 return ScaleOutcome(requested=dict(targets), unchanged=tuple(targets))
-            if self._config.advisory:
+            if self._settings.advisory:
                 return ScaleOutcome(
                     requested=dict(targets),
                     unchanged=tuple(r for r in targets if r not in changed),
@@ -239,14 +246,6 @@ class VirtualConnector:
             ready=ready,
         )
 
-    async def add_replica(self, role: str) -> ScaleOutcome:
-        current = (await self.status()).desired(role)
-        return await self.set_replicas({role: current + 1})
-
-    async def remove_replica(self, role: str) -> ScaleOutcome:
-        current = (await self.status()).desired(role)
-        return await self.set_replicas({role: max(current - 1, 0)})
-
     async def wait_until_ready(self, timeout_s: float) -> bool:
         """Poll until the latest decision is acknowledged; False after ``timeout_s``."""
         deadline = self._clock() + timeout_s
@@ -257,7 +256,7 @@ class VirtualConnector:
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return False
-            await self._sleep(min(self._config.scaling_check_interval_seconds, remaining))
+            await self._sleep(min(self._settings.scaling_check_interval_s, remaining))
 
     def holds(self) -> Mapping[str, Hold]:
         return self._ack_holds(self._snapshot) if self._snapshot else {}
@@ -321,7 +320,7 @@ class VirtualConnector:
             raise ConnectorError(
                 f"etcd key {self.root}/{RECORD_KEY} changed while publishing decision "
                 f"{decision.decision_id}: is another planner driving namespace "
-                f"'{self._config.namespace}'?"
+                f"'{self._settings.namespace}'?"
             )
         self._unacked_since = (decision.decision_id, self._clock())
         log.info(

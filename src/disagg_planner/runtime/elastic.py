@@ -36,6 +36,7 @@ from disagg_planner.core.elastic import ElasticDecision, ElasticPlanner
 from disagg_planner.core.types import DeploymentStatus, MissingObservation, TrafficObservation
 from disagg_planner.errors import ConnectorError, DeploymentError, SpecError
 from disagg_planner.profiles import Profile
+from disagg_planner.runtime.connector_settings import elastic_ep_settings
 from disagg_planner.runtime.outcome import Problem, ProblemKind
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,9 @@ class ElasticDriver:
             admin = VllmElasticEpAdmin(config.elastic_ep_admin_url)
         except ValueError as exc:
             raise SpecError(f"elastic_ep_admin_url: {exc}") from None
-        self.controller = ElasticEpController(config, admin=admin, followers=followers)
+        self.controller = ElasticEpController(
+            elastic_ep_settings(config), admin=admin, followers=followers
+        )
         self._task: asyncio.Task[ResizeResult | None] | None = None
         self._task_what = ""
 

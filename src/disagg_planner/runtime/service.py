@@ -21,10 +21,18 @@ from typing import Any
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Connector
+from disagg_planner.connectors.elastic_ep import ElasticEpKubernetes
+from disagg_planner.connectors.kubernetes import KubernetesConnector
+from disagg_planner.connectors.virtual import VirtualConnector
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.profiles import Profile
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.runtime.clock import Clock, WallClock
+from disagg_planner.runtime.connector_settings import (
+    elastic_ep_kubernetes_settings,
+    kubernetes_settings,
+    virtual_settings,
+)
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
 from disagg_planner.wiring import profile_for
 
@@ -37,19 +45,18 @@ def make_connector(
     """The connector for ``config.environment``; ``api_client`` (a ``kubernetes`` ApiClient)
     defaults to the in-cluster service account, else the kubeconfig."""
     if config.environment == "virtual":
-        from disagg_planner.connectors.virtual import VirtualConnector
-
-        return VirtualConnector(config, clock=clock.now, sleep=clock.sleep)
+        return VirtualConnector(virtual_settings(config), clock=clock.now, sleep=clock.sleep)
     if config.elastic_ep is not None and config.elastic_ep_follower_service:
         # The DGD connector that also scales the elastic role's follower pods (two stages).
-        from disagg_planner.connectors.elastic_ep import ElasticEpKubernetes
-
         return ElasticEpKubernetes(
-            config, api_client=api_client, clock=clock.now, sleep=clock.sleep
+            elastic_ep_kubernetes_settings(config),
+            api_client=api_client,
+            clock=clock.now,
+            sleep=clock.sleep,
         )
-    from disagg_planner.connectors.kubernetes import KubernetesConnector
-
-    return KubernetesConnector(config, api_client=api_client, clock=clock.now, sleep=clock.sleep)
+    return KubernetesConnector(
+        kubernetes_settings(config), api_client=api_client, clock=clock.now, sleep=clock.sleep
+    )
 
 
 def deployment_ref(config: PlannerConfig, connector: Connector) -> DeploymentRef:

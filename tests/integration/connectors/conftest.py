@@ -26,6 +26,8 @@ import kmock as kmock_lib
 import pytest
 
 from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.connectors.kubernetes import KubernetesSettings
+from disagg_planner.runtime.connector_settings import kubernetes_settings
 from tests.integration.conftest import free_port
 from tests.kube_dynamo import (  # noqa: F401  (re-exported to the connector tests)
     DGD,
@@ -250,6 +252,11 @@ def k8s_config(**overrides: Any) -> PlannerConfig:
     }
     values.update(overrides)
     return PlannerConfig(**values)
+
+
+def k8s_settings(**overrides: Any) -> KubernetesSettings:
+    """The DGD connector's settings for :func:`k8s_config` with ``overrides``."""
+    return kubernetes_settings(k8s_config(**overrides))
 
 
 # --- etcd -------------------------------------------------------------------------------------

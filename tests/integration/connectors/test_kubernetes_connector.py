@@ -16,7 +16,7 @@ from tests.integration.connectors.conftest import (
     DGDSA_PLURAL,
     FakeTime,
     frontend,
-    k8s_config,
+    k8s_settings,
     worker,
 )
 
@@ -34,7 +34,7 @@ def disagg_services() -> dict[str, dict[str, Any]]:
 
 def connector(api_client: Any, fake_time: FakeTime, **overrides: Any) -> KubernetesConnector:
     return KubernetesConnector(
-        k8s_config(**overrides),
+        k8s_settings(**overrides),
         api_client=api_client,
         clock=fake_time.clock,
         sleep=fake_time.sleep,
@@ -74,7 +74,7 @@ async def test_missing_dgd_is_a_deployment_error(cluster, api_client, fake_time)
 
 def test_no_dgd_name_is_a_deployment_error(api_client):
     with pytest.raises(DeploymentError, match="DYN_PARENT_DGD_K8S_NAME"):
-        KubernetesConnector(k8s_config(dgd_name=None), api_client=api_client)
+        KubernetesConnector(k8s_settings(dgd_name=None), api_client=api_client)
 
 
 @pytest.mark.parametrize(
@@ -206,21 +206,6 @@ async def test_two_roles_change_in_one_patch(cluster, api_client, fake_time):
     }
     status = await conn.status()
     assert (status.desired("prefill"), status.desired("decode")) == (4, 1)
-
-
-async def test_add_and_remove_one_replica(cluster, api_client, fake_time):
-    cluster.add_dgd(disagg_services())
-    conn = connector(api_client, fake_time)
-
-    await conn.add_replica("prefill")
-    assert cluster.dgd()["spec"]["services"]["prefill-pool"]["replicas"] == 3
-    await conn.remove_replica("decode")
-    await conn.remove_replica("decode")
-    await conn.remove_replica("decode")
-    await conn.remove_replica("decode")  # never below zero
-    assert cluster.dgd()["spec"]["services"]["decode-pool"]["replicas"] == 0
-    with pytest.raises(ValueError, match="role 'agg'"):
-        await conn.set_replicas({"agg": 1})
 
 
 async def test_scaling_adapter_scale_subresource_is_used_when_present(
@@ -464,7 +449,7 @@ async def test_kubeconfig_set_after_import_is_used(cluster, kmock, tmp_path, mon
         )
     )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    conn = KubernetesConnector(k8s_config())  # no api_client: kubeconfig (not in a pod)
+    conn = KubernetesConnector(k8s_settings())  # no api_client: kubeconfig (not in a pod)
     try:
         await conn.validate()
         assert (await conn.status()).desired("decode") == 3

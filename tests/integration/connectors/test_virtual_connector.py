@@ -17,8 +17,10 @@ from disagg_planner.connectors.virtual import (
     ExternalScalerClient,
     ScalingDecision,
     VirtualConnector,
+    VirtualSettings,
 )
 from disagg_planner.errors import ConnectorError
+from disagg_planner.runtime.connector_settings import virtual_settings
 from tests.integration.connectors.conftest import FakeTime
 
 _names = itertools.count()
@@ -30,17 +32,19 @@ def namespace() -> str:
     return f"graph{next(_names)}"
 
 
-def virtual_config(namespace: str, **overrides: Any) -> PlannerConfig:
+def settings_for(namespace: str, etcd_url: str, **overrides: Any) -> VirtualSettings:
+    """The virtual connector's settings for ``namespace`` on the test's etcd."""
     values: dict[str, Any] = {
         "environment": "virtual",
         "namespace": namespace,
         "prefill_engine_num_gpu": 2,
         "decode_engine_num_gpu": 1,
         "scaling_check_interval_seconds": 0.05,
+        "virtual_etcd_endpoint": etcd_url,
         "virtual_etcd_timeout_seconds": 2.0,
     }
     values.update(overrides)
-    return PlannerConfig(**values)
+    return virtual_settings(PlannerConfig(**values))
 
 
 def keys(etcd_url: str, namespace: str) -> dict[str, bytes]:
@@ -49,7 +53,7 @@ def keys(etcd_url: str, namespace: str) -> dict[str, bytes]:
 
 
 async def test_first_decision_is_published_as_record_and_legacy_keys(etcd_url, namespace):
-    planner = VirtualConnector(virtual_config(namespace), etcd_url=etcd_url)
+    planner = VirtualConnector(settings_for(namespace, etcd_url))
     assert isinstance(planner, Connector)
     await planner.validate()
 
@@ -74,7 +78,7 @@ async def test_first_decision_is_published_as_record_and_legacy_keys(etcd_url, n
 
 
 async def test_handshake_next_decision_after_acknowledgement(etcd_url, namespace):
-    planner = VirtualConnector(virtual_config(namespace), etcd_url=etcd_url)
+    planner = VirtualConnector(settings_for(namespace, etcd_url))
     scaler = ExternalScalerClient(etcd_url, namespace)
     await planner.set_replicas({"prefill": 1, "decode": 1})
 
@@ -102,10 +106,9 @@ async def test_handshake_next_decision_after_acknowledgement(etcd_url, namespace
 async def test_acknowledgement_that_never_comes(etcd_url, namespace):
     fake = FakeTime()
     planner = VirtualConnector(
-        virtual_config(
-            namespace, scaling_max_wait_seconds=30.0, scaling_check_interval_seconds=5.0
+        settings_for(
+            namespace, etcd_url, scaling_max_wait_seconds=30.0, scaling_check_interval_seconds=5.0
         ),
-        etcd_url=etcd_url,
         clock=fake.clock,
         sleep=fake.sleep,
     )
@@ -123,16 +126,14 @@ async def test_acknowledgement_that_never_comes(etcd_url, namespace):
 
 
 async def test_blocking_scale_times_out_on_the_real_clock(etcd_url, namespace):
-    planner = VirtualConnector(
-        virtual_config(namespace, scaling_max_wait_seconds=0.3), etcd_url=etcd_url
-    )
+    planner = VirtualConnector(settings_for(namespace, etcd_url, scaling_max_wait_seconds=0.3))
     outcome = await planner.set_replicas({"prefill": 1, "decode": 1}, blocking=True)
     assert outcome.applied == {"prefill": 1, "decode": 1}
     assert outcome.ready is False
 
 
 async def test_blocking_scale_returns_when_acknowledged(etcd_url, namespace):
-    planner = VirtualConnector(virtual_config(namespace), etcd_url=etcd_url)
+    planner = VirtualConnector(settings_for(namespace, etcd_url))
     scaler = ExternalScalerClient(etcd_url, namespace, watch_slice_s=0.5)
 
     async def external_system() -> ScalingDecision:
@@ -147,7 +148,7 @@ async def test_blocking_scale_returns_when_acknowledged(etcd_url, namespace):
 
 
 async def test_unchanged_decision_is_not_republished(etcd_url, namespace):
-    planner = VirtualConnector(virtual_config(namespace), etcd_url=etcd_url)
+    planner = VirtualConnector(settings_for(namespace, etcd_url))
     await planner.set_replicas({"prefill": 2, "decode": 2})
     outcome = await planner.set_replicas({"prefill": 2, "decode": 2})
     assert outcome.applied == {}
@@ -157,14 +158,14 @@ async def test_unchanged_decision_is_not_republished(etcd_url, namespace):
 
 
 async def test_restarted_planner_continues_the_decision_ids(etcd_url, namespace):
-    first = VirtualConnector(virtual_config(namespace), etcd_url=etcd_url)
+    first = VirtualConnector(settings_for(namespace, etcd_url))
     await first.set_replicas({"prefill": 1, "decode": 1})
     await ExternalScalerClient(etcd_url, namespace).complete(ScalingDecision(1, 1, 0))
 
-    second = VirtualConnector(virtual_config(namespace), etcd_url=etcd_url)
+    second = VirtualConnector(settings_for(namespace, etcd_url))
     await second.validate()
     assert (await second.status()).ready("decode") == 1
-    await second.add_replica("decode")
+    await second.set_replicas({"decode": 2})  # one more than the acknowledged decision
     assert json.loads(keys(etcd_url, namespace)["scaling_decision"]) == {
         "num_prefill_workers": 1,
         "num_decode_workers": 2,
@@ -186,13 +187,13 @@ async def test_legacy_keys_are_read_when_the_record_is_absent(etcd_url, namespac
     scaler = ExternalScalerClient(etcd_url, namespace)
     assert await scaler.get() == ScalingDecision(4, 6, 7)
 
-    planner = VirtualConnector(virtual_config(namespace, mode="decode"), etcd_url=etcd_url)
-    await planner.remove_replica("decode")
+    planner = VirtualConnector(settings_for(namespace, etcd_url, mode="decode"))
+    await planner.set_replicas({"decode": 5})
     assert await scaler.get() == ScalingDecision(4, 5, 8)  # prefill count carried over
 
 
 async def test_scaler_wait_wakes_on_a_new_decision_and_times_out_without(etcd_url, namespace):
-    planner = VirtualConnector(virtual_config(namespace, mode="agg"), etcd_url=etcd_url)
+    planner = VirtualConnector(settings_for(namespace, etcd_url, mode="agg"))
     scaler = ExternalScalerClient(etcd_url, namespace, watch_slice_s=5.0)
 
     with pytest.raises(TimeoutError, match="no new decision"):
@@ -208,13 +209,11 @@ async def test_scaler_wait_wakes_on_a_new_decision_and_times_out_without(etcd_ur
 
 
 async def test_acknowledgements_only_rise(etcd_url, namespace):
-    planner = VirtualConnector(virtual_config(namespace), etcd_url=etcd_url)
+    planner = VirtualConnector(settings_for(namespace, etcd_url))
     scaler = ExternalScalerClient(etcd_url, namespace)
     await planner.set_replicas({"prefill": 1, "decode": 1})
     fake = FakeTime()
-    later = VirtualConnector(
-        virtual_config(namespace), etcd_url=etcd_url, clock=fake.clock, sleep=fake.sleep
-    )
+    later = VirtualConnector(settings_for(namespace, etcd_url), clock=fake.clock, sleep=fake.sleep)
     await later.status()
     fake.now += 1800.0  # decision 0 never acknowledged within the max wait
     assert (await later.set_replicas({"decode": 2})).applied == {"decode": 2}
@@ -229,7 +228,7 @@ async def test_acknowledgements_only_rise(etcd_url, namespace):
 async def test_malformed_record_is_reported_with_its_key(etcd_url, namespace):
     root = f"v1/{namespace}/planner"
     EtcdGateway(etcd_url, timeout_s=2).txn([], [Put(f"{root}/scaling_decision", b"{oops")])
-    planner = VirtualConnector(virtual_config(namespace), etcd_url=etcd_url)
+    planner = VirtualConnector(settings_for(namespace, etcd_url))
     with pytest.raises(ConnectorError, match=f"{root}/scaling_decision"):
         await planner.validate()
 
@@ -238,7 +237,7 @@ async def test_unreachable_etcd_is_a_connector_error(namespace):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    planner = VirtualConnector(virtual_config(namespace), etcd_url=f"http://127.0.0.1:{port}")
+    planner = VirtualConnector(settings_for(namespace, f"http://127.0.0.1:{port}"))
     with pytest.raises(ConnectorError, match="unreachable"):
         await planner.validate()
 
@@ -256,7 +255,7 @@ def test_gateway_compare_and_swap_refuses_a_stale_revision(etcd_url, namespace):
 
 
 async def test_advisory_mode_publishes_nothing(etcd_url, namespace):
-    planner = VirtualConnector(virtual_config(namespace, advisory=True), etcd_url=etcd_url)
+    planner = VirtualConnector(settings_for(namespace, etcd_url, advisory=True))
     outcome = await planner.set_replicas({"prefill": 1, "decode": 2})
     assert outcome.applied == {}
     assert outcome.held["decode"].reason is HoldReason.ADVISORY

@@ -19,6 +19,7 @@ from disagg_planner.connectors.elastic_ep import (
     VllmElasticEpAdmin,
 )
 from disagg_planner.errors import ConnectorError
+from disagg_planner.runtime.connector_settings import elastic_ep_settings
 from tests.integration.conftest import free_port
 
 
@@ -42,7 +43,9 @@ def controller(url: str, **overrides: Any) -> ElasticEpController:
     cfg = config(url, **overrides)
     assert cfg.elastic_ep_admin_url is not None
     return ElasticEpController(
-        cfg, admin=VllmElasticEpAdmin(cfg.elastic_ep_admin_url), poll_interval_s=0.02
+        elastic_ep_settings(cfg),
+        admin=VllmElasticEpAdmin(cfg.elastic_ep_admin_url),
+        poll_interval_s=0.02,
     )
 
 

@@ -26,6 +26,10 @@ from disagg_planner.connectors.elastic_ep import (
     VllmElasticEpAdmin,
 )
 from disagg_planner.errors import DeploymentError
+from disagg_planner.runtime.connector_settings import (
+    elastic_ep_kubernetes_settings,
+    elastic_ep_settings,
+)
 from tests.integration.connectors.conftest import Cluster, frontend, k8s_config, worker
 from tests.integration.elastic.conftest import FakeVllmEngine
 
@@ -114,9 +118,12 @@ def make_controller(
     }
     values.update(overrides)
     cfg = k8s_config(**values)
-    pool = ElasticEpKubernetes(cfg, api_client=api_client)
+    pool = ElasticEpKubernetes(elastic_ep_kubernetes_settings(cfg), api_client=api_client)
     ctl = ElasticEpController(
-        cfg, admin=VllmElasticEpAdmin(engine.url), followers=pool, poll_interval_s=0.02
+        elastic_ep_settings(cfg),
+        admin=VllmElasticEpAdmin(engine.url),
+        followers=pool,
+        poll_interval_s=0.02,
     )
     return ctl, pool
 

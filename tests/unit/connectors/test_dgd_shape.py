@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from disagg_planner.connectors.base import check_replicas
-from disagg_planner.connectors.etcd import prefix_end
-from disagg_planner.connectors.kubernetes import (
+from disagg_planner.connectors.dgd_shape import (
     dgd_services,
     ready_count,
     resolve_service,
@@ -16,6 +15,7 @@ from disagg_planner.connectors.kubernetes import (
     service_model_name,
     services_stable,
 )
+from disagg_planner.connectors.etcd import prefix_end
 from disagg_planner.errors import DeploymentError
 
 REF = "ns/graph"

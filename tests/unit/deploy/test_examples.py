@@ -19,6 +19,7 @@ from disagg_planner.connectors.kubernetes import KubernetesConnector
 from disagg_planner.operator.crd import API_VERSION, KIND, policy_crd
 from disagg_planner.operator.policy import OperatorDefaults, config_from_spec, target_of
 from disagg_planner.profiles.registry import list_bundled
+from disagg_planner.runtime.connector_settings import kubernetes_settings
 from tests.e2e.kmock_server import declare_resources
 from tests.kube_dynamo import DGD
 from tests.unit.deploy.conftest import CHART, REPO
@@ -121,7 +122,7 @@ async def test_the_target_dgd_passes_the_connectors_validation(
     configuration.host = str(kmock.url).rstrip("/")
     api = k8s_client.ApiClient(configuration)
     try:
-        connector = KubernetesConnector(config, api_client=api)
+        connector = KubernetesConnector(kubernetes_settings(config), api_client=api)
         await connector.validate()
         assert connector.model_name is not None
         status = await connector.status()  # GPUs per replica from resources.limits.gpu

@@ -15,6 +15,7 @@ from disagg_planner.connectors.kubernetes import KubernetesConnector
 from disagg_planner.exporter import HealthState, PlannerMetrics
 from disagg_planner.observe.prometheus import PrometheusTrafficObserver
 from disagg_planner.profiles import Profile, load_profile
+from disagg_planner.runtime.connector_settings import kubernetes_settings
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
 from tests.integration.connectors.conftest import DGD_NAME, NS, Cluster, frontend, worker
 from tests.unit.core.conftest import write_h200_like_profile
@@ -128,7 +129,10 @@ class Harness:
         self.outcomes: list[Any] = []
         self.stop = asyncio.Event()
         connector = KubernetesConnector(
-            config, api_client=api_client, clock=self.clock.now, sleep=self.clock.sleep
+            kubernetes_settings(config),
+            api_client=api_client,
+            clock=self.clock.now,
+            sleep=self.clock.sleep,
         )
         endpoint = prometheus.url
         observer_config = config.model_copy(update={"metric_pulling_prometheus_endpoint": endpoint})

@@ -177,6 +177,7 @@ async def test_on_kubernetes_followers_are_ready_before_the_grow_reaches_the_eng
     cluster, harness_factory, prometheus, engine, api_client
 ) -> None:
     from disagg_planner.connectors.elastic_ep import RECORD_ANNOTATION, ElasticEpKubernetes
+    from disagg_planner.runtime.connector_settings import elastic_ep_kubernetes_settings
     from tests.integration.connectors.conftest import frontend, worker
     from tests.integration.elastic.test_two_stage import FOLLOWER, follower_state, watch_scales
 
@@ -198,7 +199,10 @@ async def test_on_kubernetes_followers_are_ready_before_the_grow_reaches_the_eng
     )
     h = harness_factory(config)
     h.loop.connector = ElasticEpKubernetes(
-        config, api_client=api_client, clock=h.clock.now, sleep=h.clock.sleep
+        elastic_ep_kubernetes_settings(config),
+        api_client=api_client,
+        clock=h.clock.now,
+        sleep=h.clock.sleep,
     )
 
     async def operator() -> None:  # follower pods become ready as soon as they are asked for

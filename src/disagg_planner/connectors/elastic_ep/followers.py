@@ -1,0 +1,190 @@
+"""The DGD connector plus the elastic-EP *follower* service of Dynamo's design
+(operator-elastic-ep-follower): follower pods parked at 0 replicas, each bringing
+``elastic_ep_dp_step`` DP ranks, so ``DP = elastic_ep_min_dp + followers x step``.
+
+It scales the followers (through their DGDSA ``/scale`` when one exists, else a merge patch
+of ``spec.services.<follower>.replicas``) and keeps the progress of a resize in the DGD
+annotation ``planner.nvidia.com/elastic-ep-resize`` (:mod:`.progress`).
+
+Only the planner is assumed to change the follower replicas: the engine's DP size is not
+observable through vLLM's API, so it is derived from the followers and the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client as k8s_client
+
+from disagg_planner.connectors.dgd_shape import dgd_services, ready_count
+from disagg_planner.connectors.elastic_ep.progress import (
+    RECORD_ANNOTATION,
+    FollowerObservation,
+    ResizeRecord,
+)
+from disagg_planner.connectors.kubernetes import (
+    DGD_GROUP,
+    DGD_PLURAL,
+    DGD_VERSION,
+    DGDSA_PLURAL,
+    KubernetesConnector,
+    KubernetesSettings,
+)
+from disagg_planner.errors import ConnectorError, DeploymentError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElasticEpKubernetesSettings(KubernetesSettings):
+    """The DGD connector's settings plus the follower service, built by the application
+    (:func:`disagg_planner.runtime.connector_settings.elastic_ep_kubernetes_settings`)."""
+
+    follower_service: str | None  # the DGD service of the follower pods; None: refused
+
+
+class ElasticEpKubernetes(KubernetesConnector):
+    """The DGD connector plus the elastic-EP follower service ``elastic_ep_follower_service``
+    and the resize record annotation (a :class:`FollowerPool`).
+
+    Kubernetes API calls added to the connector's (same retries, errors and RBAC table, plus):
+    ``patch dynamographdeployments`` for the annotation and for the follower replicas
+    without an adapter, ``patch dynamographdeploymentscalingadapters/scale`` with one.
+    """
+
+    def __init__(
+        self,
+        settings: ElasticEpKubernetesSettings,
+        *,
+        api_client: k8s_client.ApiClient | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if not settings.follower_service:
+            raise DeploymentError(
+                "elastic EP on Kubernetes needs --elastic-ep-follower-service (the DGD service "
+                "of the follower pods)"
+            )
+        super().__init__(settings, api_client=api_client, clock=clock, sleep=sleep)
+        self.follower_service: str = settings.follower_service
+        self._adapter_name = f"{self.dgd_name}-{self.follower_service.lower()}"
+
+    async def _get_dgd(self) -> Mapping[str, Any]:
+        dgd = await self._call(
+            f"get DynamoGraphDeployment {self._ref}",
+            "get",
+            DGD_PLURAL,
+            self._custom.get_namespaced_custom_object,
+            DGD_GROUP,
+            DGD_VERSION,
+            self.namespace,
+            DGD_PLURAL,
+            self.dgd_name,
+        )
+        if not isinstance(dgd, Mapping):
+            raise ConnectorError(f"get DynamoGraphDeployment {self._ref}: answer is not an object")
+        return dgd
+
+    async def _get_adapter(self) -> Mapping[str, Any] | None:
+        adapter = await self._call(
+            f"get DynamoGraphDeploymentScalingAdapter {self.namespace}/{self._adapter_name}",
+            "get",
+            DGDSA_PLURAL,
+            self._custom.get_namespaced_custom_object,
+            DGD_GROUP,
+            DGD_VERSION,
+            self.namespace,
+            DGDSA_PLURAL,
+            self._adapter_name,
+            allow_404=True,
+        )
+        if isinstance(adapter, Mapping):
+            self._check_adapter(adapter, self._adapter_name, self.follower_service)
+            return adapter
+        return None
+
+    async def observe_followers(self) -> FollowerObservation:
+        dgd = await self._get_dgd()
+        services = dgd_services(dgd, self._ref)
+        service = services.get(self.follower_service)
+        if service is None:
+            raise DeploymentError(
+                f"DynamoGraphDeployment {self._ref} has no service '{self.follower_service}' "
+                f"(elastic_ep_follower_service); services: {sorted(services)}"
+            )
+        adapter = await self._get_adapter()
+        if adapter is not None:
+            desired = (adapter.get("spec") or {}).get("replicas")
+            where = f"DynamoGraphDeploymentScalingAdapter {self._adapter_name} spec.replicas"
+        else:
+            desired = service.get("replicas", 0)
+            where = f"DynamoGraphDeployment {self._ref} spec.services.{self.follower_service}"
+        if isinstance(desired, bool) or not isinstance(desired, int) or desired < 0:
+            raise DeploymentError(f"{where} = {desired!r}, expected an integer >= 0")
+        annotations = (dgd.get("metadata") or {}).get("annotations") or {}
+        text = annotations.get(RECORD_ANNOTATION) if isinstance(annotations, Mapping) else None
+        record = None
+        if text:
+            where = f"DynamoGraphDeployment {self._ref} annotation {RECORD_ANNOTATION}"
+            record = ResizeRecord.from_json(str(text), where=where)
+        return FollowerObservation(
+            desired=desired, ready=ready_count(dgd, self.follower_service), record=record
+        )
+
+    async def set_followers(self, replicas: int) -> None:
+        if replicas < 0:
+            raise ValueError(f"follower replicas must be >= 0, got {replicas}")
+        if self._settings.advisory:
+            log.info("advisory: not setting %s to %d replicas", self.follower_service, replicas)
+            return
+        adapter = await self._get_adapter()
+        if adapter is not None:
+            await self._call(
+                f"patch scale of DynamoGraphDeploymentScalingAdapter "
+                f"{self.namespace}/{self._adapter_name}",
+                "patch",
+                f"{DGDSA_PLURAL}/scale",
+                self._custom.patch_namespaced_custom_object_scale,
+                DGD_GROUP,
+                DGD_VERSION,
+                self.namespace,
+                DGDSA_PLURAL,
+                self._adapter_name,
+                {"spec": {"replicas": replicas}},
+                _content_type="application/merge-patch+json",
+            )
+        else:
+            await self._patch_dgd(
+                {"spec": {"services": {self.follower_service: {"replicas": replicas}}}},
+                what=f"follower replicas of {self.follower_service}",
+            )
+        log.info("DGD %s: %s -> %d follower replicas", self._ref, self.follower_service, replicas)
+
+    async def write_record(self, record: ResizeRecord | None) -> None:
+        if self._settings.advisory:
+            return
+        value = record.to_json() if record is not None else None  # null removes it
+        await self._patch_dgd(
+            {"metadata": {"annotations": {RECORD_ANNOTATION: value}}},
+            what="elastic-EP resize record",
+        )
+
+    async def _patch_dgd(self, body: Mapping[str, Any], *, what: str) -> None:
+        await self._call(
+            f"patch DynamoGraphDeployment {self._ref} ({what})",
+            "patch",
+            DGD_PLURAL,
+            self._custom.patch_namespaced_custom_object,
+            DGD_GROUP,
+            DGD_VERSION,
+            self.namespace,
+            DGD_PLURAL,
+            self.dgd_name,
+            body,
+            _content_type="application/merge-patch+json",
+        )

@@ -1,0 +1,123 @@
+"""The progress of a resize as the deployment keeps it, and what the controller reads there.
+
+The record is the DGD annotation ``planner.nvidia.com/elastic-ep-resize``, a condition-like
+JSON object; a restarted controller finds an unfinished resize in it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from disagg_planner.errors import DeploymentError
+
+RECORD_ANNOTATION = "planner.nvidia.com/elastic-ep-resize"
+RECORD_TYPE = "ElasticEpResizing"
+
+
+class ResizePhase(StrEnum):
+    """Where a resize stands (the record's ``reason``)."""
+
+    ADDING_FOLLOWERS = "AddingFollowers"
+    RESIZING = "Resizing"
+    REMOVING_FOLLOWERS = "RemovingFollowers"
+
+
+@dataclass(frozen=True)
+class ResizeRecord:
+    """The progress of one resize, kept where a restarted controller finds it.
+
+    Times are wall-clock epoch seconds; ``deadline_s`` is when followers being added must be
+    ready.
+    """
+
+    phase: ResizePhase
+    from_dp: int
+    to_dp: int
+    from_followers: int
+    to_followers: int
+    started_s: float
+    deadline_s: float
+    message: str = ""
+
+    @property
+    def grow(self) -> bool:
+        return self.to_dp > self.from_dp
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "type": RECORD_TYPE,
+                "status": "True",
+                "reason": self.phase.value,
+                "message": self.message,
+                "fromDp": self.from_dp,
+                "toDp": self.to_dp,
+                "fromFollowers": self.from_followers,
+                "toFollowers": self.to_followers,
+                "startedAt": self.started_s,
+                "deadline": self.deadline_s,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str) -> ResizeRecord:
+        """Parse a record; DeploymentError naming ``where`` and the bad key otherwise."""
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise DeploymentError(f"{where}: not JSON ({exc}): {text[:200]!r}") from None
+        if not isinstance(raw, Mapping):
+            raise DeploymentError(f"{where}: expected a JSON object, got {text[:200]!r}")
+        try:
+            phase = ResizePhase(str(raw.get("reason")))
+        except ValueError:
+            known = ", ".join(p.value for p in ResizePhase)
+            raise DeploymentError(
+                f"{where}: reason = {raw.get('reason')!r}, expected one of {known}"
+            ) from None
+        ints: dict[str, int] = {}
+        for key in ("fromDp", "toDp", "fromFollowers", "toFollowers"):
+            value = raw.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise DeploymentError(f"{where}: {key} = {value!r}, expected an integer >= 0")
+            ints[key] = value
+        times: dict[str, float] = {}
+        for key in ("startedAt", "deadline"):
+            value = raw.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise DeploymentError(f"{where}: {key} = {value!r}, expected epoch seconds")
+            times[key] = float(value)
+        return cls(
+            phase=phase,
+            from_dp=ints["fromDp"],
+            to_dp=ints["toDp"],
+            from_followers=ints["fromFollowers"],
+            to_followers=ints["toFollowers"],
+            started_s=times["startedAt"],
+            deadline_s=times["deadline"],
+            message=str(raw.get("message") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class FollowerObservation:
+    """The follower service as the deployment reports it, and the resize record if any."""
+
+    desired: int
+    ready: int
+    record: ResizeRecord | None
+
+
+class FollowerPool(Protocol):
+    """Where the follower pods and the resize record live (a DGD, or a test double)."""
+
+    async def observe_followers(self) -> FollowerObservation: ...
+
+    async def set_followers(self, replicas: int) -> None: ...
+
+    async def write_record(self, record: ResizeRecord | None) -> None: ...
