@@ -27,7 +27,7 @@ Policies:
   with 20 GPUs: 197 s without service (the post's measurement), all 20 GPUs allocated;
 - ``elastic-blocking`` / ``elastic-async`` / ``elastic-nixl``: the elastic policy
   (:mod:`disagg_planner.core.elastic`, every 30 s, DP 16 -> 20 in one step of 4 ranks) resizing in
-  place with the mode's measured timings (:mod:`disagg_planner.simulator.elastic_ep`).
+  place with the mode's measured timings (:mod:`disagg_planner.profiles.elastic_resize`).
 
 The policy sees what it would see in production: 30 s windows of the simulated frontend's
 Prometheus metrics, and sizes from the bundled DeepSeek-V3 GB200 DP16 profile. GPU-hours
@@ -63,12 +63,11 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.elastic import ElasticPlanner
 from disagg_planner.observe.window import snapshot_from_text, traffic_from_snapshots
 from disagg_planner.predictors.traces import TraceRequest
-from disagg_planner.profiles import load_profile
+from disagg_planner.profiles import elastic_resize, load_profile
+from disagg_planner.profiles.elastic_resize import ElasticEpMode, ResizeTiming
 from disagg_planner.profiles.profile import Profile
 from disagg_planner.profiles.registry import resolve_profile
-from disagg_planner.simulator import elastic_ep
 from disagg_planner.simulator.cluster import Cluster, ReplicaState
-from disagg_planner.simulator.elastic_ep import ElasticEpMode, ResizeTiming
 from disagg_planner.simulator.request import RequestRecord
 from disagg_planner.simulator.workloads import LengthDist
 
@@ -180,11 +179,11 @@ def restart_mode(downtime_s: float) -> Iterator[ElasticEpMode]:
     duration is downtime, registered under ``restart`` while the block runs."""
     timing = ResizeTiming(total_s=downtime_s, downtime_s=downtime_s)
     mode = ElasticEpMode(RESTART_MODE, up=timing, down=timing, description="engine restart")
-    elastic_ep.MODES[RESTART_MODE] = mode
+    elastic_resize.MODES[RESTART_MODE] = mode
     try:
         yield mode
     finally:
-        elastic_ep.MODES.pop(RESTART_MODE, None)
+        elastic_resize.MODES.pop(RESTART_MODE, None)
 
 
 @dataclass
@@ -256,7 +255,7 @@ def run_policy(
             mode_name = {"blocking": "blocking", "async": "async", "nixl": "nixl_ep"}[
                 name.removeprefix("elastic-")
             ]
-            timing = elastic_ep.mode(mode_name)
+            timing = elastic_resize.mode(mode_name)
         if mode_name is not None and timing is not None:
             _drive(
                 cluster,

@@ -19,8 +19,8 @@ arguments and of the traffic history the planner keeps (no clock, no I/O).
    ``min_dp + k * dp_step``. Per-rank throughput is taken as independent of the DP size
    (an assumption: the all-to-all grows with EP, the profile was measured at one size).
 3. **Lead time.** A resize started now is active ``total_s`` later (the mode's
-   :class:`disagg_planner.simulator.elastic_ep.ResizeTiming`), and the next chance to correct it is
-   one interval after that, so the DP size chosen now must carry the peak forecast load over
+   :class:`disagg_planner.profiles.elastic_resize.ResizeTiming`), and the next chance to correct
+   it is one interval after that, so the DP size chosen now must carry the peak forecast load over
    ``[now, now + up.total_s + interval]``: the planner acts at least the mode's total
    operation time ahead of the load.
 4. **Worth it (scale-up).** Serving stops for the last ``downtime_s`` of the resize. Arrivals in
@@ -52,8 +52,8 @@ from enum import StrEnum
 from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
 from disagg_planner.core.throughput import CapacityProfile, LoadForecast, size_decode, size_prefill
 from disagg_planner.core.types import MissingObservation, TrafficObservation
-from disagg_planner.simulator import elastic_ep
-from disagg_planner.simulator.elastic_ep import ElasticEpMode, ResizeTiming
+from disagg_planner.profiles import elastic_resize
+from disagg_planner.profiles.elastic_resize import ElasticEpMode, ResizeTiming
 
 
 class ElasticReason(StrEnum):
@@ -77,8 +77,8 @@ class ElasticReason(StrEnum):
 
 def mode_timing(config: PlannerConfig) -> ElasticEpMode:
     """The resize timing the policy plans with: ``elastic_ep_timing`` when set, else the
-    mode's published defaults (:data:`disagg_planner.simulator.elastic_ep.MODES`)."""
-    base = elastic_ep.mode(config.elastic_ep_mode)
+    mode's published defaults (:data:`disagg_planner.profiles.elastic_resize.MODES`)."""
+    base = elastic_resize.mode(config.elastic_ep_mode)
     if config.elastic_ep_timing is None:
         return base
     up_total, up_down, down_total, down_down = parse_elastic_ep_timing(config.elastic_ep_timing)

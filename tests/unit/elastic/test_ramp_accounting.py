@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from disagg_planner.predictors.traces import TraceRequest
-from disagg_planner.profiles import load_profile
+from disagg_planner.profiles import elastic_resize, load_profile
 from disagg_planner.profiles.registry import resolve_profile
-from disagg_planner.simulator import elastic_ep
 from disagg_planner.simulator.request import RequestRecord
 
 
@@ -153,9 +152,9 @@ def test_light_load_leaves_the_elastic_engine_at_16(profile):
 
 def test_restart_mode_exists_only_while_a_restart_policy_runs():
     with ramp.restart_mode(197.0) as mode:
-        assert elastic_ep.mode("restart") is mode
+        assert elastic_resize.mode("restart") is mode
         assert mode.up.preparation_s == 0.0 and mode.up.downtime_s == 197.0
-    assert "restart" not in elastic_ep.MODES
+    assert "restart" not in elastic_resize.MODES
 
 
 def test_unknown_policy_is_rejected(profile):
