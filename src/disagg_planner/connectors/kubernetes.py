@@ -346,19 +346,7 @@ class KubernetesConnector:
     # --- reading --------------------------------------------------------------------------
 
     async def _read(self) -> _Observation:
-        dgd = await self._call(
-            f"get DynamoGraphDeployment {self._ref}",
-            "get",
-            DGD_PLURAL,
-            self._custom.get_namespaced_custom_object,
-            DGD_GROUP,
-            DGD_VERSION,
-            self.namespace,
-            DGD_PLURAL,
-            self.dgd_name,
-        )
-        if not isinstance(dgd, Mapping):
-            raise ConnectorError(f"get DynamoGraphDeployment {self._ref}: answer is not an object")
+        dgd = await self._get_dgd()
         uid = (dgd.get("metadata") or {}).get("uid")
         self._uid = uid if isinstance(uid, str) else None
         services = dgd_services(dgd, self._ref)
@@ -388,20 +376,8 @@ class KubernetesConnector:
                 model_name=service_model_name(service),
             )
             adapter_name = f"{self.dgd_name}-{name.lower()}"
-            adapter = await self._call(
-                f"get DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter_name}",
-                "get",
-                DGDSA_PLURAL,
-                self._custom.get_namespaced_custom_object,
-                DGD_GROUP,
-                DGD_VERSION,
-                self.namespace,
-                DGDSA_PLURAL,
-                adapter_name,
-                allow_404=True,
-            )
-            if isinstance(adapter, Mapping):
-                self._check_adapter(adapter, adapter_name, name)
+            adapter = await self._get_adapter(adapter_name, name)
+            if adapter is not None:
                 adapters[role] = adapter_name
                 desired[role] = replicas_of(
                     (adapter.get("spec") or {}).get("replicas"),
@@ -557,34 +533,10 @@ class KubernetesConnector:
             if adapter is None:
                 patch_services[obs.services[role].service] = {"replicas": count}
                 continue
-            await self._call(
-                f"patch scale of DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter}",
-                "patch",
-                f"{DGDSA_PLURAL}/scale",
-                self._custom.patch_namespaced_custom_object_scale,
-                DGD_GROUP,
-                DGD_VERSION,
-                self.namespace,
-                DGDSA_PLURAL,
-                adapter,
-                {"spec": {"replicas": count}},
-                _content_type="application/merge-patch+json",
-            )
+            await self._patch_adapter_scale(adapter, count)
             self._settle(role, count, f"adapter {adapter}")
         if patch_services:
-            await self._call(
-                f"patch DynamoGraphDeployment {self._ref}",
-                "patch",
-                DGD_PLURAL,
-                self._custom.patch_namespaced_custom_object,
-                DGD_GROUP,
-                DGD_VERSION,
-                self.namespace,
-                DGD_PLURAL,
-                self.dgd_name,
-                {"spec": {"services": patch_services}},
-                _content_type="application/merge-patch+json",
-            )
+            await self._patch_dgd({"spec": {"services": patch_services}})
             for role, count in writes.items():
                 if obs.adapters[role] is None:
                     self._settle(role, count, f"spec.services.{obs.services[role].service}")
@@ -593,6 +545,74 @@ class KubernetesConnector:
         self._pending.pop(role, None)
         self._expected[role] = count
         log.info("DGD %s: %s -> %d replicas (%s)", self._ref, role, count, target)
+
+    # --- the API calls on the DGD and its adapters ----------------------------------------------
+
+    async def _get_dgd(self) -> Mapping[str, Any]:
+        dgd = await self._call(
+            f"get DynamoGraphDeployment {self._ref}",
+            "get",
+            DGD_PLURAL,
+            self._custom.get_namespaced_custom_object,
+            DGD_GROUP,
+            DGD_VERSION,
+            self.namespace,
+            DGD_PLURAL,
+            self.dgd_name,
+        )
+        if not isinstance(dgd, Mapping):
+            raise ConnectorError(f"get DynamoGraphDeployment {self._ref}: answer is not an object")
+        return dgd
+
+    async def _get_adapter(self, adapter_name: str, service: str) -> Mapping[str, Any] | None:
+        """The scaling adapter of ``service``, checked to refer to it; None when it has none."""
+        adapter = await self._call(
+            f"get DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter_name}",
+            "get",
+            DGDSA_PLURAL,
+            self._custom.get_namespaced_custom_object,
+            DGD_GROUP,
+            DGD_VERSION,
+            self.namespace,
+            DGDSA_PLURAL,
+            adapter_name,
+            allow_404=True,
+        )
+        if isinstance(adapter, Mapping):
+            self._check_adapter(adapter, adapter_name, service)
+            return adapter
+        return None
+
+    async def _patch_adapter_scale(self, adapter_name: str, replicas: int) -> None:
+        await self._call(
+            f"patch scale of DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter_name}",
+            "patch",
+            f"{DGDSA_PLURAL}/scale",
+            self._custom.patch_namespaced_custom_object_scale,
+            DGD_GROUP,
+            DGD_VERSION,
+            self.namespace,
+            DGDSA_PLURAL,
+            adapter_name,
+            {"spec": {"replicas": replicas}},
+            _content_type="application/merge-patch+json",
+        )
+
+    async def _patch_dgd(self, body: Mapping[str, Any], *, what: str | None = None) -> None:
+        """One JSON merge patch of the DGD; ``what`` names the change in errors."""
+        await self._call(
+            f"patch DynamoGraphDeployment {self._ref}" + (f" ({what})" if what else ""),
+            "patch",
+            DGD_PLURAL,
+            self._custom.patch_namespaced_custom_object,
+            DGD_GROUP,
+            DGD_VERSION,
+            self.namespace,
+            DGD_PLURAL,
+            self.dgd_name,
+            body,
+            _content_type="application/merge-patch+json",
+        )
 
     # --- API calls with retries ---------------------------------------------------------------
 

@@ -27,15 +27,8 @@ from disagg_planner.connectors.elastic_ep.progress import (
     FollowerObservation,
     ResizeRecord,
 )
-from disagg_planner.connectors.kubernetes import (
-    DGD_GROUP,
-    DGD_PLURAL,
-    DGD_VERSION,
-    DGDSA_PLURAL,
-    KubernetesConnector,
-    KubernetesSettings,
-)
-from disagg_planner.errors import ConnectorError, DeploymentError
+from disagg_planner.connectors.kubernetes import KubernetesConnector, KubernetesSettings
+from disagg_planner.errors import DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -74,39 +67,8 @@ class ElasticEpKubernetes(KubernetesConnector):
         self.follower_service: str = settings.follower_service
         self._adapter_name = f"{self.dgd_name}-{self.follower_service.lower()}"
 
-    async def _get_dgd(self) -> Mapping[str, Any]:
-        dgd = await self._call(
-            f"get DynamoGraphDeployment {self._ref}",
-            "get",
-            DGD_PLURAL,
-            self._custom.get_namespaced_custom_object,
-            DGD_GROUP,
-            DGD_VERSION,
-            self.namespace,
-            DGD_PLURAL,
-            self.dgd_name,
-        )
-        if not isinstance(dgd, Mapping):
-            raise ConnectorError(f"get DynamoGraphDeployment {self._ref}: answer is not an object")
-        return dgd
-
-    async def _get_adapter(self) -> Mapping[str, Any] | None:
-        adapter = await self._call(
-            f"get DynamoGraphDeploymentScalingAdapter {self.namespace}/{self._adapter_name}",
-            "get",
-            DGDSA_PLURAL,
-            self._custom.get_namespaced_custom_object,
-            DGD_GROUP,
-            DGD_VERSION,
-            self.namespace,
-            DGDSA_PLURAL,
-            self._adapter_name,
-            allow_404=True,
-        )
-        if isinstance(adapter, Mapping):
-            self._check_adapter(adapter, self._adapter_name, self.follower_service)
-            return adapter
-        return None
+    async def _get_follower_adapter(self) -> Mapping[str, Any] | None:
+        return await self._get_adapter(self._adapter_name, self.follower_service)
 
     async def observe_followers(self) -> FollowerObservation:
         dgd = await self._get_dgd()
@@ -117,7 +79,7 @@ class ElasticEpKubernetes(KubernetesConnector):
                 f"DynamoGraphDeployment {self._ref} has no service '{self.follower_service}' "
                 f"(elastic_ep_follower_service); services: {sorted(services)}"
             )
-        adapter = await self._get_adapter()
+        adapter = await self._get_follower_adapter()
         if adapter is not None:
             desired = (adapter.get("spec") or {}).get("replicas")
             where = f"DynamoGraphDeploymentScalingAdapter {self._adapter_name} spec.replicas"
@@ -142,22 +104,8 @@ class ElasticEpKubernetes(KubernetesConnector):
         if self._settings.advisory:
             log.info("advisory: not setting %s to %d replicas", self.follower_service, replicas)
             return
-        adapter = await self._get_adapter()
-        if adapter is not None:
-            await self._call(
-                f"patch scale of DynamoGraphDeploymentScalingAdapter "
-                f"{self.namespace}/{self._adapter_name}",
-                "patch",
-                f"{DGDSA_PLURAL}/scale",
-                self._custom.patch_namespaced_custom_object_scale,
-                DGD_GROUP,
-                DGD_VERSION,
-                self.namespace,
-                DGDSA_PLURAL,
-                self._adapter_name,
-                {"spec": {"replicas": replicas}},
-                _content_type="application/merge-patch+json",
-            )
+        if await self._get_follower_adapter() is not None:
+            await self._patch_adapter_scale(self._adapter_name, replicas)
         else:
             await self._patch_dgd(
                 {"spec": {"services": {self.follower_service: {"replicas": replicas}}}},
@@ -172,19 +120,4 @@ class ElasticEpKubernetes(KubernetesConnector):
         await self._patch_dgd(
             {"metadata": {"annotations": {RECORD_ANNOTATION: value}}},
             what="elastic-EP resize record",
-        )
-
-    async def _patch_dgd(self, body: Mapping[str, Any], *, what: str) -> None:
-        await self._call(
-            f"patch DynamoGraphDeployment {self._ref} ({what})",
-            "patch",
-            DGD_PLURAL,
-            self._custom.patch_namespaced_custom_object,
-            DGD_GROUP,
-            DGD_VERSION,
-            self.namespace,
-            DGD_PLURAL,
-            self.dgd_name,
-            body,
-            _content_type="application/merge-patch+json",
         )
