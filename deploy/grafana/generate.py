@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
+if str(REPO / "src") not in sys.path:  # run as a script from anywhere, installed or not
+    sys.path.insert(0, str(REPO / "src"))
 
 from disagg_planner.generated import sync_generated  # noqa: E402
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(REPO))
+if str(REPO / "src") not in sys.path:  # run as a script from anywhere, installed or not
+    sys.path.insert(0, str(REPO / "src"))
 
 from disagg_planner.config.loader import field_names_by_key  # noqa: E402
 from disagg_planner.config.schema import DYNAMO_KEYS_NOT_APPLICABLE, PlannerConfig  # noqa: E402

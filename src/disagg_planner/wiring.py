@@ -77,9 +77,7 @@ def warm_up_predictors(
     its own). Raises TraceError naming the setting, the file and what is wrong."""
     path = config.load_predictor_warmup_trace
     assert path is not None
-    interval = (
-        config.throughput_adjustment_interval_seconds if interval_s is None else interval_s
-    )
+    interval = config.throughput_adjustment_interval_seconds if interval_s is None else interval_s
     try:
         report = warm_up(predictors, path, interval_s=interval)
     except LibraryTraceError as exc:

@@ -58,7 +58,7 @@ async def test_planner_run_scales_serves_metrics_and_stops_on_sigterm(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "planner",
+        "disagg_planner",
         "run",
         "--environment=kubernetes",
         "--dgd-name=graph",
