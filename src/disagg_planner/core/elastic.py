@@ -257,6 +257,55 @@ def request_gpu_seconds(
     return RequestCost(gpu_s)
 
 
+@dataclass(frozen=True)
+class _Tick:
+    """One tick's engine and the diagnostics so far; decisions are made through it."""
+
+    now_s: float
+    current_dp: int
+    diag: ElasticDiagnostics
+
+    def hold(
+        self, reason: ElasticReason, message: str, diag: ElasticDiagnostics | None = None
+    ) -> ElasticDecision:
+        return ElasticDecision(
+            self.now_s, self.current_dp, None, reason, message, self.diag if diag is None else diag
+        )
+
+    def resize(
+        self,
+        target_dp: int,
+        reason: ElasticReason,
+        message: str,
+        diag: ElasticDiagnostics | None = None,
+    ) -> ElasticDecision:
+        return ElasticDecision(
+            self.now_s,
+            self.current_dp,
+            target_dp,
+            reason,
+            message,
+            self.diag if diag is None else diag,
+        )
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """What the scale-up and scale-down stages share: the fitted load, the capacity of one
+    rank, the largest size allowed, and the ranks the lead time's peak needs."""
+
+    at: _Tick
+    trend: LoadTrend
+    top: int
+    gpu_seconds: float
+    rank_rps: float
+    slack_s: float
+    lead_s: float
+    peak_up: float
+    need_up: int
+    summary: str
+
+
 # --- the policy -------------------------------------------------------------------------------
 
 
@@ -345,74 +394,108 @@ class ElasticPlanner:
         """Decide the DP size of the elastic role's engine at ``now_s`` (see the module doc).
 
         ``current_dp`` is the engine's active DP size; ``resizing`` whether a resize is in
-        flight; ``other_gpus`` the GPUs of the planner's other roles (for the budget).
+        flight; ``other_gpus`` the GPUs of the planner's other roles (for the budget). Each
+        stage below either decides or passes what it worked out on to the next.
         """
         if current_dp < 1:
             raise ValueError(f"current_dp = {current_dp}: an elastic engine has at least 1 rank")
-        diag = ElasticDiagnostics(timing=self.timing)
+        at = _Tick(now_s, current_dp, ElasticDiagnostics(timing=self.timing))
+        fresh = self._fresh_traffic(at, traffic)
+        if isinstance(fresh, ElasticDecision):
+            return fresh
+        trend = self._trend(now_s, fresh)
+        top = self.max_dp_within_budget(other_gpus)
+        at = replace(at, diag=ElasticDiagnostics(timing=self.timing, trend=trend, max_dp=top))
+        held = self._hold_in_flight(at, resizing) or self._reconcile_to_bounds(at, top)
+        if held is not None:
+            return held
+        sized = self._with_lengths(at, trend)
+        if isinstance(sized, ElasticDecision):
+            return sized
+        sizing = self._sizing(at, sized, fresh, top)
+        if isinstance(sizing, ElasticDecision):
+            return sizing
+        if sizing.need_up > current_dp:
+            return self._scale_up(sizing)
+        return self._scale_down(sizing)
 
-        def hold(reason: ElasticReason, message: str, d: ElasticDiagnostics) -> ElasticDecision:
-            return ElasticDecision(now_s, current_dp, None, reason, message, d)
+    # --- the stages of a tick, in order ----------------------------------------------------
 
+    def _fresh_traffic(
+        self, at: _Tick, traffic: TrafficObservation | MissingObservation
+    ) -> TrafficObservation | ElasticDecision:
+        """The window to plan with, or a hold: never resize on missing or stale data."""
         if isinstance(traffic, MissingObservation):
             detail = f": {traffic.detail}" if traffic.detail else ""
-            return hold(
+            return at.hold(
                 ElasticReason.NO_TRAFFIC_DATA,
-                f"traffic unavailable ({traffic.reason}{detail}); holding DP {current_dp}",
-                diag,
+                f"traffic unavailable ({traffic.reason}{detail}); holding DP {at.current_dp}",
             )
-        if now_s - traffic.end_s > self.interval_s:
-            return hold(
+        if at.now_s - traffic.end_s > self.interval_s:
+            return at.hold(
                 ElasticReason.STALE_TRAFFIC_DATA,
-                f"traffic window ended {now_s - traffic.end_s:.0f} s ago; holding DP {current_dp}",
-                diag,
+                f"traffic window ended {at.now_s - traffic.end_s:.0f} s ago; holding DP "
+                f"{at.current_dp}",
             )
+        return traffic
+
+    def _trend(self, now_s: float, traffic: TrafficObservation) -> LoadTrend:
+        """Add the window to the history (also while a resize is in flight: it still counts
+        for the trend) and fit the trend window."""
         self._history.add(traffic)
         self._history.prune(now_s - self.config.elastic_ep_trend_window_seconds)
         trend = fit_trend(self._history.windows, now_s)
         assert trend is not None  # the window just added
-        top = self.max_dp_within_budget(other_gpus)
-        diag = ElasticDiagnostics(timing=self.timing, trend=trend, max_dp=top)
-        if resizing:
-            return hold(
-                ElasticReason.RESIZE_IN_FLIGHT,
-                f"a resize of the {self.role} engine is in flight; holding DP {current_dp}",
-                diag,
-            )
-        if current_dp < self.min_dp or current_dp > top:
-            target = min(max(current_dp, self.min_dp), top)
-            return ElasticDecision(
-                now_s,
-                current_dp,
-                target,
-                ElasticReason.RECONCILE_TO_BOUNDS,
-                f"DP {current_dp} is outside [{self.min_dp}, {top}] (elastic_ep_min_dp, "
-                f"elastic_ep_max_dp and the GPU budget); resizing to {target}",
-                diag,
-            )
+        return trend
+
+    def _hold_in_flight(self, at: _Tick, resizing: bool) -> ElasticDecision | None:
+        if not resizing:
+            return None
+        return at.hold(
+            ElasticReason.RESIZE_IN_FLIGHT,
+            f"a resize of the {self.role} engine is in flight; holding DP {at.current_dp}",
+        )
+
+    def _reconcile_to_bounds(self, at: _Tick, top: int) -> ElasticDecision | None:
+        current_dp = at.current_dp
+        if self.min_dp <= current_dp <= top:
+            return None
+        target = min(max(current_dp, self.min_dp), top)
+        return at.resize(
+            target,
+            ElasticReason.RECONCILE_TO_BOUNDS,
+            f"DP {current_dp} is outside [{self.min_dp}, {top}] (elastic_ep_min_dp, "
+            f"elastic_ep_max_dp and the GPU budget); resizing to {target}",
+        )
+
+    def _with_lengths(self, at: _Tick, trend: LoadTrend) -> LoadTrend | ElasticDecision:
+        """The trend with request lengths to size with, or the decision when there are none."""
         if trend.isl > 0 and trend.osl > 0:
             self._lengths = (trend.isl, trend.osl)
-        elif self._lengths is not None:
+            return trend
+        if self._lengths is not None:
             # Idle windows have no lengths: size with the last ones seen.
-            trend = replace(trend, isl=self._lengths[0], osl=self._lengths[1])
-        elif trend.max_observed_rps > 0:
-            return hold(
+            return replace(trend, isl=self._lengths[0], osl=self._lengths[1])
+        if trend.max_observed_rps > 0:
+            return at.hold(
                 ElasticReason.NO_CHANGE,
-                f"no request lengths observed yet; holding DP {current_dp}",
-                diag,
+                f"no request lengths observed yet; holding DP {at.current_dp}",
             )
-        elif current_dp > self.min_dp:
+        if at.current_dp > self.min_dp:
             # Never any traffic: no load to size, and a pause costs no request.
-            return ElasticDecision(
-                now_s,
-                current_dp,
+            return at.resize(
                 self.min_dp,
                 ElasticReason.SCALE_DOWN,
-                f"no traffic in the trend window; DP {current_dp} -> {self.min_dp}",
-                replace(diag, cost_requests=0.0, benefit_requests=0.0),
+                f"no traffic in the trend window; DP {at.current_dp} -> {self.min_dp}",
+                replace(at.diag, cost_requests=0.0, benefit_requests=0.0),
             )
-        else:
-            return hold(ElasticReason.NO_CHANGE, f"no traffic; DP {current_dp}", diag)
+        return at.hold(ElasticReason.NO_CHANGE, f"no traffic; DP {at.current_dp}")
+
+    def _sizing(
+        self, at: _Tick, trend: LoadTrend, traffic: TrafficObservation, top: int
+    ) -> _Sizing | ElasticDecision:
+        """Capacity per rank from the profile and the ranks the lead time's peak needs, or
+        a hold when the profile cannot size the load."""
         cost = request_gpu_seconds(
             self.role,
             self.profile,
@@ -422,23 +505,20 @@ class ElasticPlanner:
             interval_s=self.interval_s,
         )
         if not cost.feasible or cost.gpu_seconds <= 0:
-            return hold(
+            return at.hold(
                 ElasticReason.PROFILE_INFEASIBLE,
-                f"{cost.note or 'profile gives no throughput'}; holding DP {current_dp}",
-                diag,
+                f"{cost.note or 'profile gives no throughput'}; holding DP {at.current_dp}",
             )
         rank_rps = self.gpus_per_rank / cost.gpu_seconds
-        slack_s = self._slack_s(traffic)
-        up, down = self.timing.up, self.timing.down
-        lead_s = up.total_s + self.interval_s
-        peak_up = trend.peak(now_s, now_s + lead_s)
+        lead_s = self.timing.up.total_s + self.interval_s
+        peak_up = trend.peak(at.now_s, at.now_s + lead_s)
         need_up = self._ranks(peak_up, cost.gpu_seconds)
         diag = ElasticDiagnostics(
             timing=self.timing,
             trend=trend,
             gpu_seconds_per_request=cost.gpu_seconds,
             rank_capacity_rps=rank_rps,
-            current_capacity_rps=current_dp * rank_rps,
+            current_capacity_rps=at.current_dp * rank_rps,
             lead_s=lead_s,
             peak_rps=peak_up,
             ranks_needed=need_up,
@@ -448,77 +528,95 @@ class ElasticPlanner:
             f"load {trend.level_rps:.2f} req/s ({trend.slope_rps_per_s * 60:+.2f}/min), "
             f"ISL {trend.isl:.0f}, OSL {trend.osl:.0f}; one rank {rank_rps:.3f} req/s"
         )
+        return _Sizing(
+            at=replace(at, diag=diag),
+            trend=trend,
+            top=top,
+            gpu_seconds=cost.gpu_seconds,
+            rank_rps=rank_rps,
+            slack_s=self._slack_s(traffic),
+            lead_s=lead_s,
+            peak_up=peak_up,
+            need_up=need_up,
+            summary=summary,
+        )
 
-        if need_up > current_dp:
-            if current_dp >= top:
-                return hold(
-                    ElasticReason.AT_MAX_DP,
-                    f"{summary}; peak {peak_up:.2f} req/s within {lead_s:.0f} s needs "
-                    f"{need_up} ranks, but DP {current_dp} is the most allowed",
-                    diag,
-                )
-            target = self.on_grid(need_up, top)
-            t_active = now_s + up.total_s
-            benefit = trend.requests_above(
-                t_active,
-                t_active + self.config.elastic_ep_benefit_window_seconds,
-                current_dp * rank_rps,
+    def _scale_up(self, s: _Sizing) -> ElasticDecision:
+        """More ranks are needed within the lead time: resize if the pause costs fewer
+        requests than the overload would (module doc, step 4)."""
+        at, trend, up = s.at, s.trend, self.timing.up
+        current_dp = at.current_dp
+        if current_dp >= s.top:
+            return at.hold(
+                ElasticReason.AT_MAX_DP,
+                f"{s.summary}; peak {s.peak_up:.2f} req/s within {s.lead_s:.0f} s needs "
+                f"{s.need_up} ranks, but DP {current_dp} is the most allowed",
             )
-            lost = trend.rate_at(now_s + up.preparation_s) * max(0.0, up.downtime_s - slack_s)
-            diag = replace(diag, benefit_requests=benefit, cost_requests=lost)
-            if not benefit > lost:
-                return hold(
-                    ElasticReason.HOLD_NOT_WORTH_DOWNTIME,
-                    f"{summary}; DP {current_dp} -> {target} would save ~{benefit:.0f} "
-                    f"requests from the TTFT target but its {up.downtime_s:.1f} s pause costs "
-                    f"~{lost:.0f}; holding",
-                    diag,
-                )
-            capped = need_up > target
-            return ElasticDecision(
-                now_s,
-                current_dp,
-                target,
-                ElasticReason.SCALE_UP_CAPPED if capped else ElasticReason.SCALE_UP,
-                f"{summary}; peak {peak_up:.2f} req/s within {lead_s:.0f} s "
-                f"({self.timing.name} resize {up.total_s:.0f} s + interval) needs {need_up} "
-                f"ranks; DP {current_dp} -> {target}"
-                + (f" (capped at {top})" if capped else "")
-                + f"; saves ~{benefit:.0f} requests, pause costs ~{lost:.0f}",
+        target = self.on_grid(s.need_up, s.top)
+        t_active = at.now_s + up.total_s
+        benefit = trend.requests_above(
+            t_active,
+            t_active + self.config.elastic_ep_benefit_window_seconds,
+            current_dp * s.rank_rps,
+        )
+        lost = trend.rate_at(at.now_s + up.preparation_s) * max(0.0, up.downtime_s - s.slack_s)
+        diag = replace(at.diag, benefit_requests=benefit, cost_requests=lost)
+        if not benefit > lost:
+            return at.hold(
+                ElasticReason.HOLD_NOT_WORTH_DOWNTIME,
+                f"{s.summary}; DP {current_dp} -> {target} would save ~{benefit:.0f} "
+                f"requests from the TTFT target but its {up.downtime_s:.1f} s pause costs "
+                f"~{lost:.0f}; holding",
                 diag,
             )
+        capped = s.need_up > target
+        return at.resize(
+            target,
+            ElasticReason.SCALE_UP_CAPPED if capped else ElasticReason.SCALE_UP,
+            f"{s.summary}; peak {s.peak_up:.2f} req/s within {s.lead_s:.0f} s "
+            f"({self.timing.name} resize {up.total_s:.0f} s + interval) needs {s.need_up} "
+            f"ranks; DP {current_dp} -> {target}"
+            + (f" (capped at {s.top})" if capped else "")
+            + f"; saves ~{benefit:.0f} requests, pause costs ~{lost:.0f}",
+            diag,
+        )
 
+    def _scale_down(self, s: _Sizing) -> ElasticDecision:
+        """Fewer ranks would do: shrink if the drop is sustained and the pause costs no
+        request past the TTFT target (module doc, step 5)."""
+        at, trend = s.at, s.trend
+        current_dp, now_s = at.current_dp, at.now_s
+        up, down = self.timing.up, self.timing.down
         horizon_down = down.total_s + self.interval_s + up.total_s
         forecast_down = trend.peak(now_s, now_s + horizon_down)
         peak_down = max(forecast_down, trend.max_observed_rps)
-        need_down = self._ranks(peak_down, cost.gpu_seconds)
-        target = self.on_grid(need_down, top)
-        diag = replace(diag, peak_rps=peak_down, ranks_needed=need_down)
+        need_down = self._ranks(peak_down, s.gpu_seconds)
+        target = self.on_grid(need_down, s.top)
+        diag = replace(at.diag, peak_rps=peak_down, ranks_needed=need_down)
         if target >= current_dp:
-            if self.on_grid(self._ranks(forecast_down, cost.gpu_seconds), top) < current_dp:
-                return hold(
+            if self.on_grid(self._ranks(forecast_down, s.gpu_seconds), s.top) < current_dp:
+                return at.hold(
                     ElasticReason.HOLD_SCALE_DOWN_NOT_SUSTAINED,
-                    f"{summary}; the forecast fits fewer ranks but {trend.max_observed_rps:.2f} "
-                    f"req/s was seen within the trend window; holding DP {current_dp}",
+                    f"{s.summary}; the forecast fits fewer ranks but "
+                    f"{trend.max_observed_rps:.2f} req/s was seen within the trend window; "
+                    f"holding DP {current_dp}",
                     diag,
                 )
-            return hold(ElasticReason.NO_CHANGE, f"{summary}; DP {current_dp} fits", diag)
-        lost = trend.rate_at(now_s + down.preparation_s) * max(0.0, down.downtime_s - slack_s)
+            return at.hold(ElasticReason.NO_CHANGE, f"{s.summary}; DP {current_dp} fits", diag)
+        lost = trend.rate_at(now_s + down.preparation_s) * max(0.0, down.downtime_s - s.slack_s)
         diag = replace(diag, benefit_requests=0.0, cost_requests=lost)
         if lost > 0:
-            return hold(
+            return at.hold(
                 ElasticReason.HOLD_SCALE_DOWN_COSTS_SLO,
-                f"{summary}; DP {target} would do, but a {self.timing.name} shrink pauses "
+                f"{s.summary}; DP {target} would do, but a {self.timing.name} shrink pauses "
                 f"serving {down.downtime_s:.1f} s (~{lost:.0f} requests past the TTFT target); "
                 "waiting for idle traffic",
                 diag,
             )
-        return ElasticDecision(
-            now_s,
-            current_dp,
+        return at.resize(
             target,
             ElasticReason.SCALE_DOWN,
-            f"{summary}; peak {peak_down:.2f} req/s within {horizon_down:.0f} s fits "
+            f"{s.summary}; peak {peak_down:.2f} req/s within {horizon_down:.0f} s fits "
             f"{target} ranks; DP {current_dp} -> {target}",
             diag,
         )

@@ -19,11 +19,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.core.budget import apply_floors, apply_gpu_budget, cap_change
+from disagg_planner.core.budget import BudgetResult, apply_floors, apply_gpu_budget, cap_change
 from disagg_planner.core.types import (
     DeploymentStatus,
     Histogram,
@@ -406,17 +406,54 @@ class ThroughputPlanner:
         traffic: TrafficObservation | MissingObservation,
         status: DeploymentStatus,
     ) -> ThroughputDecision:
-        cfg = self.config
-        interval = cfg.throughput_adjustment_interval_seconds
-        self._track_convergence(now_s, status)
-        warnings: list[str] = []
-        for role, latency in self.scaling_latency_s.items():
-            if latency > interval:
-                warnings.append(
-                    f"{role} took {latency:.0f} s from decision to ready, longer than the "
-                    f"{interval:.0f} s adjustment interval"
-                )
+        """One throughput tick (see the module doc): each stage either decides, a hold with
+        its reason, or passes what it worked out on to the next."""
+        warnings = self._latency_warnings(now_s, status)
+        fresh = self._fresh_traffic(now_s, traffic, warnings)
+        if isinstance(fresh, ThroughputDecision):
+            return fresh
+        forecast = self._learn(fresh, status)
+        gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
+        sizing = self._size(forecast, gpus)
+        diagnostics = ThroughputDiagnostics(
+            observed=fresh,
+            forecast=forecast,
+            corrections=self.corrections,
+            sizing=sizing,
+            scaling_latency_s=dict(self.scaling_latency_s),
+            warnings=tuple(warnings),
+        )
+        infeasible = self._hold_if_infeasible(now_s, sizing, diagnostics)
+        if infeasible is not None:
+            return infeasible
+        plan_from = self._plan_from(now_s, status, warnings, diagnostics)
+        if isinstance(plan_from, ThroughputDecision):
+            return plan_from
+        stages, budget = self._guard(now_s, sizing, plan_from, gpus)
+        diagnostics = replace(diagnostics, stages=stages, warnings=tuple(warnings))
+        return self._decide(now_s, status, forecast, sizing, budget, diagnostics)
 
+    # --- the stages of a tick, in order ----------------------------------------------------
+
+    def _latency_warnings(self, now_s: float, status: DeploymentStatus) -> list[str]:
+        """Record how long the last changes took to become ready; warn about those slower
+        than the interval (the planner then acts on stale capacity)."""
+        interval = self.config.throughput_adjustment_interval_seconds
+        self._track_convergence(now_s, status)
+        return [
+            f"{role} took {latency:.0f} s from decision to ready, longer than the "
+            f"{interval:.0f} s adjustment interval"
+            for role, latency in self.scaling_latency_s.items()
+            if latency > interval
+        ]
+
+    def _fresh_traffic(
+        self,
+        now_s: float,
+        traffic: TrafficObservation | MissingObservation,
+        warnings: list[str],
+    ) -> TrafficObservation | ThroughputDecision:
+        """The window to plan with, or a hold: never scale on missing or stale data."""
         if isinstance(traffic, MissingObservation):
             detail = f": {traffic.detail}" if traffic.detail else ""
             return self._hold(
@@ -425,62 +462,85 @@ class ThroughputPlanner:
                 f"traffic unavailable ({traffic.reason}{detail}); holding replicas",
                 ThroughputDiagnostics(warnings=tuple(warnings)),
             )
-        if now_s - traffic.end_s > interval:
+        if now_s - traffic.end_s > self.config.throughput_adjustment_interval_seconds:
             return self._hold(
                 now_s,
                 ThroughputReason.STALE_TRAFFIC_DATA,
                 f"traffic window ended {now_s - traffic.end_s:.0f} s ago; holding replicas",
                 ThroughputDiagnostics(observed=traffic, warnings=tuple(warnings)),
             )
+        return traffic
 
+    def _learn(self, traffic: TrafficObservation, status: DeploymentStatus) -> LoadForecast:
+        """Feed the window to the predictors, corrections and ISL variability; forecast."""
         self._observe(traffic)
-        if not cfg.no_correction:
+        if not self.config.no_correction:
             self._update_corrections(traffic, status)
         forecast = self._forecast()
-        roles = cfg.roles
-        gpus = {r: status.roles[r].gpus_per_replica for r in roles}
-        current = {r: status.desired(r) for r in roles}
         if traffic.num_req > 0 and traffic.isl_histogram is not None:
             scv = histogram_scv(traffic.isl_histogram)
             if scv is not None:
                 self.isl_scv = scv
-        sizing = self._size(forecast, gpus)
-        diagnostics = ThroughputDiagnostics(
-            observed=traffic,
-            forecast=forecast,
-            corrections=self.corrections,
-            sizing=sizing,
-            scaling_latency_s=dict(self.scaling_latency_s),
-            warnings=tuple(warnings),
-        )
+        return forecast
+
+    def _hold_if_infeasible(
+        self, now_s: float, sizing: Mapping[str, RoleSizing], diagnostics: ThroughputDiagnostics
+    ) -> ThroughputDecision | None:
         infeasible = [s for s in sizing.values() if not s.feasible]
-        if infeasible:
+        if not infeasible:
+            return None
+        return self._hold(
+            now_s,
+            ThroughputReason.PROFILE_INFEASIBLE,
+            "; ".join(s.note for s in infeasible) + "; holding replicas",
+            diagnostics,
+        )
+
+    def _plan_from(
+        self,
+        now_s: float,
+        status: DeploymentStatus,
+        warnings: list[str],
+        diagnostics: ThroughputDiagnostics,
+    ) -> dict[str, int] | ThroughputDecision:
+        """The replicas to plan from: the desired ones; a hold while the last change
+        converges; the ready ones once it has not converged within the timeout."""
+        roles = self.config.roles
+        current = {r: status.desired(r) for r in roles}
+        if status.converged:
+            return current
+        since = self._last_action_s if self._last_action_s is not None else now_s
+        if (
+            self._last_action_s is not None
+            and now_s - since < self.config.scaling_convergence_timeout_seconds
+        ):
+            pending = ", ".join(
+                f"{r} {s.ready}/{s.desired} ready"
+                for r, s in status.roles.items()
+                if s.ready != s.desired
+            )
             return self._hold(
                 now_s,
-                ThroughputReason.PROFILE_INFEASIBLE,
-                "; ".join(s.note for s in infeasible) + "; holding replicas",
+                ThroughputReason.SCALING_IN_PROGRESS,
+                f"waiting for the last change to converge ({pending})",
                 diagnostics,
             )
+        # Replicas that never became ready: plan from what is actually serving
+        # (Dynamo issue #14251: the planner waited forever on unschedulable pods).
+        warnings.append("previous change did not converge; re-planning from ready replicas")
+        return {r: status.ready(r) for r in roles}
 
-        if not status.converged:
-            waited = now_s - (self._last_action_s if self._last_action_s is not None else now_s)
-            if self._last_action_s is not None and waited < cfg.scaling_convergence_timeout_seconds:
-                pending = ", ".join(
-                    f"{r} {s.ready}/{s.desired} ready"
-                    for r, s in status.roles.items()
-                    if s.ready != s.desired
-                )
-                return self._hold(
-                    now_s,
-                    ThroughputReason.SCALING_IN_PROGRESS,
-                    f"waiting for the last change to converge ({pending})",
-                    diagnostics,
-                )
-            # Replicas that never became ready: plan from what is actually serving
-            # (Dynamo issue #14251: the planner waited forever on unschedulable pods).
-            current = {r: status.ready(r) for r in roles}
-            warnings.append("previous change did not converge; re-planning from ready replicas")
-
+    def _guard(
+        self,
+        now_s: float,
+        sizing: Mapping[str, RoleSizing],
+        current: Mapping[str, int],
+        gpus: Mapping[str, int],
+    ) -> tuple[dict[str, dict[str, int]], BudgetResult]:
+        """The guards in order (floors, stabilisation, change cap, GPU budget), each stage's
+        replicas kept for the diagnostics."""
+        cfg = self.config
+        roles = cfg.roles
         floors = {r: cfg.min_endpoint_for(r) for r in roles}
         stages: dict[str, dict[str, int]] = {"proposed": {r: sizing[r].replicas for r in roles}}
         stages["floors"] = apply_floors(stages["proposed"], floors)
@@ -500,15 +560,19 @@ class ThroughputPlanner:
             order=roles,
         )
         stages["budget"] = budget.replicas
-        diagnostics = ThroughputDiagnostics(
-            observed=traffic,
-            forecast=forecast,
-            corrections=self.corrections,
-            sizing=sizing,
-            stages=stages,
-            scaling_latency_s=dict(self.scaling_latency_s),
-            warnings=tuple(warnings),
-        )
+        return stages, budget
+
+    def _decide(
+        self,
+        now_s: float,
+        status: DeploymentStatus,
+        forecast: LoadForecast,
+        sizing: Mapping[str, RoleSizing],
+        budget: BudgetResult,
+        diagnostics: ThroughputDiagnostics,
+    ) -> ThroughputDecision:
+        """The guarded target as a decision and its reason; a change is remembered for the
+        convergence wait."""
         if budget.limited_by == "min_footprint":
             return self._hold(
                 now_s, ThroughputReason.GPU_BUDGET_GUARD_HOLD, budget.message, diagnostics
@@ -517,15 +581,16 @@ class ThroughputPlanner:
         explain = self._explain(forecast, sizing, target)
         if budget.limited_by:
             explain += f"; limited by {budget.limited_by}: {budget.message}"
-        if target == {r: status.desired(r) for r in roles}:
+        desired = {r: status.desired(r) for r in self.config.roles}
+        if target == desired:
             reason = ThroughputReason.NO_CHANGE
             if budget.limited_by:
                 reason = ThroughputReason.GPU_BUDGET_GUARD_HOLD
             return ThroughputDecision(now_s, target, reason, explain, diagnostics)
         self._last_action_s = now_s
         self._last_target = dict(target)
-        for role in roles:
-            if target[role] != status.desired(role):
+        for role, n in target.items():
+            if n != desired[role]:
                 self._awaiting_ready[role] = now_s
         reason = (
             ThroughputReason.GPU_BUDGET_RECONCILE
