@@ -1,21 +1,28 @@
 """Shared test setup: keep the developer's environment out of config tests; the real
-``kubernetes`` client for tests that run a kmock API server."""
+``kubernetes`` client for tests that run a kmock API server; the real traces (``tests/traces``)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s_client
+
+from tests.traces import AZURE_CONV, MOONCAKE_CONV, TRACE_DIR_ENV, SharedTrace, TraceMissing
+from tests.traces import head as trace_head
+from tests.traces import locate as locate_trace
 
 
 @pytest.fixture(autouse=True)
 def _no_planner_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Config tests must not see PLANNER_*/PROMETHEUS_* variables of the machine."""
     for key in list(os.environ):
+        if key == TRACE_DIR_ENV:
+            continue  # where the tests find the real traces, not a planner setting
         if key.startswith(("PLANNER_", "PROMETHEUS_", "DYN_")) or key == "POD_NAMESPACE":
             monkeypatch.delenv(key, raising=False)
 
@@ -28,3 +35,38 @@ async def api_client(kmock: Any) -> AsyncIterator[k8s_client.ApiClient]:
     api = k8s_client.ApiClient(configuration)
     yield api
     await asyncio.to_thread(api.close)
+
+
+def real_trace(trace: SharedTrace) -> Path:
+    """The shared trace's path. Missing, it skips the test, but fails it under ``CI=true``:
+    CI has the folder, so a missing file there is a broken setup, not a test to leave out."""
+    try:
+        return locate_trace(trace)
+    except TraceMissing as missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(missing), pytrace=False)
+        pytest.skip(str(missing))
+
+
+@pytest.fixture(scope="session")
+def azure_trace() -> Path:
+    return real_trace(AZURE_CONV)
+
+
+@pytest.fixture(scope="session")
+def mooncake_trace() -> Path:
+    return real_trace(MOONCAKE_CONV)
+
+
+@pytest.fixture(scope="session")
+def azure_head(azure_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The header and first 300 rows of the Azure 2023 conversation trace, byte-exact."""
+    folder = tmp_path_factory.mktemp("traces")
+    return trace_head(azure_trace, 301, folder / "azure_conv_2023_head300.csv")
+
+
+@pytest.fixture(scope="session")
+def mooncake_head(mooncake_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 300 lines of the Mooncake conversation trace, byte-exact."""
+    folder = tmp_path_factory.mktemp("traces")
+    return trace_head(mooncake_trace, 300, folder / "mooncake_conversation_head300.jsonl")

@@ -11,8 +11,6 @@ from disagg_planner.errors import TraceError
 from disagg_planner.wiring import build_core
 from tests.unit.core.conftest import write_h200_like_profile
 
-TRACE = Path(__file__).parents[1] / "predictors" / "data" / "mooncake_conversation_head300.jsonl"
-
 
 @pytest.fixture(scope="module")
 def profile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -30,8 +28,10 @@ def config(profile_dir: Path, **extra: object) -> PlannerConfig:
     )
 
 
-def test_warm_up_trace_feeds_all_three_predictors(profile_dir: Path) -> None:
-    core = build_core(config(profile_dir, load_predictor_warmup_trace=str(TRACE)), start_s=0.0)
+def test_warm_up_trace_feeds_all_three_predictors(mooncake_head: Path, profile_dir: Path) -> None:
+    core = build_core(
+        config(profile_dir, load_predictor_warmup_trace=str(mooncake_head)), start_s=0.0
+    )
     assert core.throughput is not None
     # 300 requests over 102 s: 17 complete 6 s intervals, past Kalman's 5 minimum points
     for series, predictor in core.throughput.predictors.items():
@@ -47,9 +47,9 @@ def test_without_warm_up_the_predictors_start_empty(profile_dir: Path) -> None:
     assert (forecast.fallback, forecast.value) == (True, 0.0)
 
 
-def test_auto_warm_up_shares_evidence_across_series(profile_dir: Path) -> None:
+def test_auto_warm_up_shares_evidence_across_series(mooncake_head: Path, profile_dir: Path) -> None:
     core = build_core(
-        config(profile_dir, load_predictor="auto", load_predictor_warmup_trace=str(TRACE)),
+        config(profile_dir, load_predictor="auto", load_predictor_warmup_trace=str(mooncake_head)),
         start_s=0.0,
     )
     assert core.throughput is not None

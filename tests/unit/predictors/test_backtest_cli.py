@@ -20,8 +20,6 @@ from disagg_planner.predictors.constant import ConstantPredictor
 from disagg_planner.predictors.traces import bucket_trace, read_trace
 
 DATA = Path(__file__).parent / "data"
-AZURE_HEAD = DATA / "azure_conv_2023_head300.csv"
-MOONCAKE_HEAD = DATA / "mooncake_conversation_head300.jsonl"
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:
@@ -29,9 +27,11 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:
     return json.loads(capsys.readouterr().out)["results"]
 
 
-def test_json_shape_and_constant_scores_by_hand(capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_shape_and_constant_scores_by_hand(
+    azure_head: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     results = run_json(
-        capsys, "--trace", str(AZURE_HEAD), "--interval", "5", "--predictor", "constant", "kalman"
+        capsys, "--trace", str(azure_head), "--interval", "5", "--predictor", "constant", "kalman"
     )
     assert [(r["predictor"], r["series"]) for r in results] == [
         (p, s) for p in ("constant", "kalman") for s in ("num_req", "isl", "osl")
@@ -39,7 +39,7 @@ def test_json_shape_and_constant_scores_by_hand(capsys: pytest.CaptureFixture[st
     assert all(tuple(r) == JSON_KEYS for r in results)
     # by hand: the constant forecast of interval t is the count of t - 1; the last, partial
     # interval is left out and interval 0 has no forecast
-    counts = np.array([iv.num_req for iv in bucket_trace(read_trace(AZURE_HEAD), interval_s=5)])
+    counts = np.array([iv.num_req for iv in bucket_trace(read_trace(azure_head), interval_s=5)])
     actual, forecast = counts[1:-1], counts[:-2]
     constant = results[0]
     assert constant["intervals"] == len(actual)
@@ -49,10 +49,12 @@ def test_json_shape_and_constant_scores_by_hand(capsys: pytest.CaptureFixture[st
     assert constant["p90_step_ms"] >= 0
 
 
-def test_all_predictors_table_on_mooncake(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["backtest", "--trace", str(MOONCAKE_HEAD), "--interval", "6"]) == 0
+def test_all_predictors_table_on_mooncake(
+    mooncake_head: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["backtest", "--trace", str(mooncake_head), "--interval", "6"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"{MOONCAKE_HEAD}: mooncake, 300 requests; 17 intervals of 6 s")
+    assert out[0].startswith(f"{mooncake_head}: mooncake, 300 requests; 17 intervals of 6 s")
     assert out[1].split() == [
         "predictor",
         "series",
@@ -87,18 +89,20 @@ def test_all_predictors_table_on_mooncake(capsys: pytest.CaptureFixture[str]) ->
     assert weights.startswith("at the end of the trace, auto blend of ")
 
 
-def test_quantile_scores_the_upper_forecast(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--trace", str(AZURE_HEAD), "--interval", "2", "--predictor", "constant"]
+def test_quantile_scores_the_upper_forecast(
+    azure_head: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--trace", str(azure_head), "--interval", "2", "--predictor", "constant"]
     point = run_json(capsys, *args, "--series", "num_req")[0]
     upper = run_json(capsys, *args, "--series", "num_req", "--load-predictor-quantile", "0.9")[0]
     assert upper["under_rate"] < point["under_rate"]
 
 
 def test_bad_trace_exits_2_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    azure_head: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     bad = tmp_path / "bad.csv"
-    lines = AZURE_HEAD.read_bytes().decode().splitlines(keepends=True)
+    lines = azure_head.read_bytes().decode().splitlines(keepends=True)
     bad.write_bytes(
         "".join([*lines[:50], "2023-11-16 18:16:00.0,many,3\r\n", *lines[50:]]).encode()
     )
@@ -129,8 +133,10 @@ def test_bad_trace_exits_2_with_one_line(
     assert f"{bad}:51" in captured.err  # the warning names the first bad row
 
 
-def test_too_short_and_missing_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["backtest", "--trace", str(AZURE_HEAD), "--interval", "600"]) == 2
+def test_too_short_and_missing_traces(
+    azure_head: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["backtest", "--trace", str(azure_head), "--interval", "600"]) == 2
     assert "a backtest needs at least 3" in capsys.readouterr().err
     assert main(["backtest", "--trace", str(tmp_path / "nope.jsonl")]) == 2
     assert "no such file or directory" in capsys.readouterr().err
@@ -140,9 +146,11 @@ def test_too_short_and_missing_traces(tmp_path: Path, capsys: pytest.CaptureFixt
     "args",
     [["--predictor", "lstm"], ["--interval", "0"], ["--interval", "soon"], ["--series", "rps"]],
 )
-def test_bad_arguments_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_exit_2(
+    azure_head: Path, args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as info:
-        main(["backtest", "--trace", str(AZURE_HEAD), *args])
+        main(["backtest", "--trace", str(azure_head), *args])
     assert info.value.code == 2
     assert "backtest" in capsys.readouterr().err
 
@@ -176,9 +184,9 @@ def test_backtest_family_rejects_series_of_different_lengths() -> None:
         )
 
 
-def test_auto_is_backtested_with_all_three_series_as_in_the_planner() -> None:
+def test_auto_is_backtested_with_all_three_series_as_in_the_planner(mooncake_head: Path) -> None:
     # auto's series share evidence, so scoring one series must still run the other two
-    intervals = bucket_trace(read_trace(MOONCAKE_HEAD), interval_s=6.0)
+    intervals = bucket_trace(read_trace(mooncake_head), interval_s=6.0)
     (alone,) = run_backtest(intervals, predictors=["auto"], series=["num_req"])
     together = run_backtest(intervals, predictors=["auto"])
     assert [r.series for r in together] == ["num_req", "isl", "osl"]

@@ -1,5 +1,6 @@
 """The predictors on the two real one-hour load curves (Azure 2023 and Mooncake conversation,
-bucketed per minute), and warm-up from real trace slices.
+bucketed per minute: ``data/``), and warm-up from real trace slices (the first 300 rows of
+the shared traces, see ``tests/traces.py``).
 
 Each curve is run once through ``auto``, whose shadow candidates are the four other
 predictors fed the same values, so one run scores all five.
@@ -16,7 +17,7 @@ import pytest
 from disagg_planner.predictors import AUTO_CANDIDATES, make_predictor, make_predictors
 from disagg_planner.predictors.auto import AutoPredictor
 from disagg_planner.predictors.base import BasePredictor
-from disagg_planner.predictors.traces import TraceError
+from disagg_planner.predictors.traces import TraceError, bucket_trace, read_trace
 from disagg_planner.predictors.warmup import SERIES, warm_up
 
 DATA = Path(__file__).parent / "data"
@@ -86,6 +87,24 @@ def test_curves_are_the_documented_traces() -> None:
     assert totals == {"azure": 19366, "mooncake": 12031}
 
 
+@pytest.mark.parametrize(
+    ("name", "trace"), [("azure", "azure_trace"), ("mooncake", "mooncake_trace")]
+)
+def test_curves_are_the_real_traces_bucketed(
+    name: str, trace: str, request: pytest.FixtureRequest
+) -> None:
+    # what data/README.md says they are, checked against the shared trace they came from
+    intervals = bucket_trace(read_trace(request.getfixturevalue(trace)), interval_s=60)
+    with CURVES[name].open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == len(intervals)
+    for row, interval in zip(rows, intervals, strict=True):
+        assert float(row["start_s"]) == interval.start_s
+        assert int(row["num_req"]) == interval.num_req
+        assert float(row["mean_isl"]) == pytest.approx(interval.mean_isl, abs=5e-4)
+        assert float(row["mean_osl"]) == pytest.approx(interval.mean_osl, abs=5e-4)
+
+
 @pytest.mark.parametrize("name", ["constant", "arima", "kalman", "prophet", "auto"])
 def test_forecasts_are_finite_and_never_negative(scored: Scored, name: str) -> None:
     forecasts = np.array([scored.forecasts[key][name] for key in SERIES])
@@ -128,9 +147,9 @@ def test_auto_is_close_to_the_best_single_predictor_of_each_series(scored: Score
 # --- warm-up ---------------------------------------------------------------------------------
 
 
-def test_warm_up_from_a_real_slice_skips_the_fallback(tmp_path: Path) -> None:
+def test_warm_up_from_a_real_slice_skips_the_fallback(mooncake_head: Path) -> None:
     predictors = {key: make_predictor("kalman") for key in SERIES}
-    report = warm_up(predictors, DATA / "mooncake_conversation_head300.jsonl", interval_s=6.0)
+    report = warm_up(predictors, mooncake_head, interval_s=6.0)
     # 300 requests in 3-second batches up to 102 s: 18 intervals, the last (partial) left out
     assert report.trace_format == "mooncake"
     assert report.requests == 300
@@ -143,9 +162,9 @@ def test_warm_up_from_a_real_slice_skips_the_fallback(tmp_path: Path) -> None:
     assert 500 < predictors["isl"].predict_next().value < 40_000
 
 
-def test_warm_up_then_idle_zeros_are_skipped() -> None:
+def test_warm_up_then_idle_zeros_are_skipped(azure_head: Path) -> None:
     predictor = make_predictor("constant")
-    warm_up({"num_req": predictor}, DATA / "azure_conv_2023_head300.csv", interval_s=10.0)
+    warm_up({"num_req": predictor}, azure_head, interval_s=10.0)
     before = predictor.predict_next().value
     assert before > 0
     predictor.observe(0.0)  # the new deployment has no traffic yet

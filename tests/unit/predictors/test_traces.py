@@ -12,8 +12,6 @@ import pytest
 from disagg_planner.predictors.traces import TraceError, TraceRequest, bucket_trace, read_trace
 
 DATA = Path(__file__).parent / "data"
-AZURE_HEAD = DATA / "azure_conv_2023_head300.csv"
-MOONCAKE_HEAD = DATA / "mooncake_conversation_head300.jsonl"
 AZURE_PER_MINUTE = DATA / "azure_conv_2023_per_minute.csv"
 
 BURSTGPT_HEADER = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
@@ -42,8 +40,8 @@ def dynamo_end(received_ms: int | None, *, isl: int = 100, osl: int = 10, **extr
 # --- the real slices ---------------------------------------------------------------------
 
 
-def test_azure_2023_slice_crlf_seven_digit_fractions() -> None:
-    reader = read_trace(AZURE_HEAD)
+def test_azure_2023_slice_crlf_seven_digit_fractions(azure_head: Path) -> None:
+    reader = read_trace(azure_head)
     requests = list(reader)
     assert reader.format == "azure"
     assert len(requests) == reader.requests == 300
@@ -55,22 +53,22 @@ def test_azure_2023_slice_crlf_seven_digit_fractions() -> None:
     assert arrivals == sorted(arrivals)
 
 
-def test_mooncake_slice_ms_timestamps_and_hash_ids() -> None:
-    reader = read_trace(MOONCAKE_HEAD)
+def test_mooncake_slice_ms_timestamps_and_hash_ids(mooncake_head: Path) -> None:
+    reader = read_trace(mooncake_head)
     requests = list(reader)
     assert reader.format == "mooncake"
     assert len(requests) == 300
     assert requests[0].hash_ids == tuple(range(14))
     assert (requests[0].input_length, requests[0].output_length) == (6758, 500)
-    raw = [json.loads(line) for line in MOONCAKE_HEAD.read_text().splitlines()]
+    raw = [json.loads(line) for line in mooncake_head.read_text().splitlines()]
     assert [r.arrival_s for r in requests] == [row["timestamp"] / 1000 for row in raw]
 
 
-def test_slice_bucketed_matches_the_full_trace_first_minute() -> None:
+def test_slice_bucketed_matches_the_full_trace_first_minute(azure_head: Path) -> None:
     # the per-minute file was bucketed from the whole trace; its first minute lies wholly
     # inside the 300-row slice, so both must agree
     first = AZURE_PER_MINUTE.read_text().splitlines()[1].split(",")
-    interval = bucket_trace(read_trace(AZURE_HEAD), interval_s=60)[0]
+    interval = bucket_trace(read_trace(azure_head), interval_s=60)[0]
     assert interval.num_req == int(first[1]) == 191
     assert interval.mean_isl == pytest.approx(float(first[2]), abs=1e-3)
     assert interval.mean_osl == pytest.approx(float(first[3]), abs=1e-3)
@@ -138,30 +136,32 @@ def test_dynamo_v1_unordered_ends_other_events_and_fallback_fields(tmp_path: Pat
 # --- files, globs, directories, gzip -----------------------------------------------------------
 
 
-def test_gzip_file_reads_like_the_plain_one(tmp_path: Path) -> None:
+def test_gzip_file_reads_like_the_plain_one(mooncake_head: Path, tmp_path: Path) -> None:
     packed = tmp_path / "trace.jsonl.gz"
     with gzip.open(packed, "wb") as out:
-        out.write(MOONCAKE_HEAD.read_bytes())
-    assert list(read_trace(packed)) == list(read_trace(MOONCAKE_HEAD))
+        out.write(mooncake_head.read_bytes())
+    assert list(read_trace(packed)) == list(read_trace(mooncake_head))
 
 
-def test_directory_of_shards_in_name_order(tmp_path: Path) -> None:
-    lines = MOONCAKE_HEAD.read_text().splitlines(keepends=True)
+def test_directory_of_shards_in_name_order(mooncake_head: Path, tmp_path: Path) -> None:
+    lines = mooncake_head.read_text().splitlines(keepends=True)
     write(tmp_path / "part-000.jsonl", "".join(lines[:120]))
     with gzip.open(tmp_path / "part-001.jsonl.gz", "wt") as out:
         out.write("".join(lines[120:]))
     write(tmp_path / "README.txt", "not a trace\n")
     reader = read_trace(tmp_path)
     assert [p.name for p in reader.files] == ["part-000.jsonl", "part-001.jsonl.gz"]
-    assert list(reader) == list(read_trace(MOONCAKE_HEAD))
+    assert list(reader) == list(read_trace(mooncake_head))
     globbed = read_trace(str(tmp_path / "part-*"))
     assert len(list(globbed)) == 300
 
 
-def test_compressed_and_plain_copy_of_one_shard_is_an_error(tmp_path: Path) -> None:
-    shutil.copy(MOONCAKE_HEAD, tmp_path / "a.jsonl")
+def test_compressed_and_plain_copy_of_one_shard_is_an_error(
+    mooncake_head: Path, tmp_path: Path
+) -> None:
+    shutil.copy(mooncake_head, tmp_path / "a.jsonl")
     with gzip.open(tmp_path / "a.jsonl.gz", "wb") as out:
-        out.write(MOONCAKE_HEAD.read_bytes())
+        out.write(mooncake_head.read_bytes())
     with pytest.raises(TraceError, match=r"both a\.jsonl\.gz and a\.jsonl"):
         read_trace(tmp_path)
 
@@ -179,24 +179,26 @@ def test_missing_inputs_name_the_path(tmp_path: Path, name: str, expected: str) 
     assert str(tmp_path / name) in str(info.value)
 
 
-def test_empty_directory_and_mixed_formats(tmp_path: Path) -> None:
+def test_empty_directory_and_mixed_formats(
+    azure_head: Path, mooncake_head: Path, tmp_path: Path
+) -> None:
     with pytest.raises(TraceError, match="no trace files in this directory"):
         read_trace(tmp_path)
-    shutil.copy(MOONCAKE_HEAD, tmp_path / "a.jsonl")
-    shutil.copy(AZURE_HEAD, tmp_path / "b.csv")
+    shutil.copy(mooncake_head, tmp_path / "a.jsonl")
+    shutil.copy(azure_head, tmp_path / "b.csv")
     with pytest.raises(TraceError, match=r"different formats.*mooncake \(a\.jsonl\)"):
         read_trace(tmp_path)
 
 
-def test_unknown_format_and_explicit_format(tmp_path: Path) -> None:
+def test_unknown_format_and_explicit_format(azure_head: Path, tmp_path: Path) -> None:
     path = write(tmp_path / "t.csv", "when,prompt,completion\n1,2,3\n")
     with pytest.raises(TraceError, match=r"t\.csv:1: cannot tell the trace format"):
         read_trace(path)
     with pytest.raises(TraceError, match=r"t\.csv:1: missing column\(s\) TIMESTAMP"):
         list(read_trace(path, trace_format="azure"))
     with pytest.raises(TraceError, match="trace format 'splitwise' is not known"):
-        read_trace(AZURE_HEAD, trace_format="splitwise")
-    assert len(list(read_trace(AZURE_HEAD, trace_format="azure"))) == 300
+        read_trace(azure_head, trace_format="splitwise")
+    assert len(list(read_trace(azure_head, trace_format="azure"))) == 300
 
 
 # --- bad rows ----------------------------------------------------------------------------------
