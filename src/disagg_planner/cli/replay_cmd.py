@@ -13,9 +13,10 @@ from disagg_planner.errors import SpecError
 from disagg_planner.replay.session import WorkloadSpec, prepare, run_many
 from disagg_planner.replay.summary import summary_table
 
-# With no arguments: a real trace (the bundled Azure 2023 conversation trace, its busiest
-# 20 minutes compressed 2x) on a bundled profile, at a load that needs several replicas per
-# role, so that scaling matters and it finishes in well under a minute.
+# With no arguments: a workload generated from facts measured from the first 20 minutes of
+# the Azure 2023 conversation trace (per-minute counts, ISL/OSL distribution: no third-party
+# file needed), compressed 2x, on a bundled profile, at a load that needs several replicas
+# per role, so that scaling matters and it finishes in well under a minute.
 DEFAULT_PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 DEFAULT_SCALE_LOAD = 6.0
 DEFAULT_SPEEDUP = 2.0
@@ -30,7 +31,9 @@ def register(sub: Any) -> None:
         description="Run the planner's decision core, exactly as configured, in virtual time "
         "against a simulated Dynamo deployment driven by a request trace, and score it: SLO "
         "attainment, latency percentiles, GPU-hours against a clairvoyant lower bound. With "
-        "no arguments it replays a bundled real trace on a bundled profile. Writes "
+        "no arguments it replays, on a bundled profile, a workload generated from facts measured "
+        "from the first 20 minutes of the Azure 2023 conversation trace (per-minute request "
+        "counts, ISL/OSL distribution), compressed 2x, six times its load. Writes "
         "summary.json, requests.csv, timeline.csv and report.html to -o.",
     )
     src = parser.add_argument_group("workload")

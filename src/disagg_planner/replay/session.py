@@ -13,6 +13,7 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.predictors.traces import read_trace
 from disagg_planner.profiles import Profile
+from disagg_planner.replay import default_workload
 from disagg_planner.replay.hpa import HpaBehavior
 from disagg_planner.replay.oracle import OraclePolicy, WindowNeed, initial_replicas, plan_needs
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
@@ -31,9 +32,6 @@ from disagg_planner.wiring import build_core, profile_for
 
 log = logging.getLogger(__name__)
 
-BUNDLED_TRACE = (
-    Path(__file__).resolve().parents[1] / "data" / "traces" / ("AzureLLMInferenceTrace_conv.csv")
-)
 ORACLE_WINDOW_S = 60.0
 
 
@@ -58,8 +56,12 @@ def load_requests(spec: WorkloadSpec) -> list[RequestLike]:
     source: Iterator[Any]
     if spec.workload:
         source = parse_workload(spec.workload, seed=spec.seed)
+    elif spec.trace:
+        source = read_trace(spec.trace, trace_format=spec.trace_format)
     else:
-        source = read_trace(spec.trace or BUNDLED_TRACE, trace_format=spec.trace_format)
+        # No third-party file ships with the package: the default is generated from facts
+        # measured from the Azure 2023 conversation trace (replay/default_workload.json).
+        source = default_workload.requests(seed=spec.seed)
     if spec.speedup != 1.0:
         source = speedup(source, spec.speedup)
     if spec.duration_s is not None:

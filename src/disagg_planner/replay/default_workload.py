@@ -1,0 +1,199 @@
+"""The workload ``planner replay`` runs when given none: generated from measured facts.
+
+Third-party traces stay out of the package, so the default cannot replay the Azure 2023
+conversation trace itself. ``default_workload.json`` (next to this module) holds facts
+measured from it instead: the request count of each minute of the span the default replays,
+and the joint distribution of prompt (ISL) and output (OSL) lengths. ISL and OSL are not
+independent there (the OSL mean per ISL quartile is about 116, 297, 418 and 177 tokens;
+independent marginals would give about 253 in each), so the lengths are kept as ISL bins of
+equal request share (by ISL rank), and per bin the quantiles of its ISL and of its OSL. The
+mix changes over the span (the mean ISL of a minute ranges from 900 to 1,344 tokens), and
+the planner and the oracle size replicas by it, so each minute's count is kept per bin.
+
+:func:`requests` generates from the facts: each minute gets exactly its measured count of
+arrivals of each bin, uniform within the minute (a Poisson process conditioned on the
+count), each with an ISL and an OSL drawn from its bin's quantiles (inverse CDF with linear
+interpolation). Deterministic given ``seed``.
+
+Regenerate the facts from the trace (https://github.com/Azure/AzurePublicDataset,
+``data/AzureLLMInferenceTrace_conv.csv``)::
+
+    python -m disagg_planner.replay.default_workload --from-trace FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from disagg_planner.predictors.traces import TraceRequest, read_trace
+
+FACTS_FILE = "default_workload.json"
+SOURCE = {
+    "dataset": "Azure LLM inference trace 2023, conversation service",
+    "url": "https://github.com/Azure/AzurePublicDataset",
+    "file": "data/AzureLLMInferenceTrace_conv.csv",
+    "sha256": "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
+    "license": "CC-BY 4.0",
+    "attribution": 'Patel et al., "Splitwise: Efficient generative LLM inference using phase '
+    'splitting", ISCA 2024',
+}
+# The default replays the trace's first 20 minutes (compressed 2x into 600 s: cli/replay_cmd).
+MINUTES = 20
+ISL_BINS = 20
+QUANTILES = 51  # per bin, at 0, 2, ..., 100 %: 0.1 % of the requests between two points
+# The generator's own stream: ``scale_load`` seeds ``random.Random(seed)`` too, and the same
+# sequence driving arrivals and clone jitter would correlate them.
+_SALT = "default-workload:"
+
+
+@dataclass(frozen=True)
+class LengthBin:
+    isl_quantiles: tuple[float, ...]
+    osl_quantiles: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    by_minute: tuple[tuple[int, ...], ...]  # [minute][bin]: requests
+    bins: tuple[LengthBin, ...]
+
+    @classmethod
+    def from_json(cls, data: dict) -> WorkloadFacts:
+        by_minute = tuple(tuple(int(n) for n in row) for row in data["requests_by_minute_and_bin"])
+        # The per-minute counts are stated for readers; they must be what generates.
+        if [sum(row) for row in by_minute] != data["requests_per_minute"]:
+            raise ValueError("requests_per_minute are not the row sums of the per-bin counts")
+        bins = tuple(
+            LengthBin(tuple(b["isl_quantiles"]), tuple(b["osl_quantiles"]))
+            for b in data["lengths"]["bins"]
+        )
+        return cls(by_minute, bins)
+
+
+@cache
+def packaged_facts() -> WorkloadFacts:
+    text = resources.files(__package__).joinpath(FACTS_FILE).read_text(encoding="utf-8")
+    return WorkloadFacts.from_json(json.loads(text))
+
+
+def requests(seed: int = 0, facts: WorkloadFacts | None = None) -> Iterator[TraceRequest]:
+    """The generated requests, time-sorted, arrivals from 0 to ``60 * minutes`` seconds."""
+    facts = facts or packaged_facts()
+    rng = random.Random(_SALT + str(seed))
+    for minute, counts in enumerate(facts.by_minute):
+        chosen = [facts.bins[k] for k, n in enumerate(counts) for _ in range(n)]
+        rng.shuffle(chosen)
+        offsets = sorted(rng.uniform(0.0, 60.0) for _ in chosen)
+        for offset, lengths in zip(offsets, chosen, strict=True):
+            yield TraceRequest(
+                arrival_s=60.0 * minute + offset,
+                input_length=_draw(lengths.isl_quantiles, rng),
+                output_length=_draw(lengths.osl_quantiles, rng),
+            )
+
+
+def _draw(quantiles: Sequence[float], rng: random.Random) -> int:
+    """Inverse CDF through equally spaced quantiles, interpolated linearly; at least 1."""
+    x = rng.random() * (len(quantiles) - 1)
+    k = min(int(x), len(quantiles) - 2)
+    value = quantiles[k] + (quantiles[k + 1] - quantiles[k]) * (x - k)
+    return max(1, round(value))
+
+
+def measure(trace: Path, *, minutes: int = MINUTES) -> dict:
+    """The facts file's content, measured from the first ``minutes`` of ``trace``."""
+    digest = hashlib.sha256(trace.read_bytes()).hexdigest()
+    if digest != SOURCE["sha256"]:
+        # The source named in the file must be the one measured.
+        raise SystemExit(
+            f"{trace}: sha256 {digest} is not that of {SOURCE['url']} {SOURCE['file']} "
+            f"({SOURCE['sha256']})"
+        )
+    span_s = 60.0 * minutes
+    kept = [r for r in read_trace(trace, trace_format="azure") if r.arrival_s < span_s]
+    isl = np.array([r.input_length for r in kept])
+    osl = np.array([r.output_length for r in kept])
+    minute = np.array([int(r.arrival_s // 60) for r in kept])
+    probabilities = np.linspace(0.0, 1.0, QUANTILES)
+    # Bins by ISL rank, not value: many requests share one ISL, and equal shares keep every
+    # bin's quantiles equally well sampled.
+    groups = np.array_split(np.argsort(isl, kind="stable"), ISL_BINS)
+    by_minute = np.zeros((minutes, ISL_BINS), dtype=int)
+    for k, group in enumerate(groups):
+        by_minute[:, k] = np.bincount(minute[group], minlength=minutes)
+    return {
+        "what": f"Facts measured from the first {minutes} minutes of the trace below, from "
+        "which disagg_planner.replay.default_workload generates the default workload of "
+        "planner replay (its module doc says how). requests_by_minute_and_bin[m][k]: the "
+        "requests of minute m (from the first arrival) in ISL bin k of lengths.bins; "
+        "requests_per_minute: its row sums.",
+        "source": SOURCE,
+        "regenerate": "python -m disagg_planner.replay.default_workload --from-trace "
+        "AzureLLMInferenceTrace_conv.csv",
+        "requests_per_minute": [int(n) for n in by_minute.sum(axis=1)],
+        "requests_by_minute_and_bin": by_minute.tolist(),
+        "lengths": {
+            "method": f"{ISL_BINS} bins of equal request share by ISL rank; per bin the ISL "
+            f"and OSL quantiles at {QUANTILES} equally spaced probabilities from 0 to 1 "
+            "(numpy linear), in tokens",
+            "bins": [
+                {
+                    "isl_quantiles": _rounded(np.quantile(isl[group], probabilities)),
+                    "osl_quantiles": _rounded(np.quantile(osl[group], probabilities)),
+                }
+                for group in groups
+            ],
+        },
+    }
+
+
+def _rounded(values: np.ndarray) -> list[float]:
+    return [round(float(v), 1) for v in values]
+
+
+def dumps(facts: dict) -> str:
+    """JSON with each number list on one line, so the file reads (and diffs) by field."""
+    text = json.dumps(facts, indent=2)
+    return re.sub(r"\[\s+([-\d.,\s]+?)\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]", text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m disagg_planner.replay.default_workload",
+        description="Measure the default replay workload's facts from the Azure 2023 "
+        "conversation trace and write them.",
+    )
+    parser.add_argument(
+        "--from-trace",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help=f"AzureLLMInferenceTrace_conv.csv ({SOURCE['url']}, {SOURCE['file']})",
+    )
+    parser.add_argument("--minutes", type=int, default=MINUTES, help="span measured")
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path(__file__).with_name(FACTS_FILE),
+        help="where to write (default: the packaged file)",
+    )
+    args = parser.parse_args(argv)
+    args.output.write_text(dumps(measure(args.from_trace, minutes=args.minutes)) + "\n")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
