@@ -22,7 +22,8 @@ Usage::
     python benchmarks/predictors.py [TRACE ...] [--intervals 30 60 180]
         [--held-out-intervals 45 90 120 240] [--no-write]
 
-Without TRACE arguments the traces bundled under ``planner/data/traces/`` are used.
+Without TRACE arguments the Azure 2023 and Mooncake conversation traces are read from
+``$PLANNER_TRACE_DIR`` (default ``../shared/traces`` beside the repository; ``tests/traces.py``).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from disagg_planner.predictors.base import BasePredictor, LoadPredictor  # noqa:
 from disagg_planner.predictors.factory import AUTO_CANDIDATES, make_predictor  # noqa: E402
 from disagg_planner.predictors.traces import bucket_trace, read_trace  # noqa: E402
 from disagg_planner.predictors.warmup import SERIES, series_of  # noqa: E402
+from tests.traces import AZURE_CONV, MOONCAKE_CONV, for_script  # noqa: E402
 
-DEFAULT_TRACE_DIR = REPO / "planner" / "data" / "traces"
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- BEGIN predictors -->", "<!-- END predictors -->"
 SINGLES = ("constant", "arima", "kalman", "prophet")
@@ -64,11 +65,7 @@ Run = tuple[str, float, list[BacktestResult]]  # (trace label, interval, results
 
 
 def default_traces() -> list[Path]:
-    if not DEFAULT_TRACE_DIR.is_dir():
-        return []
-    return sorted(
-        p for p in DEFAULT_TRACE_DIR.iterdir() if p.name.endswith((".csv", ".jsonl", ".gz"))
-    )
+    return [for_script(AZURE_CONV), for_script(MOONCAKE_CONV)]
 
 
 def label_of(path: Path) -> str:
@@ -351,8 +348,8 @@ def render(
         "",
         *arima_lines(runs),
         "",
-        "Command (the copies bundled under `planner/data/traces/` hold the same bytes, the "
-        "Mooncake one gzipped, so `python benchmarks/predictors.py` reproduces these tables):",
+        "Command (without TRACE arguments it reads the Azure and Mooncake conversation "
+        "traces from `$PLANNER_TRACE_DIR`, default `../shared/traces`):",
         "",
         "```",
         command,
@@ -374,7 +371,7 @@ def write_section(section: str, path: Path = RESULTS) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("traces", nargs="*", type=Path, help="trace files (default: bundled)")
+    parser.add_argument("traces", nargs="*", type=Path, help="trace files (default: shared)")
     parser.add_argument("--intervals", nargs="+", type=float, default=[30.0, 60.0, 180.0])
     parser.add_argument(
         "--held-out-intervals",
@@ -387,8 +384,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     traces = args.traces or default_traces()
-    if not traces:
-        parser.error(f"no traces given and none under {DEFAULT_TRACE_DIR}")
     runs = run_all(traces, args.intervals)
     held_out = run_all(traces, args.held_out_intervals)
     best_of = timing_repeats(traces, interval=30.0, repeat=args.repeat)

@@ -1,10 +1,11 @@
 """Decision-quality scorecard: every policy on the same simulated cluster and workload.
 
 Runs ``planner replay`` policies (static peak provisioning, a Kubernetes HPA, Dynamo's
-defaults, our planner with its defaults, and the clairvoyant oracle) on the bundled real
-traces and two synthetic workloads, and prints one markdown table of SLO attainment,
-GPU-hours, the ratio to the oracle lower bound, scale actions and flaps. GPU-hours ratios
-are against the oracle bound computed in the same run.
+defaults, our planner with its defaults, and the clairvoyant oracle) on two real traces
+(read from ``$PLANNER_TRACE_DIR``, see ``tests/traces.py``) and two synthetic workloads,
+and prints one markdown table of SLO attainment, GPU-hours, the ratio to the oracle lower
+bound, scale actions and flaps. GPU-hours ratios are against the oracle bound computed in
+the same run.
 
     python benchmarks/scorecard.py [--write] [--only NAME] [--jobs N] [--variant K=V ...]
 
@@ -20,7 +21,7 @@ import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from disagg_planner.config import PlannerConfig
 from disagg_planner.replay.session import WorkloadSpec, prepare, run
+from tests.traces import AZURE_CONV, MOONCAKE_CONV, SharedTrace, for_script
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "planner" / "data" / "traces"
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 POLICIES = ("static-peak", "hpa", "dynamo-default", "planner", "oracle")
@@ -45,23 +46,33 @@ class Scenario:
     ttft_ms: float
     itl_ms: float
     note: str
+    # A shared trace: main puts its path into the workload (located) only for the scenarios
+    # it runs, so the others' traces need not be there.
+    trace: SharedTrace | None = None
+
+    def located(self) -> Scenario:
+        if self.trace is None:
+            return self
+        return replace(self, workload=replace(self.workload, trace=str(for_script(self.trace))))
 
 
 SCENARIOS = (
     Scenario(
         "azure-conv x16",
-        WorkloadSpec(trace=str(TRACES / "AzureLLMInferenceTrace_conv.csv"), scale_load=16),
+        WorkloadSpec(scale_load=16),
         500,
         20,
         "Azure 2023 conversation trace (1 h), each request cloned 16x",
+        trace=AZURE_CONV,
     ),
     Scenario(
         "mooncake-conv x4",
-        WorkloadSpec(trace=str(TRACES / "mooncake_conversation_trace.jsonl.gz"), scale_load=4),
+        WorkloadSpec(scale_load=4),
         5000,
         20,
         "Mooncake conversation trace (1 h, mean ISL 12k, p99 85k: TTFT target 5 s, because a "
         "lone 85k-token prefill alone takes ~2 s on one H200)",
+        trace=MOONCAKE_CONV,
     ),
     Scenario(
         "sinusoid 5-45 req/s",
@@ -138,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         key, _, value = item.partition("=")
         variant[key] = None if value.lower() in {"none", "null"} else value
     scenarios = [
-        s for s in SCENARIOS if not args.only or any(s.name.startswith(o) for o in args.only)
+        s.located()
+        for s in SCENARIOS
+        if not args.only or any(s.name.startswith(o) for o in args.only)
     ]
     policies = args.policy or list(POLICIES)
     jobs = [

@@ -2,10 +2,12 @@
 
 Usage::
 
-    python benchmarks/simulator_speed.py TRACE [--engine SPEC] [--prefill N] [--decode N]
+    python benchmarks/simulator_speed.py [TRACE] [--engine SPEC] [--prefill N] [--decode N]
         [--repeat R] [--fpm-callback]
 
-Replays every request of ``TRACE`` (any format ``disagg_planner.predictors.traces`` reads) against
+Replays every request of ``TRACE`` (any format ``disagg_planner.predictors.traces`` reads;
+default: the Azure 2023 conversation trace in ``$PLANNER_TRACE_DIR``, see ``tests/traces.py``)
+against
 a fixed disaggregated cluster (default 2 prefill + 2 decode replicas of
 ``sim:llama-3.1-8b-fp8@h200_sxm:tp1``) and prints simulated seconds / wall seconds, the
 figure issue 5 asks for (>= 60x, aim 300x, for the one-hour Azure conversation trace). The
@@ -28,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from disagg_planner.predictors.traces import read_trace
 from disagg_planner.simulator.cluster import Cluster
+from tests.traces import AZURE_CONV, for_script
 
 
 def run_once(args: argparse.Namespace) -> tuple[float, float, Cluster, int]:
@@ -55,7 +58,12 @@ def run_once(args: argparse.Namespace) -> tuple[float, float, Cluster, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", help="trace file (Azure CSV, Mooncake JSONL, ...)")
+    parser.add_argument(
+        "trace",
+        nargs="?",
+        help=f"trace file (Azure CSV, Mooncake JSONL, ...; default: {AZURE_CONV.name} in "
+        "$PLANNER_TRACE_DIR)",
+    )
     parser.add_argument("--engine", default="sim:llama-3.1-8b-fp8@h200_sxm:tp1")
     parser.add_argument("--prefill", type=int, default=2)
     parser.add_argument("--decode", type=int, default=2)
@@ -67,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fpm-callback", action="store_true", help="also build every iteration's FPM"
     )
     args = parser.parse_args(argv)
+    args.trace = args.trace or for_script(AZURE_CONV)
     results = []
     for i in range(max(1, args.repeat)):
         sim_s, wall_s, cluster, fpms = run_once(args)
