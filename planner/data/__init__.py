@@ -1,1 +1,0 @@
-"""Data files bundled with the planner (request traces for replay and benchmarks)."""
