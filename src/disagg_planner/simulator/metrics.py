@@ -100,6 +100,18 @@ class Histogram:
         self.sum += value * n
         self.count += n
 
+    def observe_seq(self, values: list[float]) -> None:
+        """``observe`` each value in turn: the same counts and the same float ``sum`` (added
+        one value at a time, in order) without a call per value."""
+        counts = self.counts
+        bounds = self.bounds
+        total = self.sum
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+            total += value
+        self.sum = total
+        self.count += len(values)
+
     def observe_array(self, values: npt.NDArray[np.float64], weight: int = 1) -> None:
         """Record every value of ``values``, each ``weight`` times."""
         if values.size == 0 or weight == 0:

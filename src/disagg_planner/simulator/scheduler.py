@@ -42,6 +42,8 @@ from disagg_planner.simulator.request import SimRequest
 
 Role = Literal["prefill", "decode", "agg"]
 FpmCallback = Callable[[ForwardPassMetrics], None]
+# The decode contexts' variance of an iteration, or the contexts to compute it from.
+VarSource = float | list[int]
 _MAX_BULK = 4096
 _EPS = 1e-9
 
@@ -108,18 +110,21 @@ class EngineCore:
         self._step_end = 0.0
         self._step_dur = 0.0
         self._step_desc: tuple[float, ...] = ()
+        self._step_ctx: list[int] = []
+        self._step_k = 0
         # ... or a planned run of decode-only iterations.
         self._bulk_ends: npt.NDArray[np.float64] | None = None
         self._bulk_durs: npt.NDArray[np.float64] | None = None
         self._bulk_start = 0.0
         self._bulk_done = 0
         self._bulk_k0 = 0
-        self._bulk_var = 0.0
+        self._bulk_ctx: list[int] = []
+        self._bulk_var: float | None = None
         # Waiting-queue aggregates for the FPM's queued section.
         self._q = [0, 0, 0, 0, 0, 0]  # n_pf, sum_pf, sumsq_pf, n_dc, sum_dc, sumsq_dc
         # Latest FPM, built lazily.
         self.counter_id = 0
-        self._last_fpm: tuple[float, tuple[float, ...], tuple[float, ...]] | None = None
+        self._last_fpm: tuple[float, tuple[float, ...], VarSource, tuple[float, ...]] | None = None
         self._was_active = False
         # Counters (tests and reports).
         self.iterations = 0
@@ -300,41 +305,56 @@ class EngineCore:
             cache.popitem(last=False)
 
     def _schedule_pass(self) -> tuple[bool, bool]:
-        """Build the next iteration into ``_step_prefill``/``_step_decode``; returns
-        (preempted, admitted)."""
+        """Build the next iteration into ``_step_prefill``/``_step_decode`` (and the decode
+        contexts into ``_step_ctx``, their sum into ``_step_k``); returns (preempted,
+        admitted)."""
         bs = self.block_size
         budget = self.budget
         prefill: list[tuple[SimRequest, int, int]] = []
         decode: list[SimRequest] = []
+        # The decode contexts, gathered here once: the iteration time needs their sum, the
+        # FPM their variance and a planned decode run both.
+        ctxs: list[int] = []
+        k = 0
         running = self.running
+        free = self.free_blocks
         preempted = False
+        n_run = len(running)
         i = 0
-        while i < len(running) and budget > 0:
+        # This loop runs once per iteration over the whole batch: attributes are read once
+        # into locals and ``free_blocks`` is kept in a local (hence no ``req.context``).
+        while i < n_run and budget > 0:
             req = running[i]
-            if req.computed < req.prompt_len:
-                n = min(req.prompt_len - req.computed, budget)
-                need = -(-(req.computed + n) // bs)
+            computed = req.computed
+            prompt = req.prompt_len
+            if computed < prompt:
+                n = prompt - computed
+                if n > budget:
+                    n = budget
+                need = -(-(computed + n) // bs)
             else:
                 n = 0
-                need = -(-req.context // bs)
+                ctx = prompt + req.generated - req.gen_base
+                need = -(-ctx // bs)
             extra = need - req.blocks
-            self_preempted = False
-            while extra > self.free_blocks:
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    self_preempted = True
-                    break
-            if self_preempted:
-                break
-            self.free_blocks -= extra
-            req.blocks = need
+            if extra:  # a decode needs a new block only every block_size tokens
+                if extra > free:
+                    self.free_blocks = free
+                    preempted = True
+                    self_preempted = self._make_room(req, extra)
+                    free = self.free_blocks
+                    n_run = len(running)
+                    if self_preempted:
+                        break
+                free -= extra
+                req.blocks = need
             if n:
-                prefill.append((req, n, req.computed))
+                prefill.append((req, n, computed))
                 budget -= n
             else:
                 decode.append(req)
+                ctxs.append(ctx)
+                k += ctx
                 budget -= 1
             i += 1
         admitted = False
@@ -349,22 +369,36 @@ class EngineCore:
                     computed = hit
                 n = min(req.prompt_len - computed, budget)
                 need = -(-(computed + n) // bs)
-                if need > self.free_blocks:
+                if need > free:
                     break
                 waiting.popleft()
                 self._q_add(req, -1)
                 req.computed = computed
                 if hit:
                     req.cached_tokens = hit
-                self.free_blocks -= need
+                free -= need
                 req.blocks = need
                 running.append(req)
                 prefill.append((req, n, computed))
                 budget -= n
                 admitted = True
+        self.free_blocks = free
         self._step_prefill = prefill
         self._step_decode = decode
+        self._step_ctx = ctxs
+        self._step_k = k
         return preempted, admitted
+
+    def _make_room(self, req: SimRequest, extra: int) -> bool:
+        """Preempt the most recently admitted running requests (LIFO) until ``extra`` blocks
+        are free for ``req``; True when ``req`` itself had to go."""
+        running = self.running
+        while extra > self.free_blocks:
+            victim = running.pop()
+            self._preempt(victim)
+            if victim is req:
+                return True
+        return False
 
     def _schedule(self, now: float) -> None:
         if not self.running and not self.waiting:
@@ -395,10 +429,11 @@ class EngineCore:
             p += n
             c += ctx
             pairs += n * (ctx + (n + 1) / 2.0)
-        k = sum(r.context for r in decode)
+        k = self._step_k
         dur = self.model.iteration_time_s(
             p, c, len(decode), k, prefill_requests=len(prefill), prefill_attention_pairs=pairs
         )
+        # The decode variance is left to the FPM (``_step_ctx``): most are never built.
         self._step_desc = (
             float(len(prefill)),
             float(p),
@@ -406,7 +441,6 @@ class EngineCore:
             float(c),
             float(len(decode)),
             float(k),
-            _var([r.context for r in decode]),
         )
         self._step_dur = float(dur)
         self._step_end = now + self._step_dur
@@ -417,23 +451,31 @@ class EngineCore:
         running = self.running
         b = len(running)
         bs = self.block_size
-        ctx0 = [r.context for r in running]
-        k = min(min(r.target - r.generated for r in running), _MAX_BULK)
+        # The pass just scheduled every running request as a decode, in order.
+        ctx0 = self._step_ctx
+        k = min(min([r.target - r.generated for r in running]), _MAX_BULK)
         k = max(k, 1)
+        free = self.free_blocks
+        # Step ``s`` of the run needs ceil((c + s - 1) / bs) blocks per request and the pass
+        # allocated ceil(c / bs), so k steps need at most ceil((k - 1) / bs) more each: when
+        # that fits, KV does not cut the run and the exact count is not needed.
+        if b * -(-(k - 1) // bs) > free:
+            ctx_arr = np.asarray(ctx0, dtype=np.int64)
+            held = int(((ctx_arr + (bs - 1)) // bs).sum())  # == sum of r.blocks
 
-        def extra_blocks(steps: int) -> int:
-            return sum(-(-(c + steps - 1) // bs) for c in ctx0) - sum(r.blocks for r in running)
+            def extra_blocks(steps: int) -> int:
+                return int(((ctx_arr + (steps - 1 + bs - 1)) // bs).sum()) - held
 
-        if extra_blocks(k) > self.free_blocks:
-            lo, hi = 1, k  # extra_blocks(1) == 0: step 1 is already allocated
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if extra_blocks(mid) <= self.free_blocks:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
-        k0 = sum(ctx0)
+            if extra_blocks(k) > free:
+                lo, hi = 1, k  # extra_blocks(1) == 0: step 1 is already allocated
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if extra_blocks(mid) <= free:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                k = lo
+        k0 = self._step_k
         kv = k0 + b * np.arange(k, dtype=np.float64)
         durs = self.model.iteration_time_s(0, 0, b, kv)
         self._bulk_durs = durs
@@ -441,7 +483,8 @@ class EngineCore:
         self._bulk_start = now
         self._bulk_done = 0
         self._bulk_k0 = k0
-        self._bulk_var = _var(ctx0)
+        self._bulk_ctx = ctx0
+        self._bulk_var = None
         self._token += 1
         self.sink.schedule(float(self._bulk_ends[-1]), self, self._token)
 
@@ -457,7 +500,10 @@ class EngineCore:
     def _commit_step(self, now: float) -> None:
         prefill, decode = self._step_prefill, self._step_decode
         visible = self.role != "prefill"
-        touched: list[SimRequest] = []
+        # Inter-token gaps in the order tokens are emitted (the histogram's float sum depends
+        # on it), and the requests that finish, in the order they leave.
+        gaps: list[float] = []
+        done: list[SimRequest] = []
         for req, n, _ctx in prefill:
             req.computed += n
             self.prefill_tokens_computed += n
@@ -466,25 +512,40 @@ class EngineCore:
                 if self._prefix is not None and req.gen_base == 0:
                     self._prefix_insert(req)
                 if visible:
-                    self._emit_token(req, now)
+                    if req.first_token_s is None:
+                        req.first_token_s = now
+                        self.sink.on_first_token(req, now)
+                    else:
+                        gaps.append(now - req.last_token_s)
+                    req.last_token_s = now
                     self.tokens_generated += 1
-                touched.append(req)
+                if req.generated >= req.target:
+                    done.append(req)
         for req in decode:
-            req.generated += 1
-            self._emit_token(req, now)
-            touched.append(req)
+            # A scheduled decode has had its first token (its prefill emitted it).
+            gen = req.generated + 1
+            req.generated = gen
+            gaps.append(now - req.last_token_s)
+            req.last_token_s = now
+            if gen >= req.target:
+                done.append(req)
+        self.itl.observe_seq(gaps)
         self.tokens_generated += len(decode)
-        self._finish_iteration(self._step_desc, self._step_dur)
+        self._finish_iteration(self._step_desc, self._step_ctx, self._step_dur)
         self._step_prefill = []
         self._step_decode = []
-        self._release_finished(touched, now)
+        self._release(done, now)
 
-    def _release_finished(self, touched: list[SimRequest], now: float) -> None:
-        done = [r for r in touched if r.generated >= r.target]
+    def _release(self, done: list[SimRequest], now: float) -> None:
+        """``done`` have their last token: free their KV and hand them back."""
         if not done:
             return
-        gone = set(map(id, done))
-        self.running = [r for r in self.running if id(r) not in gone]
+        running = self.running
+        if len(done) == 1:
+            running.remove(done[0])  # identity comparison, in C
+        else:
+            gone = set(map(id, done))
+            running[:] = [r for r in running if id(r) not in gone]
         for req in done:
             self.free_blocks += req.blocks
             req.blocks = 0
@@ -500,63 +561,96 @@ class EngineCore:
         last_end = float(ends[c + m - 1])
         running = self.running
         b = len(running)
-        self.itl.observe_array(seg, weight=b)
+        itl = self.itl
+        itl.observe_array(seg, weight=b)
         bs = self.block_size
+        # Blocks for the next iteration (partial commit) or the last one run (final).
+        shift = 1 if final else 0
+        free = self.free_blocks
+        done: list[SimRequest] = []
         for req in running:
-            if abs(req.last_token_s - seg_start) > _EPS:
+            last = req.last_token_s
+            if last - seg_start > _EPS or seg_start - last > _EPS:
                 # This request's previous token came earlier than the run's start (it was
                 # starved or just admitted): its first gap is longer than the iteration.
-                self.itl.observe(float(seg[0]), -1)
-                self.itl.observe(first_end - req.last_token_s)
-            req.generated += m
+                itl.observe(float(seg[0]), -1)
+                itl.observe(first_end - last)
+            gen = req.generated + m
+            req.generated = gen
             req.last_token_s = last_end
-            # Blocks for the next iteration (partial commit) or the last one run (final).
-            ctx = req.context - (1 if final else 0)
-            need = -(-ctx // bs)
-            if need > req.blocks:
-                self.free_blocks -= need - req.blocks
+            need = -(-(req.prompt_len + gen - req.gen_base - shift) // bs)
+            blocks = req.blocks
+            if need > blocks:
+                free -= need - blocks
                 req.blocks = need
+            if gen >= req.target:
+                done.append(req)
+        self.free_blocks = free
         self.tokens_generated += m * b
         self.busy_time_s += float(seg.sum())
         queued = self._queued()
         if self.on_fpm is not None:
+            var = self._bulk_decode_var()
             for j in range(c, c + m):
-                sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b), self._bulk_var)
-                self._record_fpm(float(durs[j]), sched, queued, emit=True)
+                sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b))
+                self._record_fpm(float(durs[j]), sched, var, queued, emit=True)
         else:
             j = c + m - 1
-            sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b), self._bulk_var)
+            sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b))
             self.counter_id += m - 1
             self.iterations += m - 1
-            self._record_fpm(float(durs[j]), sched, queued, emit=False)
+            var_src: VarSource = self._bulk_ctx if self._bulk_var is None else self._bulk_var
+            self._record_fpm(float(durs[j]), sched, var_src, queued, emit=False)
         self._bulk_done = c + m
         if final:
-            self._release_finished(list(running), last_end)
+            self._release(done, last_end)
 
     # -- forward-pass metrics ------------------------------------------------------------------
-    def _finish_iteration(self, sched: tuple[float, ...], wall: float) -> None:
+    # An FPM's scheduled section is kept as six figures plus the decode contexts' variance,
+    # or the contexts themselves (``VarSource``) until an FPM is actually built: a replay
+    # reads only the latest FPM of each rank once per tick, so most variances are never needed.
+    def _bulk_decode_var(self) -> float:
+        """Variance of a planned run's decode contexts (every step adds one token to each,
+        so it is the same for the whole run); computed once per run."""
+        if self._bulk_var is None:
+            self._bulk_var = _var(self._bulk_ctx)
+        return self._bulk_var
+
+    def _finish_iteration(self, sched: tuple[float, ...], var_src: VarSource, wall: float) -> None:
         self.busy_time_s += wall
-        self._record_fpm(wall, sched, self._queued(), emit=self.on_fpm is not None)
+        self._record_fpm(wall, sched, var_src, self._queued(), emit=self.on_fpm is not None)
 
     def _record_fpm(
-        self, wall: float, sched: tuple[float, ...], queued: tuple[float, ...], *, emit: bool
+        self,
+        wall: float,
+        sched: tuple[float, ...],
+        var_src: VarSource,
+        queued: tuple[float, ...],
+        *,
+        emit: bool,
     ) -> None:
         self.counter_id += 1
         self.iterations += 1
-        self._last_fpm = (wall, sched, queued)
+        self._last_fpm = (wall, sched, var_src, queued)
         if emit and self.on_fpm is not None:
-            self.on_fpm(self._build_fpm(wall, sched, queued, self.counter_id))
+            self.on_fpm(self._build_fpm(wall, sched, var_src, queued, self.counter_id))
 
     def _emit_idle(self) -> None:
         self.counter_id += 1
-        zero = (0.0,) * 7
-        self._last_fpm = (0.0, zero, self._queued())
+        zero = (0.0,) * 6
+        self._last_fpm = (0.0, zero, 0.0, self._queued())
         if self.on_fpm is not None:
-            self.on_fpm(self._build_fpm(0.0, zero, self._queued(), self.counter_id))
+            self.on_fpm(self._build_fpm(0.0, zero, 0.0, self._queued(), self.counter_id))
 
     def _build_fpm(
-        self, wall: float, sched: tuple[float, ...], queued: tuple[float, ...], counter: int
+        self,
+        wall: float,
+        sched: tuple[float, ...],
+        var_src: VarSource,
+        queued: tuple[float, ...],
+        counter: int,
     ) -> ForwardPassMetrics:
+        var_decode = var_src if isinstance(var_src, float) else _var(var_src)
         return ForwardPassMetrics(
             version=FPM_VERSION,
             worker_id=self.worker_id,
@@ -570,7 +664,7 @@ class EngineCore:
                 sum_prefill_kv_tokens=int(sched[3]),
                 num_decode_requests=int(sched[4]),
                 sum_decode_kv_tokens=int(sched[5]),
-                var_decode_kv_tokens=float(sched[6]),
+                var_decode_kv_tokens=float(var_decode),
             ),
             queued_requests=QueuedRequestMetrics(
                 num_prefill_requests=int(queued[0]),
@@ -586,5 +680,8 @@ class EngineCore:
         """The FPM of the last iteration (or idle heartbeat) this rank finished."""
         if self._last_fpm is None:
             return None
-        wall, sched, queued = self._last_fpm
-        return self._build_fpm(wall, sched, queued, self.counter_id)
+        wall, sched, var_src, queued = self._last_fpm
+        if not isinstance(var_src, float):
+            var_src = _var(var_src)  # once: it is read again each tick while the rank idles
+            self._last_fpm = (wall, sched, var_src, queued)
+        return self._build_fpm(wall, sched, var_src, queued, self.counter_id)
