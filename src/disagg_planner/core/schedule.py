@@ -2,6 +2,9 @@
 
 Ticks of both loops that fall within ``MERGE_TOLERANCE_S`` of each other run together, so a
 throughput tick and a load tick at (nearly) the same instant see the same observation.
+
+A due throughput tick names the traffic window the shell must read, so that the live loop and
+replay read the same window without either re-deriving it from the configuration.
 """
 
 from __future__ import annotations
@@ -12,10 +15,30 @@ MERGE_TOLERANCE_S = 0.5
 
 
 @dataclass(frozen=True)
+class TrafficWindow:
+    """The frontend traffic a throughput tick reads: ``[start_s, end_s]`` on the shell's clock.
+
+    Kept as end and width (the throughput interval) rather than two instants, so that the
+    width an observer is asked for is the interval exactly, not ``end - (end - interval)``
+    rounded at Unix-time magnitudes.
+    """
+
+    end_s: float
+    duration_s: float
+
+    @property
+    def start_s(self) -> float:
+        return self.end_s - self.duration_s
+
+
+@dataclass(frozen=True)
 class DueTick:
+    """The loops one tick runs; ``traffic_window`` is set exactly when the throughput loop runs."""
+
     at_s: float
     run_throughput: bool
     run_load: bool
+    traffic_window: TrafficWindow | None = None
 
 
 class TickSchedule:
@@ -53,15 +76,19 @@ class TickSchedule:
         run_l = self.next_load_s is not None and self.next_load_s <= limit
         if not (run_t or run_l):
             return None
+        window = None
         if run_t:
             assert self.next_throughput_s is not None and self.throughput_interval_s is not None
             self.next_throughput_s = _advance(
                 self.next_throughput_s, self.throughput_interval_s, now_s
             )
+            # The window ends at the tick and spans one interval, even for a tick that runs
+            # early or late within the merge tolerance: the forecast is per interval.
+            window = TrafficWindow(end_s=now_s, duration_s=self.throughput_interval_s)
         if run_l:
             assert self.next_load_s is not None and self.load_interval_s is not None
             self.next_load_s = _advance(self.next_load_s, self.load_interval_s, now_s)
-        return DueTick(at_s=now_s, run_throughput=run_t, run_load=run_l)
+        return DueTick(at_s=now_s, run_throughput=run_t, run_load=run_l, traffic_window=window)
 
 
 def _advance(due_s: float, interval_s: float, now_s: float) -> float:
