@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from disagg_planner.signals.fpm import ForwardPassMetrics
+
 log = logging.getLogger(__name__)
 
 MAX_SNAPSHOTS = 50_000
@@ -32,6 +34,18 @@ class EngineQueues:
     queued_prefill_tokens: int
     queued_decode_kv_tokens: int
     inflight_decode_kv_tokens: int
+
+    @classmethod
+    def of(cls, role: str, fpm: ForwardPassMetrics) -> EngineQueues:
+        """The queues of one engine's report."""
+        return cls(
+            role=role,
+            worker_id=fpm.worker_id,
+            dp_rank=fpm.dp_rank,
+            queued_prefill_tokens=fpm.queued_requests.sum_prefill_tokens,
+            queued_decode_kv_tokens=fpm.queued_requests.sum_decode_kv_tokens,
+            inflight_decode_kv_tokens=fpm.scheduled_requests.sum_decode_kv_tokens,
+        )
 
 
 @dataclass(frozen=True)

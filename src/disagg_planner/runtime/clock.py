@@ -8,7 +8,12 @@ the mapping can drift from the wall clock by the monotonic clock's rate error (p
 million), which is far below any adjustment interval.
 
 Tests use a clock whose :meth:`Clock.sleep_until` advances time at once (see
-``tests/unit/runtime``).
+``tests/unit/runtime``). Replay runs the same loop on a :class:`DrivenClock`: the simulated
+cluster's time, which only the replay runner moves, between ticks.
+
+Blocking calls of a tick (an HTTP query, a file write) go through an :data:`Offload`:
+``asyncio.to_thread`` live, so that the event loop keeps serving; :func:`inline` in replay,
+whose sources and connector never block and run without an event loop.
 """
 
 from __future__ import annotations
@@ -16,7 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, Protocol, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Clock(Protocol):
@@ -56,3 +65,36 @@ class WallClock:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=delay)
         return stop.is_set()
+
+
+class DrivenClock:
+    """Time told by the driver of the shell (replay: the simulated cluster's ``now``).
+
+    Only the driver moves it, and only between ticks; a shell that tried to wait on it would
+    wait forever, so waiting raises.
+    """
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now()
+
+    async def sleep(self, seconds: float) -> None:
+        raise RuntimeError(f"cannot wait {seconds:g} s on a driven clock: its driver moves time")
+
+    async def sleep_until(self, at_s: float, stop: asyncio.Event) -> bool:
+        raise RuntimeError(f"cannot wait until {at_s:g} on a driven clock: its driver moves time")
+
+
+class Offload(Protocol):
+    """Runs one blocking call of a tick and awaits its result (``asyncio.to_thread`` live)."""
+
+    def __call__(
+        self, func: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Awaitable[R]: ...
+
+
+async def inline(func: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run ``func`` in place: for callers whose calls never block (replay)."""
+    return func(*args, **kwargs)

@@ -1,7 +1,9 @@
 """One deployment's reconcile loop: the shell around the pure :class:`PlannerCore`.
 
 The loop owns the clock and all per-tick I/O; the core decides. Shared by ``planner run``
-(one loop in the process) and ``planner operator`` (one loop per policy object)::
+(one loop in the process), ``planner operator`` (one loop per policy object) and ``planner
+replay`` (one loop per replayed policy, on the simulated cluster's clock, connector and
+sources: :mod:`disagg_planner.replay.policies`), so that a replay runs this very code::
 
     validate the deployment (retry with backoff until it passes or the loop stops)
     build the core (its schedule starts now), the traffic observer, the FPM subscribers
@@ -10,8 +12,9 @@ The loop owns the clock and all per-tick I/O; the core decides. Shared by ``plan
         due = core.due(now)                       which loops run this tick
         learn from every FPM iteration received since the last tick
         status  <- connector.status()             always
-        traffic <- Prometheus window [now - I, now]   throughput ticks only
+        traffic <- the window due names           throughput ticks only
         engines <- latest FPM per engine          load ticks only
+        observation <- ObservationBuilder          (disagg_planner.runtime.observation)
         effects = core.tick(now, observation)
         elastic EP role (if any): dropped from scale_to; its DP size is planned and resized
                                   in the background (disagg_planner.runtime.elastic)
@@ -31,15 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Connector, advisory_holds
-from disagg_planner.core.load_scaling import EngineKey
-from disagg_planner.core.planner import Effects, Observation, PlannerCore
+from disagg_planner.core.planner import Effects, PlannerCore
+from disagg_planner.core.schedule import DueTick, TrafficWindow
 from disagg_planner.core.types import (
     DeploymentStatus,
     MissingObservation,
@@ -51,23 +52,19 @@ from disagg_planner.exporter import HealthState, PlannerMetrics
 from disagg_planner.observe import TrafficObserver
 from disagg_planner.profiles import Profile
 from disagg_planner.report.recorder import DiagnosticsRecorder
-from disagg_planner.runtime.clock import Clock, WallClock
+from disagg_planner.runtime.clock import Clock, Offload, WallClock
 from disagg_planner.runtime.elastic import ElasticDriver, ElasticTick
+from disagg_planner.runtime.observation import EngineSource, ObservationBuilder, engine_queues
 from disagg_planner.runtime.outcome import (
     Problem,
     ProblemKind,
     TickOutcome,
     build_snapshot,
-    engine_queues,
     held_reasons,
 )
-from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.wiring import build_core, profile_for
 
 log = logging.getLogger(__name__)
-
-# Engines' busy share (sum of FPM wall_time) is measured over this window.
-BUSY_WINDOW_S = 60.0
 
 MAX_BACKOFF_S = 300.0
 SHUTDOWN_GRACE_S = 5.0
@@ -93,18 +90,6 @@ class DeploymentRef:
         return f"{self.namespace}/{self.name}"
 
 
-class EngineSource(Protocol):
-    """Latest ForwardPassMetrics per engine of one role (``FpmSubscriber`` in production)."""
-
-    def start(self) -> None: ...
-    def stop(self, timeout_s: float = 5.0) -> None: ...
-    def snapshot(self, now_s: float | None = None) -> dict[EngineKey, ForwardPassMetrics]: ...
-    def last_seen(self) -> dict[EngineKey, float]: ...
-    def drain_samples(self) -> list[ForwardPassMetrics]: ...
-    @property
-    def dropped(self) -> dict[str, int]: ...
-
-
 TrafficFactory = Callable[[str | None], TrafficObserver]
 OutcomeHook = Callable[[TickOutcome], Awaitable[None]]
 
@@ -119,6 +104,12 @@ class DeploymentLoop:
     role to its FPM source; by default one :class:`FpmSubscriber` per role is started when the
     load loop runs, on this loop's clock. ``on_outcome`` is awaited after every tick and
     every failed start-up attempt; an exception in it is logged and ignored.
+
+    Replay's knobs: ``offload`` runs the blocking calls of a tick (default
+    ``asyncio.to_thread``; replay calls its never-blocking sources in place); each tick's
+    summary line is logged at ``tick_log_level``; with ``raise_tick_errors`` an exception in a
+    tick propagates instead of becoming a ``tick_failed`` problem (in replay it is a bug, not
+    an outage to ride out).
     """
 
     def __init__(
@@ -136,6 +127,9 @@ class DeploymentLoop:
         recorder: DiagnosticsRecorder | None = None,
         on_outcome: OutcomeHook | None = None,
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+        offload: Offload = asyncio.to_thread,
+        tick_log_level: int = logging.INFO,
+        raise_tick_errors: bool = False,
     ) -> None:
         self.config = config
         self.connector = connector
@@ -149,9 +143,13 @@ class DeploymentLoop:
         self._given_engine_sources = engine_sources
         self._on_outcome = on_outcome
         self._shutdown_grace_s = shutdown_grace_s
+        self._offload = offload
+        self._tick_log_level = tick_log_level
+        self._raise_tick_errors = raise_tick_errors
         self.core: PlannerCore | None = None
         self.traffic: TrafficObserver | None = None
         self.engine_sources: dict[str, EngineSource] = {}
+        self.observations = ObservationBuilder({})
         self._owned_sources: list[EngineSource] = []
         self.last_outcome: TickOutcome | None = None
         self.ticks = 0
@@ -159,8 +157,6 @@ class DeploymentLoop:
         self._last_gpu_sample: tuple[float, int] | None = None
         self._failures = 0  # consecutive ticks (or start attempts) the connector failed
         self._traffic_problem: Problem | None = None  # the last throughput tick's, if any
-        self._busy_total: dict[EngineKey, float] = {}  # wall time of every FPM received
-        self._busy_history: dict[EngineKey, deque[tuple[float, float]]] = {}
         self._not_before_s = float("-inf")
         self.elastic: ElasticDriver | None = None
         self._dropped_seen: dict[tuple[str, str], int] = {}
@@ -181,14 +177,19 @@ class DeploymentLoop:
         try:
             if not await self.start(stop):
                 return
-            assert self.core is not None
             while not stop.is_set():
-                wake = max(self.core.next_tick_at_s, self._not_before_s)
-                if await self.clock.sleep_until(wake, stop):
+                if await self.clock.sleep_until(self.next_wake_s, stop):
                     break
                 await self._tick_or_stop(stop)
         finally:
             await self.close()
+
+    @property
+    def next_wake_s(self) -> float:
+        """When the next tick runs: the core's schedule, later while the connector fails."""
+        if self.core is None:
+            raise RuntimeError("DeploymentLoop.next_wake_s before start()")
+        return max(self.core.next_tick_at_s, self._not_before_s)
 
     async def start(self, stop: asyncio.Event) -> bool:
         """Validate the deployment (retrying with backoff), then build the observers and the
@@ -219,7 +220,7 @@ class DeploymentLoop:
         if self.elastic is not None:
             await self.elastic.close()
         for source in self._owned_sources:
-            await asyncio.to_thread(source.stop)
+            await self._offload(source.stop)
         self._owned_sources.clear()
         close_observer = getattr(self.traffic, "close", None)
         if callable(close_observer):
@@ -230,7 +231,7 @@ class DeploymentLoop:
             log.exception("%s: closing the connector failed", self.ref)
         if self.recorder is not None and self.recorder.snapshots:
             try:
-                await asyncio.to_thread(self.recorder.finalize)
+                await self._offload(self.recorder.finalize)
             except OSError as exc:
                 log.warning("%s: could not write the final report: %s", self.ref, exc)
 
@@ -261,12 +262,13 @@ class DeploymentLoop:
                 self.engine_sources = dict(self._given_engine_sources)
             else:
                 self.engine_sources = self._start_subscribers()
+        self.observations = ObservationBuilder(self.engine_sources)
         try:
             profile = self._profile
             if profile is None and cfg.throughput_scaling_active:
-                profile = await asyncio.to_thread(profile_for, cfg)  # file I/O
-            # in a thread: a predictor warm-up trace may take seconds to read and fit
-            self.core = await asyncio.to_thread(
+                profile = await self._offload(profile_for, cfg)  # file I/O
+            # offloaded (a thread live): a predictor warm-up trace may take seconds to fit
+            self.core = await self._offload(
                 build_core, cfg, start_s=self.clock.now(), profile=profile
             )
             if cfg.elastic_ep is not None:
@@ -352,10 +354,12 @@ class DeploymentLoop:
             return None
         self.ticks += 1
         try:
-            outcome = await self._tick(now, due.run_throughput, due.run_load)
+            outcome = await self._tick(now, due)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if self._raise_tick_errors:
+                raise
             log.exception("%s: tick at %.3f failed; the next tick runs as scheduled", self.ref, now)
             problem = Problem(ProblemKind.TICK_FAILED, type(exc).__name__, str(exc), "tick")
             outcome = TickOutcome(
@@ -370,22 +374,15 @@ class DeploymentLoop:
         await self._emit(outcome)
         return outcome
 
-    async def _tick(self, now: float, run_throughput: bool, run_load: bool) -> TickOutcome:
+    async def _tick(self, now: float, due: DueTick) -> TickOutcome:
         assert self.core is not None
         core = self.core
         problems: list[Problem] = []
-        # The load models learn from every iteration, not only the ones at ticks; the wall
-        # time of those iterations is each engine's busy time.
-        for role, source in self.engine_sources.items():
-            for report in source.drain_samples():
-                core.observe_iteration(role, report)
-                key = (report.worker_id, report.dp_rank)
-                self._busy_total[key] = self._busy_total.get(key, 0.0) + report.wall_time
-
+        self.observations.learn(core)  # every iteration since the last tick, not only at ticks
         status = await self._read_status(problems)
         traffic: TrafficObservation | MissingObservation | None = None
-        if run_throughput and self.traffic is not None:
-            traffic = await self._observe_traffic(now, problems)
+        if due.traffic_window is not None and self.traffic is not None:
+            traffic = await self._observe_traffic(due.traffic_window, problems)
             self._traffic_problem = next(
                 (p for p in problems if p.kind is ProblemKind.TRAFFIC_MISSING), None
             )
@@ -393,28 +390,10 @@ class DeploymentLoop:
             # Traffic is read on throughput ticks only: an outage stands until the next one
             # reads it again, so load-only ticks in between do not clear Degraded.
             problems.append(self._traffic_problem)
-        engines: dict[str, dict[EngineKey, ForwardPassMetrics]] = {}
-        seen: dict[str, dict[EngineKey, float]] = {}
-        dp_size: dict[str, int] = {}
-        busy: dict[str, dict[EngineKey, float]] = {}
-        if run_load:
-            for role, source in self.engine_sources.items():
-                engines[role] = source.snapshot(now)
-                seen[role] = source.last_seen()
-                dp_size[role] = _dp_size(engines[role])
-                busy[role] = self._busy_fractions(now, engines[role])
-
-        effects = core.tick(
-            now,
-            Observation(
-                status=status,
-                traffic=traffic,
-                engines=engines or None,
-                engine_last_seen_s=seen or None,
-                dp_size=dp_size,
-                engine_busy_fraction=busy or None,
-            ),
+        observation, engines = self.observations.observation(
+            now, due, status=status, traffic=traffic
         )
+        effects = core.tick(now, observation)
         elastic: ElasticTick | None = None
         if self.elastic is not None:
             effects = self._without_elastic_role(effects, status)
@@ -457,8 +436,8 @@ class DeploymentLoop:
         )
         outcome = TickOutcome(
             t_s=now,
-            ran_throughput=run_throughput,
-            ran_load=run_load,
+            ran_throughput=due.run_throughput,
+            ran_load=due.run_load,
             status=status_ok,
             traffic=traffic_ok,
             effects=effects,
@@ -476,7 +455,7 @@ class DeploymentLoop:
         self._publish(outcome)
         if self.recorder is not None:
             try:
-                await asyncio.to_thread(self.recorder.record, snapshot)
+                await self._offload(self.recorder.record, snapshot)
             except OSError as exc:
                 log.warning("%s: could not write the diagnostics report: %s", self.ref, exc)
         if self.health is not None and outcome.observed_ok and not self.health.ready:
@@ -521,32 +500,15 @@ class DeploymentLoop:
             )
             return MissingObservation("connector_error", str(exc))
 
-    def _busy_fractions(
-        self, now: float, engines: Mapping[EngineKey, ForwardPassMetrics]
-    ) -> dict[EngineKey, float]:
-        """Each live engine's share of the last ``BUSY_WINDOW_S`` spent in iterations."""
-        out: dict[EngineKey, float] = {}
-        for key in engines:
-            history = self._busy_history.setdefault(key, deque())
-            history.append((now, self._busy_total.get(key, 0.0)))
-            while len(history) > 2 and history[1][0] <= now - BUSY_WINDOW_S:
-                history.popleft()
-            (t0, b0), (t1, b1) = history[0], history[-1]
-            if t1 > t0:
-                out[key] = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
-        for gone in set(self._busy_history) - set(engines):
-            del self._busy_history[gone]
-            self._busy_total.pop(gone, None)
-        return out
-
     async def _observe_traffic(
-        self, now: float, problems: list[Problem]
+        self, window: TrafficWindow, problems: list[Problem]
     ) -> TrafficObservation | MissingObservation:
         assert self.traffic is not None
-        interval = self.config.throughput_adjustment_interval_seconds
         try:
-            # The observer is blocking HTTP; the window ends at this tick's time.
-            traffic = await asyncio.to_thread(self.traffic.observe, end_s=now, duration_s=interval)
+            # The observer is blocking HTTP; the window is the one the schedule named.
+            traffic = await self._offload(
+                self.traffic.observe, end_s=window.end_s, duration_s=window.duration_s
+            )
         except Exception as exc:  # an observer bug must not look like traffic, nor kill the loop
             log.exception("%s: the traffic observer raised", self.ref)
             traffic = MissingObservation("observer_failed", f"{type(exc).__name__}: {exc}")
@@ -650,6 +612,8 @@ class DeploymentLoop:
             log.exception("%s: the outcome hook failed", self.ref)
 
     def _log_summary(self, outcome: TickOutcome) -> None:
+        if not log.isEnabledFor(self._tick_log_level):
+            return  # replay ticks thousands of times; its timeline.csv has these lines
         status = outcome.status
         current = (
             " ".join(f"{r}={s.desired}" for r, s in status.roles.items()) if status else "unknown"
@@ -671,7 +635,8 @@ class DeploymentLoop:
                 else "HOLD"
             )
             recommended = " ".join(f"{r}={n}" for r, n in target.items())
-        log.info(
+        log.log(
+            self._tick_log_level,
             "%s%s [summary] %s | current: %s | recommended: %s | throughput_reason=%s "
             "load_reason=%s%s",
             "[ADVISORY] " if outcome.advisory else "",
@@ -689,12 +654,3 @@ def is_spec_error(exc: BaseException) -> bool:
     """A mistake in what the user gave (config, profile), ours or a library layer's."""
     kind = classify(exc)
     return kind is not None and issubclass(kind, SpecError)
-
-
-def _dp_size(engines: Mapping[EngineKey, ForwardPassMetrics]) -> int:
-    """Data-parallel ranks per worker, as the engines report them (the widest worker); 1
-    when nothing reports. A worker missing ranks then shows as a worker-count mismatch."""
-    ranks: dict[str, set[int]] = {}
-    for worker, rank in engines:
-        ranks.setdefault(worker, set()).add(rank)
-    return max((len(r) for r in ranks.values()), default=1)

@@ -20,7 +20,6 @@ from disagg_planner.core.elastic import ElasticDecision
 from disagg_planner.core.planner import Effects, forecast_rate
 from disagg_planner.core.types import DeploymentStatus, TrafficObservation
 from disagg_planner.report.recorder import EngineQueues, TickSnapshot
-from disagg_planner.signals.fpm import ForwardPassMetrics
 
 
 class ProblemKind(StrEnum):
@@ -100,25 +99,6 @@ class TickOutcome:
 
 def held_reasons(held: Mapping[str, Hold]) -> dict[str, str]:
     return {role: hold.reason.value for role, hold in held.items()}
-
-
-def engine_queues(
-    engines: Mapping[str, Mapping[tuple[str, int], ForwardPassMetrics]],
-) -> tuple[EngineQueues, ...]:
-    """The queue gauges of every engine's latest report, sorted for stable output."""
-    out = [
-        EngineQueues(
-            role=role,
-            worker_id=fpm.worker_id,
-            dp_rank=fpm.dp_rank,
-            queued_prefill_tokens=fpm.queued_requests.sum_prefill_tokens,
-            queued_decode_kv_tokens=fpm.queued_requests.sum_decode_kv_tokens,
-            inflight_decode_kv_tokens=fpm.scheduled_requests.sum_decode_kv_tokens,
-        )
-        for role, per_engine in engines.items()
-        for fpm in per_engine.values()
-    ]
-    return tuple(sorted(out, key=lambda e: (e.role, e.worker_id, e.dp_rank)))
 
 
 def build_snapshot(
