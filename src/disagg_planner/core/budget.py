@@ -2,8 +2,12 @@
 
 Order of application in a throughput tick (each a named stage, as in the HPA's chain of
 propose -> stabilise -> rate-limit -> clamp): floors (min endpoints), the per-tick change cap,
-then the GPU budget. Budgets count ``replicas x gpus_per_replica`` summed over the roles this
-planner scales; ``-1`` disables a bound.
+then the GPU budget.
+
+:func:`apply_gpu_budget` is the one GPU-budget rule of the planner: the throughput loop, the
+load loop and the elastic-EP policy all call it, so one configuration gives one cap. Budgets
+count ``replicas x gpus_per_replica`` summed over the roles this planner scales (plus, for a
+caller that sizes only some of them, the GPUs the others hold); ``-1`` disables a bound.
 """
 
 from __future__ import annotations
@@ -15,11 +19,21 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class BudgetResult:
-    """Replicas after the budget stage; ``limited_by`` says which bound acted, if any."""
+    """Replicas after the budget stage; ``limited_by`` says which bound acted, if any.
+
+    ``reconcile``: the allocation the roles already hold is itself outside the budget and is
+    brought back inside (rather than only a proposal being cut).
+    """
 
     replicas: dict[str, int]
     limited_by: str | None = None  # "max_gpu_budget" | "min_gpu_budget" | "min_footprint"
     message: str = ""
+    reconcile: bool = False
+
+    @property
+    def hold(self) -> bool:
+        """Even the floors do not fit under the ceiling: the caller changes nothing."""
+        return self.limited_by == "min_footprint"
 
 
 def gpus_of(replicas: Mapping[str, int], gpus_per_replica: Mapping[str, int]) -> int:
@@ -59,61 +73,139 @@ def apply_gpu_budget(
     max_gpus: int,
     min_gpus: int,
     order: tuple[str, ...],
+    current: Mapping[str, int] | None = None,
+    other_gpus: int = 0,
 ) -> BudgetResult:
-    """Fit ``replicas`` between ``min_gpus`` and ``max_gpus`` (either may be -1: no bound).
+    """Fit the wanted ``replicas`` between ``min_gpus`` and ``max_gpus`` (-1: no bound).
 
-    Over the ceiling every role shrinks by the same factor; roles earlier in ``order`` get
-    their proportional share first and the last role takes what remains (Dynamo's split:
-    prefill first, decode the rest). The result never exceeds the ceiling; when even the
-    floors do not fit, the replicas are returned unchanged with ``limited_by="min_footprint"``
-    so the caller holds instead of scaling the deployment to zero.
+    Counted: ``replicas x gpus_per_replica`` of the roles in ``order`` plus ``other_gpus``,
+    what the planner's roles that this call does not size hold (never changed here).
 
-    Under the floor the roles grow by the same factor (rounded up) as long as that does not
-    cross the ceiling.
+    The budget caps and never makes a scaling decision of its own: with ``current`` (the
+    replicas the roles have now) no role is moved against the direction it asked for, so a
+    budget never takes a replica from one role to give it to another. A wanted shrink is kept
+    and a wanted growth is cut; only an allocation already outside the budget is moved back
+    (``reconcile``). Without ``current`` every role is taken to hold its floor.
+
+    - Over the ceiling: every role keeps what it has and still wants (never less than its
+      floor), and the GPUs left under the ceiling go to the growth asked for, the same share
+      of each role's ask; roles earlier in ``order`` take their share rounded down first and
+      the last role takes what remains, never more than it asked for (Dynamo's split:
+      prefill first, decode the rest). The result never exceeds the ceiling. When what the
+      roles keep is already over it, every role gives back the same share of what it holds
+      above its floor. When even the floors do not fit, the replicas are returned unchanged
+      with ``limited_by="min_footprint"`` (:attr:`BudgetResult.hold`) so the caller holds
+      instead of acting on an impossible budget.
+    - Under the floor: a wanted shrink stops at the floor (each shrinking role keeps the same
+      share of what it asked to give up, rounded up); when even the current replicas are
+      below it, the roles grow by the same factor (rounded up) to reach it. Neither crosses
+      the ceiling: if it would, the floor gives way.
     """
-    total = gpus_of(replicas, gpus_per_replica)
-    floor_footprint = gpus_of(floors, gpus_per_replica)
+
+    def gpus(counts: Mapping[str, int]) -> int:
+        return gpus_of(counts, gpus_per_replica) + other_gpus
+
+    total = gpus(replicas)
     if max_gpus != -1 and total > max_gpus:
-        if floor_footprint > max_gpus:
+        footprint = gpus(floors)
+        if footprint > max_gpus:
+            others = " and the other roles" if other_gpus else ""
             return BudgetResult(
                 dict(replicas),
                 "min_footprint",
-                f"the minimum endpoints need {floor_footprint} GPUs, above max_gpu_budget "
+                f"the minimum endpoints{others} need {footprint} GPUs, above max_gpu_budget "
                 f"{max_gpus}",
             )
-        scale = max_gpus / total
-        out: dict[str, int] = {}
-        remaining = max_gpus
-        for i, role in enumerate(order):
-            gpu = gpus_per_replica[role]
-            reserved = sum(floors[r] * gpus_per_replica[r] for r in order[i + 1 :])
-            most = (remaining - reserved) // gpu
-            # the last role takes what the others left, but never more than it asked for
-            share = replicas[role] if i == len(order) - 1 else math.floor(replicas[role] * scale)
-            n = min(most, share)
-            out[role] = max(floors[role], n)
-            remaining -= out[role] * gpu
+        kept = {
+            r: floors[r] if current is None else max(floors[r], min(n, current[r]))
+            for r, n in replicas.items()
+        }
+        if gpus(kept) > max_gpus:
+            held = {r: n - floors[r] for r, n in kept.items()}
+            return BudgetResult(
+                _spread(floors, held, max_gpus - footprint, gpus_per_replica, order),
+                "max_gpu_budget",
+                f"{gpus(kept)} GPUs held, max_gpu_budget is {max_gpus}; reconciling",
+                reconcile=True,
+            )
+        asks = {r: max(0, n - kept[r]) for r, n in replicas.items()}
         return BudgetResult(
-            out, "max_gpu_budget", f"{total} GPUs wanted, max_gpu_budget is {max_gpus}"
+            _spread(kept, asks, max_gpus - gpus(kept), gpus_per_replica, order),
+            "max_gpu_budget",
+            f"{total} GPUs wanted, max_gpu_budget is {max_gpus}",
         )
     if min_gpus != -1 and total < min_gpus:
-        scale = min_gpus / max(total, 1)
-        out = {}
-        remaining = min_gpus
-        for i, role in enumerate(order):
-            gpu = gpus_per_replica[role]
-            if i == len(order) - 1:
-                n = math.ceil(max(remaining, 0) / gpu)
-            else:
-                base = replicas[role] if total > 0 else min_gpus / len(order) / gpu
-                n = math.ceil(base * scale) if total > 0 else math.floor(base)
-            out[role] = max(floors[role], n)
-            remaining -= out[role] * gpu
-        if max_gpus != -1 and gpus_of(out, gpus_per_replica) > max_gpus:
+        message = f"{total} GPUs wanted, min_gpu_budget is {min_gpus}"
+        upper = (
+            dict(replicas)
+            if current is None
+            else {r: max(n, current[r]) for r, n in replicas.items()}
+        )
+        reconcile = gpus(upper) < min_gpus
+        if reconcile:
+            out = _grow(replicas, gpus_per_replica, floors, min_gpus - other_gpus, order)
+        else:
+            gave_up = {r: upper[r] - n for r, n in replicas.items()}
+            out = _spread(
+                replicas, gave_up, min_gpus - total, gpus_per_replica, order, round_up=True
+            )
+        if max_gpus != -1 and gpus(out) > max_gpus:
             return BudgetResult(
                 dict(replicas), None, "raising to min_gpu_budget would cross max_gpu_budget"
             )
-        return BudgetResult(
-            out, "min_gpu_budget", f"{total} GPUs wanted, min_gpu_budget is {min_gpus}"
-        )
+        return BudgetResult(out, "min_gpu_budget", message, reconcile=reconcile)
     return BudgetResult(dict(replicas))
+
+
+def _spread(
+    base: Mapping[str, int],
+    room: Mapping[str, int],
+    amount: int,
+    gpus_per_replica: Mapping[str, int],
+    order: tuple[str, ...],
+    *,
+    round_up: bool = False,
+) -> dict[str, int]:
+    """``base`` plus the same share of each role's ``room`` (replicas), the shares coming to
+    ``amount`` GPUs: at most that many rounding down (a ceiling), at least rounding up (a
+    floor). Roles earlier in ``order`` take their share first; the last takes the rest, never
+    more than its room. Integer arithmetic: a share is exact, not a float's approximation."""
+    wanted = sum(room[r] * gpus_per_replica[r] for r in order)
+    out = dict(base)
+    left = amount
+    for i, role in enumerate(order):
+        gpu = gpus_per_replica[role]
+        if i == len(order) - 1:
+            n = -(-max(left, 0) // gpu) if round_up else left // gpu
+        else:
+            part = room[role] * amount
+            n = -(-part // wanted) if round_up else part // wanted
+        n = max(0, min(room[role], n))
+        out[role] = base[role] + n
+        left -= n * gpu
+    return out
+
+
+def _grow(
+    replicas: Mapping[str, int],
+    gpus_per_replica: Mapping[str, int],
+    floors: Mapping[str, int],
+    target: int,
+    order: tuple[str, ...],
+) -> dict[str, int]:
+    """Every role grown by the same factor (rounded up) until the roles hold ``target``
+    GPUs, the last role taking what remains; from nothing, an even split."""
+    own = gpus_of(replicas, gpus_per_replica)
+    scale = target / max(own, 1)
+    out: dict[str, int] = {}
+    remaining = target
+    for i, role in enumerate(order):
+        gpu = gpus_per_replica[role]
+        if i == len(order) - 1:
+            n = math.ceil(max(remaining, 0) / gpu)
+        else:
+            base = replicas[role] if own > 0 else target / len(order) / gpu
+            n = math.ceil(base * scale) if own > 0 else math.floor(base)
+        out[role] = max(floors[role], n)
+        remaining -= out[role] * gpu
+    return out

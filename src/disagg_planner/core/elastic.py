@@ -38,7 +38,10 @@ arguments and of the traffic history the planner keeps (no clock, no I/O).
    for no SLO gain, so it waits for idle traffic (blocking and async modes); a NIXL-EP
    shrink (~2 s) is free.
 
-GPU budget: ``max_gpu_budget`` (minus the GPUs of the planner's other roles) caps the size.
+GPU budget: the planner's one rule (:func:`disagg_planner.core.budget.apply_gpu_budget`), with
+the GPUs of the planner's other roles counted: ``max_gpu_budget`` caps the size,
+``min_gpu_budget`` floors it (on the grid); when not even the leader's ranks fit, the policy
+holds (``gpu_budget_guard_hold``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
+from disagg_planner.core.budget import BudgetResult, apply_gpu_budget
 from disagg_planner.core.throughput import CapacityProfile, LoadForecast, size_decode, size_prefill
 from disagg_planner.core.types import MissingObservation, TrafficObservation
 from disagg_planner.profiles import elastic_resize
@@ -73,6 +77,7 @@ class ElasticReason(StrEnum):
     HOLD_SCALE_DOWN_NOT_SUSTAINED = "hold_scale_down_not_sustained"
     HOLD_SCALE_DOWN_COSTS_SLO = "hold_scale_down_costs_slo"
     RECONCILE_TO_BOUNDS = "reconcile_to_bounds"
+    GPU_BUDGET_GUARD_HOLD = "gpu_budget_guard_hold"
 
 
 def mode_timing(config: PlannerConfig) -> ElasticEpMode:
@@ -292,10 +297,11 @@ class _Tick:
 @dataclass(frozen=True)
 class _Sizing:
     """What the scale-up and scale-down stages share: the fitted load, the capacity of one
-    rank, the largest size allowed, and the ranks the lead time's peak needs."""
+    rank, the sizes allowed, and the ranks the lead time's peak needs."""
 
     at: _Tick
     trend: LoadTrend
+    bottom: int  # the smallest and largest DP sizes allowed
     top: int
     gpu_seconds: float
     rank_rps: float
@@ -362,16 +368,38 @@ class ElasticPlanner:
 
     # --- grid -----------------------------------------------------------------------------
 
+    def _budget(self, dp: int, other_gpus: int) -> BudgetResult:
+        """The planner's GPU-budget rule applied to DP size ``dp``: the engine is one role
+        counted in steps of ``dp_step`` ranks above the leader's, whose GPUs count with the
+        other roles' (the rule never removes them)."""
+        return apply_gpu_budget(
+            {self.role: (dp - self.min_dp) // self.step},
+            gpus_per_replica={self.role: self.step * self.gpus_per_rank},
+            floors={self.role: 0},
+            max_gpus=self.config.max_gpu_budget,
+            min_gpus=self.config.min_gpu_budget,
+            order=(self.role,),
+            other_gpus=other_gpus + self.min_dp * self.gpus_per_rank,
+        )
+
+    def _on_budget_grid(self, dp: int, other_gpus: int) -> int:
+        """``dp`` fitted to the GPU budget, on the grid; ``dp`` itself when the budget holds."""
+        fitted = self._budget(dp, other_gpus)
+        return dp if fitted.hold else self.min_dp + fitted.replicas[self.role] * self.step
+
     def max_dp_within_budget(self, other_gpus: int) -> int:
-        """``elastic_ep_max_dp``, lowered to what ``max_gpu_budget`` leaves (on the grid)."""
-        top = self.max_dp
-        budget = self.config.max_gpu_budget
-        if budget != -1:
-            ranks = (budget - other_gpus) // self.gpus_per_rank
-            top = min(top, ranks)
-        if top < self.min_dp:
-            return self.min_dp  # the leader's ranks exist regardless of the budget
-        return self.min_dp + (top - self.min_dp) // self.step * self.step
+        """``elastic_ep_max_dp``, lowered to what ``max_gpu_budget`` leaves (on the grid);
+        the leader's ranks when not even they fit (they exist regardless of the budget)."""
+        if self._budget(self.max_dp, other_gpus).hold:
+            return self.min_dp
+        return min(self.max_dp, self._on_budget_grid(self.max_dp, other_gpus))
+
+    def min_dp_within_budget(self, other_gpus: int) -> int:
+        """``elastic_ep_min_dp``, raised to what ``min_gpu_budget`` asks (on the grid), never
+        above :meth:`max_dp_within_budget`."""
+        return min(
+            self._on_budget_grid(self.min_dp, other_gpus), self.max_dp_within_budget(other_gpus)
+        )
 
     def on_grid(self, ranks: int, top: int) -> int:
         """The smallest grid size ``min_dp + k * step`` >= ``ranks``, within [min_dp, top]."""
@@ -404,15 +432,20 @@ class ElasticPlanner:
         if isinstance(fresh, ElasticDecision):
             return fresh
         trend = self._trend(now_s, fresh)
+        bottom = self.min_dp_within_budget(other_gpus)
         top = self.max_dp_within_budget(other_gpus)
         at = replace(at, diag=ElasticDiagnostics(timing=self.timing, trend=trend, max_dp=top))
-        held = self._hold_in_flight(at, resizing) or self._reconcile_to_bounds(at, top)
+        held = (
+            self._hold_in_flight(at, resizing)
+            or self._hold_over_budget(at, other_gpus)
+            or self._reconcile_to_bounds(at, bottom, top)
+        )
         if held is not None:
             return held
-        sized = self._with_lengths(at, trend)
+        sized = self._with_lengths(at, trend, bottom)
         if isinstance(sized, ElasticDecision):
             return sized
-        sizing = self._sizing(at, sized, fresh, top)
+        sizing = self._sizing(at, sized, fresh, bottom, top)
         if isinstance(sizing, ElasticDecision):
             return sizing
         if sizing.need_up > current_dp:
@@ -456,19 +489,31 @@ class ElasticPlanner:
             f"a resize of the {self.role} engine is in flight; holding DP {at.current_dp}",
         )
 
-    def _reconcile_to_bounds(self, at: _Tick, top: int) -> ElasticDecision | None:
-        current_dp = at.current_dp
-        if self.min_dp <= current_dp <= top:
+    def _hold_over_budget(self, at: _Tick, other_gpus: int) -> ElasticDecision | None:
+        """Not even the leader's ranks and the other roles fit under ``max_gpu_budget``: a
+        configuration the planner cannot satisfy, so it changes nothing."""
+        cap = self._budget(self.max_dp, other_gpus)
+        if not cap.hold:
             return None
-        target = min(max(current_dp, self.min_dp), top)
+        return at.hold(
+            ElasticReason.GPU_BUDGET_GUARD_HOLD, f"{cap.message}; holding DP {at.current_dp}"
+        )
+
+    def _reconcile_to_bounds(self, at: _Tick, bottom: int, top: int) -> ElasticDecision | None:
+        current_dp = at.current_dp
+        if bottom <= current_dp <= top:
+            return None
+        target = min(max(current_dp, bottom), top)
         return at.resize(
             target,
             ElasticReason.RECONCILE_TO_BOUNDS,
-            f"DP {current_dp} is outside [{self.min_dp}, {top}] (elastic_ep_min_dp, "
+            f"DP {current_dp} is outside [{bottom}, {top}] (elastic_ep_min_dp, "
             f"elastic_ep_max_dp and the GPU budget); resizing to {target}",
         )
 
-    def _with_lengths(self, at: _Tick, trend: LoadTrend) -> LoadTrend | ElasticDecision:
+    def _with_lengths(
+        self, at: _Tick, trend: LoadTrend, bottom: int
+    ) -> LoadTrend | ElasticDecision:
         """The trend with request lengths to size with, or the decision when there are none."""
         if trend.isl > 0 and trend.osl > 0:
             self._lengths = (trend.isl, trend.osl)
@@ -481,18 +526,18 @@ class ElasticPlanner:
                 ElasticReason.NO_CHANGE,
                 f"no request lengths observed yet; holding DP {at.current_dp}",
             )
-        if at.current_dp > self.min_dp:
+        if at.current_dp > bottom:
             # Never any traffic: no load to size, and a pause costs no request.
             return at.resize(
-                self.min_dp,
+                bottom,
                 ElasticReason.SCALE_DOWN,
-                f"no traffic in the trend window; DP {at.current_dp} -> {self.min_dp}",
+                f"no traffic in the trend window; DP {at.current_dp} -> {bottom}",
                 replace(at.diag, cost_requests=0.0, benefit_requests=0.0),
             )
         return at.hold(ElasticReason.NO_CHANGE, f"no traffic; DP {at.current_dp}")
 
     def _sizing(
-        self, at: _Tick, trend: LoadTrend, traffic: TrafficObservation, top: int
+        self, at: _Tick, trend: LoadTrend, traffic: TrafficObservation, bottom: int, top: int
     ) -> _Sizing | ElasticDecision:
         """Capacity per rank from the profile and the ranks the lead time's peak needs, or
         a hold when the profile cannot size the load."""
@@ -531,6 +576,7 @@ class ElasticPlanner:
         return _Sizing(
             at=replace(at, diag=diag),
             trend=trend,
+            bottom=bottom,
             top=top,
             gpu_seconds=cost.gpu_seconds,
             rank_rps=rank_rps,
@@ -591,10 +637,12 @@ class ElasticPlanner:
         forecast_down = trend.peak(now_s, now_s + horizon_down)
         peak_down = max(forecast_down, trend.max_observed_rps)
         need_down = self._ranks(peak_down, s.gpu_seconds)
-        target = self.on_grid(need_down, s.top)
+        # A shrink stops at the smallest size the GPU budget allows.
+        target = max(s.bottom, self.on_grid(need_down, s.top))
         diag = replace(at.diag, peak_rps=peak_down, ranks_needed=need_down)
         if target >= current_dp:
-            if self.on_grid(self._ranks(forecast_down, s.gpu_seconds), s.top) < current_dp:
+            forecast_fit = self.on_grid(self._ranks(forecast_down, s.gpu_seconds), s.top)
+            if max(s.bottom, forecast_fit) < current_dp:
                 return at.hold(
                     ElasticReason.HOLD_SCALE_DOWN_NOT_SUSTAINED,
                     f"{s.summary}; the forecast fits fewer ranks but "

@@ -66,6 +66,7 @@ __all__ = [
     "LoadModel",
     "decide_load",
     "make_load_model",
+    "min_load_replicas",
     "resolve_engine_limits",
 ]
 
@@ -224,9 +225,10 @@ def decide_load(
     )
 
 
-def _min_replicas(role: Role, config: PlannerConfig) -> int:
+def min_load_replicas(role: Role, config: PlannerConfig) -> int:
     """The fewest replicas a load scale-down leaves: load cannot see a zero-replica role's
-    demand, so it never removes the last one (the throughput loop may)."""
+    demand, so it never removes the last one (the throughput loop may). Also the load loop's
+    floors under the GPU budget."""
     return max(1, config.min_endpoint_for(role))
 
 
@@ -450,7 +452,7 @@ def _propose(
     )
     if not below or s <= 0.0:
         return _Proposal(ready, LoadReason.NO_CHANGE, summary)
-    floor = _min_replicas(rule.role, config)
+    floor = min_load_replicas(rule.role, config)
     if ready - 1 < floor:
         return _Proposal(ready, LoadReason.NO_CHANGE, f"{summary}; at the minimum of {floor}")
     c = ready / (ready - 1)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.core.budget import gpus_of
+from disagg_planner.core.budget import BudgetResult, apply_gpu_budget
 from disagg_planner.core.load_scaling import (
     EngineKey,
     EngineLimits,
@@ -26,6 +26,7 @@ from disagg_planner.core.load_scaling import (
     LoadModel,
     decide_load,
     make_load_model,
+    min_load_replicas,
     resolve_engine_limits,
 )
 from disagg_planner.core.schedule import DueTick, TickSchedule
@@ -239,10 +240,14 @@ class PlannerCore:
             )
             proposed = {role: load[role].replicas for role in cfg.roles if role in load}
             proposed = {**current, **proposed}
-            proposed, budget_note = self._load_budget(proposed, current, status)
-            if budget_note:
-                load_reason = LoadReason.GPU_BUDGET_GUARD_HOLD
-                messages.append(budget_note)
+            proposed, budget = self._load_budget(proposed, current, status)
+            if budget.limited_by:
+                load_reason = (
+                    LoadReason.GPU_BUDGET_RECONCILE
+                    if budget.reconcile
+                    else LoadReason.GPU_BUDGET_GUARD_HOLD
+                )
+                messages.append(f"budget: {budget.message}")
             if proposed != current:
                 target = proposed
             messages.extend(f"load {r}: {d.reason.value}: {d.message}" for r, d in load.items())
@@ -267,18 +272,21 @@ class PlannerCore:
 
     def _load_budget(
         self, proposed: dict[str, int], current: dict[str, int], status: DeploymentStatus
-    ) -> tuple[dict[str, int], str]:
-        """Refuse load-loop scale-ups that would cross the GPU ceiling."""
-        cap = self.config.max_gpu_budget
-        if cap == -1:
-            return proposed, ""
-        gpus = {role: status.roles[role].gpus_per_replica for role in proposed}
-        if gpus_of(proposed, gpus) <= cap:
-            return proposed, ""
-        held = {role: min(n, current[role]) for role, n in proposed.items()}
-        return held, (
-            f"scale-up refused: {gpus_of(proposed, gpus)} GPUs would exceed max_gpu_budget {cap}"
+    ) -> tuple[dict[str, int], BudgetResult]:
+        """The GPU budget over the load loop's proposal: the rule the throughput loop and
+        elastic EP apply, with the load loop's own floors; the current replicas when the
+        budget holds."""
+        cfg = self.config
+        budget = apply_gpu_budget(
+            proposed,
+            gpus_per_replica={role: status.roles[role].gpus_per_replica for role in proposed},
+            floors={role: min_load_replicas(_as_role(role), cfg) for role in proposed},
+            max_gpus=cfg.max_gpu_budget,
+            min_gpus=cfg.min_gpu_budget,
+            order=cfg.roles,
+            current=current,
         )
+        return (dict(current) if budget.hold else budget.replicas), budget
 
 
 def _as_role(role: str) -> Role:

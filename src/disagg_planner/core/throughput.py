@@ -7,7 +7,8 @@ Each tick (every ``throughput_adjustment_interval_seconds``):
 3. update the correction factors (observed latency / the profile's latency at the observed
    load) unless ``no_correction``;
 4. size each role from the forecast (Dynamo's formulas, in ``size_prefill``/``size_decode``);
-5. apply the guards: min endpoints, the per-tick change cap, the GPU budget;
+5. apply the guards: min endpoints, the per-tick change cap, the GPU budget (the rule every
+   loop shares, :func:`disagg_planner.core.budget.apply_gpu_budget`);
 6. hold while the last change has not converged (ready != desired), until
    ``scaling_convergence_timeout_seconds`` after which it re-plans from what is ready.
 
@@ -558,6 +559,7 @@ class ThroughputPlanner:
             max_gpus=cfg.max_gpu_budget,
             min_gpus=cfg.min_gpu_budget,
             order=roles,
+            current=current,
         )
         stages["budget"] = budget.replicas
         return stages, budget
@@ -573,7 +575,7 @@ class ThroughputPlanner:
     ) -> ThroughputDecision:
         """The guarded target as a decision and its reason; a change is remembered for the
         convergence wait."""
-        if budget.limited_by == "min_footprint":
+        if budget.hold:
             return self._hold(
                 now_s, ThroughputReason.GPU_BUDGET_GUARD_HOLD, budget.message, diagnostics
             )
@@ -593,9 +595,7 @@ class ThroughputPlanner:
             if n != desired[role]:
                 self._awaiting_ready[role] = now_s
         reason = (
-            ThroughputReason.GPU_BUDGET_RECONCILE
-            if budget.limited_by == "min_gpu_budget"
-            else ThroughputReason.SCALE
+            ThroughputReason.GPU_BUDGET_RECONCILE if budget.reconcile else ThroughputReason.SCALE
         )
         return ThroughputDecision(now_s, target, reason, explain, diagnostics)
 
