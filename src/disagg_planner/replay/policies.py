@@ -1,10 +1,11 @@
 """Scaling policies replay compares, behind one small protocol.
 
-- ``planner``: the real decision core (:class:`disagg_planner.core.planner.PlannerCore`) exactly as
-  configured; it sees what production would give it: window aggregates computed from the
-  simulated frontend's cumulative metrics as the PromQL computes them, and ForwardPassMetrics
-  from the simulated engines.
-- ``dynamo-default``: the same core with Dynamo's defaults (throughput loop only, ARIMA,
+- ``planner``: the live reconcile loop (:class:`disagg_planner.runtime.loop.DeploymentLoop`,
+  around the real decision core, exactly as configured) on the simulated cluster's clock,
+  connector and sources (:mod:`disagg_planner.replay.connector`): every tick gathers, decides
+  and applies through the very code ``planner run`` executes, so a replay result speaks for
+  the live loop.
+- ``dynamo-default``: the same loop with Dynamo's defaults (throughput loop only, ARIMA,
   180 s, correction on).
 - ``static:NP,ND``: fixed replicas.
 - ``hpa``: a Kubernetes HPA per role on engine busy time (:mod:`disagg_planner.replay.hpa`).
@@ -14,32 +15,38 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.core.planner import Effects, Observation, PlannerCore
-from disagg_planner.core.types import DeploymentStatus, RoleStatus
-from disagg_planner.observe.window import Snapshot, snapshot_from_text, traffic_from_snapshots
+from disagg_planner.core.planner import Effects
+from disagg_planner.core.schedule import MERGE_TOLERANCE_S
+from disagg_planner.profiles import Profile
+from disagg_planner.replay.connector import (
+    FPM_SAMPLE_PERIOD_S,
+    SimulatedConnector,
+    SimulatedDeployment,
+    SimulatedEngines,
+    SimulatedTraffic,
+    run_now,
+)
 from disagg_planner.replay.hpa import HorizontalPodAutoscaler, HpaBehavior
-from disagg_planner.report.recorder import EngineQueues
+from disagg_planner.runtime.clock import DrivenClock, inline
+from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
+from disagg_planner.runtime.observation import dp_size
 from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.simulator.cluster import Cluster
-
-# How often (simulated seconds) the load models are fed the engines' latest iteration
-# between load ticks. Production feeds every iteration; one sample per engine per second
-# keeps the regression window fresh at a fraction of the cost.
-FPM_SAMPLE_PERIOD_S = 1.0
-# Engines' busy share is measured over this long a window (one load tick is too noisy).
-BUSY_WINDOW_S = 60.0
 
 
 @dataclass(frozen=True)
 class PolicyStep:
-    """What a policy did at one wake-up (one row of timeline.csv)."""
+    """What a policy did at one wake-up (one row of timeline.csv). ``acted``: the policy
+    applied ``scale_to`` through the connector itself, as the live loop does; otherwise the
+    runner applies it."""
 
     t_s: float
     scale_to: dict[str, int] | None
@@ -47,6 +54,7 @@ class PolicyStep:
     message: str = ""
     effects: Effects | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    acted: bool = False
 
 
 class Policy(Protocol):
@@ -57,140 +65,76 @@ class Policy(Protocol):
         ...
 
     def wake(self, cluster: Cluster) -> PolicyStep:
-        """Observe the cluster at ``cluster.now`` and decide (the runner applies it)."""
+        """Observe the cluster at ``cluster.now`` and decide (the runner applies it, unless
+        the policy acted itself)."""
         ...
 
 
-def deployment_status(cluster: Cluster) -> DeploymentStatus:
-    return DeploymentStatus(
-        {
-            role: RoleStatus(
-                desired=cluster.desired_replicas(role),
-                ready=cluster.ready_replicas(role),
-                gpus_per_replica=cluster.gpus_per_replica(role),
-            )
-            for role in cluster.roles
-        }
-    )
-
-
-def engine_queues(cluster: Cluster) -> tuple[EngineQueues, ...]:
-    out: list[EngineQueues] = []
-    for role in cluster.roles:
-        for (worker, rank), fpm in cluster.latest_fpm(role).items():
-            out.append(
-                EngineQueues(
-                    role=role,
-                    worker_id=worker,
-                    dp_rank=rank,
-                    queued_prefill_tokens=fpm.queued_requests.sum_prefill_tokens,
-                    queued_decode_kv_tokens=fpm.queued_requests.sum_decode_kv_tokens,
-                    inflight_decode_kv_tokens=fpm.scheduled_requests.sum_decode_kv_tokens,
-                )
-            )
-    return tuple(out)
-
-
 class PlannerPolicy:
-    """The decision core driven in virtual time."""
+    """The live loop in virtual time (see the module). Between ticks it wakes every
+    :data:`FPM_SAMPLE_PERIOD_S` to sample the engines' reports for the load models, as the
+    FPM subscribers receive them in the background live."""
 
-    def __init__(self, *, name: str, core: PlannerCore, config: PlannerConfig) -> None:
+    def __init__(self, *, name: str, config: PlannerConfig, profile: Profile | None) -> None:
         self.name = name
-        self.core = core
         self.config = config
-        self._snapshots: dict[float, Snapshot] = {}
-        self._fed: dict[tuple[str, int], int] = {}  # engine -> last counter fed to the models
+        self.profile = profile
+        self._loop: DeploymentLoop | None = None
+        self._sources: dict[str, SimulatedEngines] = {}
         self._next_sample_s = FPM_SAMPLE_PERIOD_S
-        self._busy_seen: dict[tuple[str, int], deque[tuple[float, float]]] = {}
 
-    def start(self, cluster: Cluster) -> None:
-        self._snapshots[cluster.now] = snapshot_from_text(cluster.frontend.render_prometheus_text())
+    @property
+    def loop(self) -> DeploymentLoop:
+        if self._loop is None:
+            raise RuntimeError("PlannerPolicy used before start()")
+        return self._loop
+
+    def start(self, cluster: SimulatedDeployment, connector: SimulatedConnector) -> None:
+        """Build the loop on ``cluster`` at its current time (the core's schedule starts
+        then) and validate, as ``planner run`` does at start-up."""
+        if self.config.load_scaling_active:
+            self._sources = {role: SimulatedEngines(cluster, role) for role in self.config.roles}
+        self._next_sample_s = cluster.now + FPM_SAMPLE_PERIOD_S
+        self._loop = DeploymentLoop(
+            self.config,
+            connector=connector,
+            ref=DeploymentRef(self.config.namespace, self.name),
+            clock=DrivenClock(lambda: cluster.now),
+            profile=self.profile,
+            traffic_factory=lambda _model: SimulatedTraffic(cluster),
+            engine_sources=self._sources,
+            offload=inline,
+            # one line per tick is what timeline.csv holds; the CLI would drown in them
+            tick_log_level=logging.DEBUG,
+            raise_tick_errors=True,
+        )
+        run_now(self._loop.start(asyncio.Event()))
 
     def next_wakeup_s(self) -> float:
-        if self.core.load_models:
-            return min(self.core.next_tick_at_s, self._next_sample_s)
-        return self.core.next_tick_at_s
+        if self._sources:
+            return min(self.loop.next_wake_s, self._next_sample_s)
+        return self.loop.next_wake_s
 
-    def _feed_models(self, cluster: Cluster) -> None:
-        for role in self.core.load_models:
-            for key, fpm in cluster.latest_fpm(role).items():
-                if self._fed.get(key) != fpm.counter_id:
-                    self._fed[key] = fpm.counter_id
-                    self.core.observe_iteration(role, fpm)
-
-    def wake(self, cluster: Cluster) -> PolicyStep:
+    def wake(self, cluster: SimulatedDeployment) -> PolicyStep:
         now = cluster.now
-        if self.core.load_models and now >= self._next_sample_s - 1e-9:
-            self._feed_models(cluster)
+        if self._sources and now >= self._next_sample_s - 1e-9:
+            for source in self._sources.values():
+                source.sample()
             self._next_sample_s = now + FPM_SAMPLE_PERIOD_S
-        if now < self.core.next_tick_at_s - 0.5:
+        # A sample wake-up this close to the tick runs it, as the core's schedule merges
+        # ticks that close (the next sample would come late).
+        outcome = None
+        if now >= self.loop.next_wake_s - MERGE_TOLERANCE_S:
+            outcome = run_now(self.loop.tick())
+        if outcome is None:
             return PolicyStep(now, None, "sample")
-        due = self.core.due(now)
-        if due is None:
-            return PolicyStep(now, None, "sample")
-        traffic = None
-        if due.run_throughput:
-            interval = self.config.throughput_adjustment_interval_seconds
-            end = snapshot_from_text(cluster.frontend.render_prometheus_text())
-            start_s = now - interval
-            start = self._snapshot_at(start_s)
-            self._snapshots[now] = end
-            self._snapshots = {t: s for t, s in self._snapshots.items() if t >= start_s - 1e-6}
-            if start is None:
-                traffic = None
-            else:
-                traffic = traffic_from_snapshots(
-                    start=start,
-                    end=end,
-                    start_s=start_s,
-                    end_s=now,
-                    model_name=cluster.frontend.labels["model"],
-                    namespace=cluster.frontend.labels["dynamo_namespace"],
-                )
-        engines: dict[str, Mapping[tuple[str, int], ForwardPassMetrics]] | None = None
-        busy: dict[str, dict[tuple[str, int], float]] | None = None
-        if due.run_load:
-            engines = {role: cluster.latest_fpm(role) for role in cluster.roles}
-            busy = self._busy_fractions(cluster, now)
-        effects = self.core.tick(
-            now,
-            Observation(
-                status=deployment_status(cluster),
-                traffic=traffic,
-                engines=engines,
-                engine_busy_fraction=busy,
-            ),
+        reason = "/".join(r for r in (outcome.throughput_reason, outcome.load_reason) if r)
+        return PolicyStep(
+            now, outcome.scale_to, reason, outcome.message, outcome.effects, acted=True
         )
-        reason = "/".join(
-            r.value for r in (effects.throughput_reason, effects.load_reason) if r is not None
-        )
-        return PolicyStep(now, effects.scale_to, reason, effects.message, effects)
 
-    def _busy_fractions(
-        self, cluster: Cluster, now: float
-    ) -> dict[str, dict[tuple[str, int], float]]:
-        """Each engine's busy share over the last ``BUSY_WINDOW_S``: what summing the
-        wall_time of every FPM it published over that time gives in production."""
-        out: dict[str, dict[tuple[str, int], float]] = {}
-        for role in cluster.roles:
-            for engine in cluster.engines(role):
-                key = (engine.worker_id, engine.dp_rank)
-                history = self._busy_seen.setdefault(key, deque())
-                history.append((now, engine.busy_time_s))
-                while len(history) > 2 and history[1][0] <= now - BUSY_WINDOW_S:
-                    history.popleft()
-                (t0, b0), (t1, b1) = history[0], history[-1]
-                if t1 > t0:
-                    out.setdefault(role, {})[key] = min(1.0, max(0.0, (b1 - b0) / (t1 - t0)))
-        return out
-
-    def _snapshot_at(self, t_s: float) -> Snapshot | None:
-        for t, snap in self._snapshots.items():
-            if abs(t - t_s) < 1e-6:
-                return snap
-        # the first window starts at the beginning of the run
-        earliest = min(self._snapshots)
-        return self._snapshots[earliest] if earliest <= t_s + 1e-6 else None
+    def close(self) -> None:
+        run_now(self.loop.close())
 
 
 class StaticPolicy:
@@ -233,13 +177,15 @@ class HpaPolicy:
         return fractions
 
     @staticmethod
-    def _kv_usage(cluster: Cluster, role: str) -> list[float]:
+    def _kv_usage(
+        cluster: Cluster, role: str, latest: Mapping[tuple[str, int], ForwardPassMetrics]
+    ) -> list[float]:
         """KV-cache usage (``vllm:gpu_cache_usage_perc``) or, when higher, the share of
         sequence slots taken (``vllm:num_requests_running`` over ``max_num_seqs``): an engine
         runs out of either."""
         caps = cluster.capabilities(role)
         usage = []
-        for f in cluster.latest_fpm(role).values():
+        for f in latest.values():
             kv = f.scheduled_requests.sum_decode_kv_tokens + f.queued_requests.sum_decode_kv_tokens
             seqs = f.scheduled_requests.num_decode_requests + f.queued_requests.num_decode_requests
             usage.append(max(kv / caps.max_kv_tokens, seqs / caps.max_num_seqs))
@@ -270,14 +216,17 @@ class HpaPolicy:
         notes = []
         for role, hpa in self.hpas.items():
             current = cluster.desired_replicas(role)
-            expected = current * cluster.capabilities(role).dp
+            latest = cluster.latest_fpm(role)
+            # pods expected to have a metric: ranks per worker as the engines report them,
+            # counted as the planner's loop counts them
+            expected = current * dp_size(latest)
             busy = (
                 self._utilisation(self._busy_fraction(cluster, role, now), expected)
                 if role != "decode"
                 else None
             )
             kv = (
-                self._utilisation(self._kv_usage(cluster, role), expected)
+                self._utilisation(self._kv_usage(cluster, role, latest), expected)
                 if role != "prefill"
                 else None
             )

@@ -1,8 +1,9 @@
 """Drive one policy against the simulated cluster in virtual time, and score it.
 
 The runner owns the (virtual) clock: it advances the cluster to the policy's next wake-up,
-lets the policy observe and decide, applies the decision (the simulator starts replicas after
-the startup delay and drains removed ones), and records every step. After the last arrival
+lets the policy observe and decide, applies the decision through the simulated connector (the
+simulator starts replicas after the startup delay and drains removed ones; the planner's live
+loop applies its own, through the same connector), and records every step. After the last arrival
 it keeps going for a grace period so the policy can scale down and in-flight requests finish;
 GPU time is metered up to that horizon for every policy alike.
 """
@@ -21,8 +22,9 @@ from typing import Any
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.profiles import Profile
+from disagg_planner.replay.connector import SimulatedConnector, run_now
 from disagg_planner.replay.oracle import WindowNeed, lower_bound_gpu_hours
-from disagg_planner.replay.policies import Policy, PolicyStep, engine_queues
+from disagg_planner.replay.policies import Policy, PolicyStep
 from disagg_planner.replay.summary import (
     ScaleLog,
     TimelineRow,
@@ -31,6 +33,7 @@ from disagg_planner.replay.summary import (
     write_timeline_csv,
 )
 from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
+from disagg_planner.runtime.observation import engine_queues
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.request import RequestLike
@@ -96,15 +99,16 @@ def run_policy(
     """Replay ``requests`` under ``policy``; deterministic for a given setup and seed."""
     wall0 = time.perf_counter()
     cluster = setup.build(requests)
+    scale_log = ScaleLog()
+    connector = SimulatedConnector(cluster, on_scale=scale_log.add)
     start = getattr(policy, "start", None)
     if start is not None:
-        start(cluster)
+        start(cluster, connector)
     last_arrival = max((r.arrival_s for r in requests), default=0.0)
     horizon = last_arrival + GRACE_S
     roles = tuple(cluster.roles)
     timeline: list[TimelineRow] = []
     snapshots: list[TickSnapshot] = []
-    scale_log = ScaleLog()
     max_replicas = {r: cluster.desired_replicas(r) for r in roles}
 
     while True:
@@ -115,7 +119,7 @@ def run_policy(
         step = policy.wake(cluster)
         if step.reason == "sample":
             continue
-        applied = _apply(cluster, step, advisory=advisory, scale_log=scale_log)
+        applied = _apply(connector, step, advisory=advisory)
         for role in roles:
             max_replicas[role] = max(max_replicas[role], cluster.desired_replicas(role))
         row = TimelineRow(
@@ -134,6 +138,9 @@ def run_policy(
             recorder.record(snap)
         if progress is not None:
             progress(cluster.now, horizon)
+    close = getattr(policy, "close", None)
+    if close is not None:
+        close()
     cluster.run_until(horizon)
     gpu_seconds = cluster.gpu_seconds
     # requests still running at the horizon finish for the record; their GPUs are not metered
@@ -165,17 +172,15 @@ def run_policy(
     return ReplayResult(policy.name, summary, records, timeline, snapshots)
 
 
-def _apply(cluster: Cluster, step: PolicyStep, *, advisory: bool, scale_log: ScaleLog) -> str:
+def _apply(connector: SimulatedConnector, step: PolicyStep, *, advisory: bool) -> str:
+    """Apply a baseline's decision (the planner's loop applied its own); the timeline text."""
     if not step.scale_to:
         return ""
     text = ",".join(f"{r}={n}" for r, n in step.scale_to.items())
     if advisory:
         return f"advised {text}"
-    for role, n in step.scale_to.items():
-        before = cluster.desired_replicas(role)
-        if n != before:
-            scale_log.add(cluster.now, role, before, n)
-            cluster.set_replicas(role, n)
+    if not step.acted:
+        run_now(connector.set_replicas(step.scale_to))
     return text
 
 
@@ -214,7 +219,7 @@ def _snapshot(cluster: Cluster, step: PolicyStep, row: TimelineRow) -> TickSnaps
         decode_correction=corrections.decode if corrections is not None else None,
         estimated_ttft_ms=effects.estimated_ttft_ms if effects is not None else None,
         estimated_itl_ms=effects.estimated_itl_ms if effects is not None else None,
-        engines=engine_queues(cluster),
+        engines=engine_queues({role: cluster.latest_fpm(role) for role in cluster.roles}),
     )
 
 

@@ -28,7 +28,7 @@ from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.simulator import engine_spec as engine_specs
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.workloads import parse_workload, scale_load, speedup
-from disagg_planner.wiring import build_core, profile_for
+from disagg_planner.wiring import profile_for
 
 log = logging.getLogger(__name__)
 
@@ -169,11 +169,9 @@ def make_policy(name: str, plan: ReplayPlan) -> tuple[Policy, PlannerConfig | No
     if name in ("planner", "dynamo-default"):
         if name == "dynamo-default":
             cfg = PlannerConfig.model_validate(cfg.model_dump() | DYNAMO_DEFAULTS)
+        # the loop loads the profile itself when the plan has none
         profile = plan.profile if cfg.throughput_scaling_active else None
-        if cfg.throughput_scaling_active and profile is None:
-            profile = profile_for(cfg)
-        core = build_core(cfg, start_s=0.0, profile=profile)
-        return PlannerPolicy(name=name, core=core, config=cfg), cfg
+        return PlannerPolicy(name=name, config=cfg, profile=profile), cfg
     if name.startswith("static:"):
         counts = [c.strip() for c in name.removeprefix("static:").split(",")]
         if len(counts) != len(roles) or not all(c.isdigit() for c in counts):
