@@ -146,8 +146,9 @@ class PlannerCore:
         return self.schedule.next_at_s
 
     def due(self, now_s: float) -> DueTick | None:
-        """Which loops the tick at ``now_s`` runs (the shell gathers only what they need).
-        Advances the schedule; pass the same ``now_s`` to :meth:`tick`."""
+        """Which loops the tick at ``now_s`` runs, and on a throughput tick the traffic
+        window to read (the shell gathers only what they need, and reads the window it is
+        given). Advances the schedule; pass the same ``now_s`` to :meth:`tick`."""
         self._pending_due = self.schedule.pop_due(now_s)
         return self._pending_due
 
