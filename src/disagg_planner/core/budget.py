@@ -102,74 +102,108 @@ def apply_gpu_budget(
       the ceiling: if it would, the floor gives way.
     """
 
-    def gpus(counts: Mapping[str, int]) -> int:
-        return gpus_of(counts, gpus_per_replica) + other_gpus
-
-    total = gpus(replicas)
+    count = _Count(gpus_per_replica, order, other_gpus)
+    total = count.gpus(replicas)
     if max_gpus != -1 and total > max_gpus:
-        footprint = gpus(floors)
-        if footprint > max_gpus:
-            others = " and the other roles" if other_gpus else ""
-            return BudgetResult(
-                dict(replicas),
-                "min_footprint",
-                f"the minimum endpoints{others} need {footprint} GPUs, above max_gpu_budget "
-                f"{max_gpus}",
-            )
-        kept = {
-            r: floors[r] if current is None else max(floors[r], min(n, current[r]))
-            for r, n in replicas.items()
-        }
-        if gpus(kept) > max_gpus:
-            held = {r: n - floors[r] for r, n in kept.items()}
-            return BudgetResult(
-                _spread(floors, held, max_gpus - footprint, gpus_per_replica, order),
-                "max_gpu_budget",
-                f"{gpus(kept)} GPUs held, max_gpu_budget is {max_gpus}; reconciling",
-                reconcile=True,
-            )
-        asks = {r: max(0, n - kept[r]) for r, n in replicas.items()}
-        return BudgetResult(
-            _spread(kept, asks, max_gpus - gpus(kept), gpus_per_replica, order),
-            "max_gpu_budget",
-            f"{total} GPUs wanted, max_gpu_budget is {max_gpus}",
-        )
+        return _under_ceiling(count, replicas, current, floors, max_gpus)
     if min_gpus != -1 and total < min_gpus:
-        message = f"{total} GPUs wanted, min_gpu_budget is {min_gpus}"
-        upper = (
-            dict(replicas)
-            if current is None
-            else {r: max(n, current[r]) for r, n in replicas.items()}
-        )
-        reconcile = gpus(upper) < min_gpus
-        if reconcile:
-            out = _grow(replicas, gpus_per_replica, floors, min_gpus - other_gpus, order)
-        else:
-            gave_up = {r: upper[r] - n for r, n in replicas.items()}
-            out = _spread(
-                replicas, gave_up, min_gpus - total, gpus_per_replica, order, round_up=True
-            )
-        if max_gpus != -1 and gpus(out) > max_gpus:
-            return BudgetResult(
-                dict(replicas), None, "raising to min_gpu_budget would cross max_gpu_budget"
-            )
-        return BudgetResult(out, "min_gpu_budget", message, reconcile=reconcile)
+        return _over_floor(count, replicas, current, floors, max_gpus, min_gpus)
     return BudgetResult(dict(replicas))
 
 
+@dataclass(frozen=True)
+class _Count:
+    """How the budget counts: GPUs per replica of the roles sized, in their sharing order,
+    plus the GPUs of the roles that are not."""
+
+    gpus_per_replica: Mapping[str, int]
+    order: tuple[str, ...]
+    other_gpus: int
+
+    def gpus(self, counts: Mapping[str, int]) -> int:
+        return gpus_of(counts, self.gpus_per_replica) + self.other_gpus
+
+
+def _under_ceiling(
+    count: _Count,
+    replicas: Mapping[str, int],
+    current: Mapping[str, int] | None,
+    floors: Mapping[str, int],
+    max_gpus: int,
+) -> BudgetResult:
+    """``replicas`` (over ``max_gpus``) cut to it, or a hold (see :func:`apply_gpu_budget`)."""
+    footprint = count.gpus(floors)
+    if footprint > max_gpus:
+        others = " and the other roles" if count.other_gpus else ""
+        return BudgetResult(
+            dict(replicas),
+            "min_footprint",
+            f"the minimum endpoints{others} need {footprint} GPUs, above max_gpu_budget {max_gpus}",
+        )
+    kept = {
+        r: floors[r] if current is None else max(floors[r], min(n, current[r]))
+        for r, n in replicas.items()
+    }
+    if count.gpus(kept) > max_gpus:
+        held = {r: n - floors[r] for r, n in kept.items()}
+        return BudgetResult(
+            _spread(count, floors, held, max_gpus - footprint),
+            "max_gpu_budget",
+            f"{count.gpus(kept)} GPUs held, max_gpu_budget is {max_gpus}; reconciling",
+            reconcile=True,
+        )
+    asks = {r: max(0, n - kept[r]) for r, n in replicas.items()}
+    return BudgetResult(
+        _spread(count, kept, asks, max_gpus - count.gpus(kept)),
+        "max_gpu_budget",
+        f"{count.gpus(replicas)} GPUs wanted, max_gpu_budget is {max_gpus}",
+    )
+
+
+def _over_floor(
+    count: _Count,
+    replicas: Mapping[str, int],
+    current: Mapping[str, int] | None,
+    floors: Mapping[str, int],
+    max_gpus: int,
+    min_gpus: int,
+) -> BudgetResult:
+    """``replicas`` (under ``min_gpus``) raised to it where the ceiling allows."""
+    total = count.gpus(replicas)
+    upper = (
+        dict(replicas) if current is None else {r: max(n, current[r]) for r, n in replicas.items()}
+    )
+    reconcile = count.gpus(upper) < min_gpus
+    if reconcile:
+        out = _grow(count, replicas, floors, min_gpus - count.other_gpus)
+    else:
+        gave_up = {r: upper[r] - n for r, n in replicas.items()}
+        out = _spread(count, replicas, gave_up, min_gpus - total, round_up=True)
+    if max_gpus != -1 and count.gpus(out) > max_gpus:
+        return BudgetResult(
+            dict(replicas), None, "raising to min_gpu_budget would cross max_gpu_budget"
+        )
+    return BudgetResult(
+        out,
+        "min_gpu_budget",
+        f"{total} GPUs wanted, min_gpu_budget is {min_gpus}",
+        reconcile=reconcile,
+    )
+
+
 def _spread(
+    count: _Count,
     base: Mapping[str, int],
     room: Mapping[str, int],
     amount: int,
-    gpus_per_replica: Mapping[str, int],
-    order: tuple[str, ...],
     *,
     round_up: bool = False,
 ) -> dict[str, int]:
     """``base`` plus the same share of each role's ``room`` (replicas), the shares coming to
     ``amount`` GPUs: at most that many rounding down (a ceiling), at least rounding up (a
-    floor). Roles earlier in ``order`` take their share first; the last takes the rest, never
-    more than its room. Integer arithmetic: a share is exact, not a float's approximation."""
+    floor). Roles earlier in the order take their share first; the last takes the rest,
+    never more than its room. Integer arithmetic: a share is exact, not a float's guess."""
+    gpus_per_replica, order = count.gpus_per_replica, count.order
     wanted = sum(room[r] * gpus_per_replica[r] for r in order)
     out = dict(base)
     left = amount
@@ -187,14 +221,11 @@ def _spread(
 
 
 def _grow(
-    replicas: Mapping[str, int],
-    gpus_per_replica: Mapping[str, int],
-    floors: Mapping[str, int],
-    target: int,
-    order: tuple[str, ...],
+    count: _Count, replicas: Mapping[str, int], floors: Mapping[str, int], target: int
 ) -> dict[str, int]:
     """Every role grown by the same factor (rounded up) until the roles hold ``target``
     GPUs, the last role taking what remains; from nothing, an even split."""
+    gpus_per_replica, order = count.gpus_per_replica, count.order
     own = gpus_of(replicas, gpus_per_replica)
     scale = target / max(own, 1)
     out: dict[str, int] = {}
