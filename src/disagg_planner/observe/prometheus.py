@@ -1,12 +1,15 @@
 """Frontend traffic over the last interval, read from Prometheus (the throughput loop's input).
 
-One PromQL request per observation: every input (request counters, the ``_sum`` and
-``_count`` of each histogram, the ISL/OSL buckets) is a separate ``sum(increase(...))``
-tagged with a ``planner_part`` label and joined with ``or``, so all parts are evaluated at
-the same instant over the same window and a single timeout covers the whole read. The
-model and namespace filters are in the selectors, and ``sum`` adds up every matching
-series (several frontends, several pods). :mod:`disagg_planner.observe.window` turns the
-increases into averages and distributions; the replay path shares that code.
+One PromQL request reads every input (request counters, the ``_sum`` and ``_count`` of each
+histogram, the ISL/OSL buckets): each is a separate ``sum(increase(...))`` tagged with a
+``planner_part`` label and joined with ``or``, so all parts are evaluated at the same
+instant over the same window. The model and namespace filters are in the selectors, and
+``sum`` adds up every matching series (several frontends, several pods). When a request
+counter matched, a second request at the same evaluation time reads that counter's raw
+samples in the window, so that a window the series do not cover (Prometheus restarted,
+a target newly scraped, a counter reset) is missing rather than low traffic (module doc of
+:mod:`disagg_planner.observe.window`, which turns the increases into averages and
+distributions; the replay path shares that code). Each request has its own timeout.
 
 Failures never look like traffic: an unreachable or slow server, an HTTP error, a body
 that is not a Prometheus vector, or no matching series gives a
@@ -21,6 +24,7 @@ import logging
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -38,6 +42,7 @@ from disagg_planner.observe.window import (
     DISTRIBUTION_INPUTS,
     HISTOGRAM_INPUTS,
     MissingReason,
+    SeriesSamples,
     WindowIncreases,
     metric_family,
     namespace_label_value,
@@ -150,6 +155,10 @@ class PrometheusTrafficObserver:
         )
         return " or ".join(tagged)
 
+    def samples_query(self, counter: str, duration_s: float) -> str:
+        """The PromQL of ``counter``'s raw samples in the window, one series per frontend."""
+        return f"{counter}{self.selector}[{_range(duration_s)}]"
+
     @property
     def count_metric_used(self) -> str | None:
         """Which counter the last observation's ``num_req`` came from, if any."""
@@ -187,11 +196,47 @@ class PrometheusTrafficObserver:
         if isinstance(headers, MissingObservation):
             return headers
         self._client.headers = headers
-        params = dict(self._extra_params)
-        if end_s is not None:
-            params["time"] = f"{end_s:.3f}"
+        vector = self._query(self.query(duration_s), end_s)
+        if isinstance(vector, MissingObservation):
+            return vector
         try:
-            vector = self._client.custom_query(self.query(duration_s), params=params)
+            increases, eval_s = _parse_vector(vector)
+        except _BadResponse as exc:
+            return MissingObservation(MissingReason.BAD_RESPONSE, f"{self._endpoint}: {exc}")
+        where = f"matching {self.selector} over {_range(duration_s)} at {self._endpoint}"
+        observed_end = end_s if end_s is not None else eval_s
+        if observed_end is None:  # an empty vector: nothing matched, no timestamp either
+            return MissingObservation(MissingReason.NO_SERIES, f"no series {where}")
+        used = increases.count_metric_used
+        self._note_count_metric(used)
+        observation = observation_from_increases(
+            increases, end_s=observed_end, duration_s=duration_s, where=where
+        )
+        if isinstance(observation, MissingObservation) or used is None:
+            return observation
+        # Same evaluation time as the increases: the samples are those they came from.
+        counter: str = getattr(self._metrics, used)
+        matrix = self._query(self.samples_query(counter, duration_s), observed_end)
+        if isinstance(matrix, MissingObservation):
+            return matrix
+        try:
+            series = _parse_matrix(matrix)
+        except _BadResponse as exc:
+            return MissingObservation(MissingReason.BAD_RESPONSE, f"{self._endpoint}: {exc}")
+        return observation_from_increases(
+            replace(increases, counter_series=series),
+            end_s=observed_end,
+            duration_s=duration_s,
+            where=where,
+        )
+
+    def _query(self, promql: str, time_s: float | None) -> Any | MissingObservation:
+        """The ``result`` of one instant query at ``time_s`` (the server's now when None)."""
+        params = dict(self._extra_params)
+        if time_s is not None:
+            params["time"] = f"{time_s:.3f}"
+        try:
+            return self._client.custom_query(promql, params=params)
         except PrometheusApiClientException as exc:  # a non-200 status
             return MissingObservation(
                 MissingReason.PROMETHEUS_ERROR, f"{self._endpoint}: {_clip(str(exc))}"
@@ -205,18 +250,6 @@ class PrometheusTrafficObserver:
             )
         except requests.RequestException as exc:
             return self._request_failure(exc)
-        try:
-            increases, eval_s = _parse_vector(vector)
-        except _BadResponse as exc:
-            return MissingObservation(MissingReason.BAD_RESPONSE, f"{self._endpoint}: {exc}")
-        where = f"matching {self.selector} over {_range(duration_s)} at {self._endpoint}"
-        observed_end = end_s if end_s is not None else eval_s
-        if observed_end is None:  # an empty vector: nothing matched, no timestamp either
-            return MissingObservation(MissingReason.NO_SERIES, f"no series {where}")
-        self._note_count_metric(increases.count_metric_used)
-        return observation_from_increases(
-            increases, end_s=observed_end, duration_s=duration_s, where=where
-        )
 
     def _request_failure(self, exc: requests.RequestException) -> MissingObservation:
         # The innermost cause says what happened ("Connection refused"); the outer ones
@@ -324,6 +357,32 @@ def _parse_vector(vector: Any) -> tuple[WindowIncreases, float | None]:
         buckets=buckets,
     )
     return increases, eval_s
+
+
+def _parse_matrix(matrix: Any) -> tuple[SeriesSamples, ...]:
+    """The series of a range-vector result, each with its samples oldest first."""
+    if not isinstance(matrix, list):
+        raise _BadResponse(f"result is a {type(matrix).__name__}, expected a range vector")
+    series: list[SeriesSamples] = []
+    for index, item in enumerate(matrix):
+        labels = item.get("metric") if isinstance(item, dict) else None
+        values = item.get("values") if isinstance(item, dict) else None
+        if not isinstance(labels, dict) or not isinstance(values, list):
+            raise _BadResponse(f"result[{index}] lacks 'metric' labels or 'values'")
+        samples: list[tuple[float, float]] = []
+        for pair in values:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise _BadResponse(f"result[{index}] value {pair!r} is not a [time, value] pair")
+            samples.append(
+                (
+                    _parse_float(pair[0], f"result[{index}] timestamp"),
+                    _parse_float(pair[1], f"result[{index}] value"),
+                )
+            )
+        name = labels.get("__name__", "")
+        rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
+        series.append(SeriesSamples(f"{name}{{{rendered}}}", tuple(sorted(samples))))
+    return tuple(series)
 
 
 def _by_input(scalars: Mapping[str, float], suffix: str) -> dict[str, float]:

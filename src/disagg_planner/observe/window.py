@@ -24,6 +24,14 @@ Definitions (one place, both paths):
 Zero traffic (counters present, no increase) is a valid observation with ``num_req == 0``
 and undefined averages. No series at all is *not* zero traffic: it is a missing observation
 (``no_series``), since it cannot be told apart from a frontend Prometheus does not scrape.
+
+A window must be covered: every series of the request counter used must have an unbroken
+history (no counter reset) reaching back to the window's start, by the rule Prometheus'
+``increase()`` itself uses to extrapolate to the start (:func:`history_start`).
+A series whose history starts later (Prometheus restarted after a gap longer than the
+window, a target newly scraped, a frontend restarted in the window) holds only part of the
+window's requests, so reading it would report low traffic at constant load; the
+observation is missing instead (``partial_window``), naming how much was covered.
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from itertools import pairwise
 from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,6 +66,7 @@ class MissingReason(StrEnum):
     BAD_RESPONSE = "bad_response"
     NO_SERIES = "no_series"
     TOKEN_UNREADABLE = "prometheus_token_unreadable"
+    PARTIAL_WINDOW = "partial_window"
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,45 @@ def namespace_label_value(namespace: str, source: str) -> str:
     return namespace.replace("-", "_") if source == "router" else namespace
 
 
+# Prometheus' increase() extrapolates a series to the window's start only when its first
+# sample lies within 1.1 average sample intervals of it (extrapolatedRate in
+# promql/functions.go); a later first sample means the series starts inside the window.
+EXTRAPOLATION_THRESHOLD = 1.1
+
+Sample = tuple[float, float]
+"""One sample: (time in Unix seconds, value)."""
+
+
+@dataclass(frozen=True)
+class SeriesSamples:
+    """The samples one request-counter series has inside the window, oldest first."""
+
+    series: str  # ``name{labels}``, for messages
+    samples: tuple[Sample, ...]
+
+
+def history_start(samples: tuple[Sample, ...], start_s: float) -> float | None:
+    """When the series' unbroken history in a window starting at ``start_s`` begins, if it
+    begins inside the window; None when the history covers the window.
+
+    A counter reset (a value lower than the one before: the process restarted) makes the
+    history begin at the sample after it: the requests between the last sample before the
+    restart and the restart are counted nowhere. Without one, the history begins at the
+    first sample, and covers the window when that lies within
+    :data:`EXTRAPOLATION_THRESHOLD` average sample intervals of the start, as
+    ``increase()`` decides whether to extrapolate to the start; a lone sample covers the
+    window only when it is at the start.
+    """
+    resets = [t for (_, before), (t, value) in pairwise(samples) if value < before]
+    if resets:
+        return resets[-1]
+    if not samples:
+        return None
+    first, n = samples[0][0], len(samples)
+    threshold = EXTRAPOLATION_THRESHOLD * (samples[-1][0] - first) / (n - 1) if n > 1 else 0.0
+    return first if first - start_s > threshold else None
+
+
 @dataclass(frozen=True)
 class WindowIncreases:
     """Increases over one window, each already summed over the matching series.
@@ -112,7 +161,9 @@ class WindowIncreases:
     ``None`` (or an absent key) means the metric had no matching series in the window;
     0 means it had series that did not move. ``sums``/``counts`` are keyed by
     :attr:`HistogramInput.key`; ``buckets[key]`` maps each upper bound ``le`` (``inf`` for
-    ``+Inf``) to the increase of that *cumulative* bucket.
+    ``+Inf``) to the increase of that *cumulative* bucket. ``counter_series`` holds the
+    in-window samples of every series of the counter ``num_req`` comes from, for the
+    coverage check (module doc).
     """
 
     requests_started: float | None
@@ -120,6 +171,7 @@ class WindowIncreases:
     sums: Mapping[str, float] = field(default_factory=dict)
     counts: Mapping[str, float] = field(default_factory=dict)
     buckets: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
+    counter_series: tuple[SeriesSamples, ...] = ()
 
     @property
     def count_metric_used(self) -> str | None:
@@ -154,6 +206,9 @@ def observation_from_increases(
     else:
         detail = "no request counter series in the window"
         return MissingObservation(MissingReason.NO_SERIES, f"{detail} {where}".strip())
+    partial = _partial_window(increases.counter_series, end_s=end_s, duration_s=duration_s)
+    if partial is not None:
+        return MissingObservation(MissingReason.PARTIAL_WINDOW, f"{partial} {where}".strip())
 
     averages: dict[str, float | None] = {}
     for item in HISTOGRAM_INPUTS:
@@ -198,6 +253,29 @@ def histogram_from_cumulative(cumulative: Mapping[float, float]) -> Histogram:
         previous = max(previous, cumulative[le])
     overflow = max(0.0, cumulative.get(math.inf, previous) - previous)
     return Histogram(bounds=tuple(bounds), counts=tuple(counts), overflow=overflow)
+
+
+def _partial_window(
+    counter_series: Iterable[SeriesSamples], *, end_s: float, duration_s: float
+) -> str | None:
+    """Why the window is not covered (the latest-starting series), or None when it is."""
+    series = tuple(counter_series)
+    late = [
+        (begin, item.series)
+        for item in series
+        if (begin := history_start(item.samples, end_s - duration_s)) is not None
+    ]
+    if not late:
+        return None
+    begin, worst = max(late)
+    covered = max(0.0, end_s - begin)
+    return (
+        f"{worst} has an unbroken history for only the last {covered:.3g} s of the "
+        f"{duration_s:g} s window ({covered / duration_s:.0%} covered; {len(late)} of "
+        f"{len(series)} series start inside the window): Prometheus restarted, the target "
+        "is newly scraped or the counter was reset, so the window holds only part of the "
+        "requests"
+    )
 
 
 def _first_bad_value(increases: WindowIncreases) -> str | None:
@@ -294,12 +372,15 @@ def traffic_from_snapshots(
     ``increase()`` gives over a window holding exactly two samples, at ``start_s`` and
     ``end_s``: ``end - start``, or ``end`` when the value went down (a counter reset, the
     process restarted). A series missing from either snapshot contributes nothing, as a
-    series with a single sample in the window contributes nothing to ``increase()``; so the
-    very first window after a series appears reads as no data, exactly as live.
+    series with a single sample in the window contributes nothing to ``increase()``.
+
+    The coverage rule (module doc) reads the request counter's series as two-sample
+    histories: a series only in ``end`` (it appeared during the window) or whose value went
+    down (reset) starts inside the window, and makes the window ``partial_window``, as live.
 
     Returns the same :class:`TrafficObservation` the PromQL path returns for the same two
-    scrapes, or a :class:`MissingObservation` (``no_series``) when no request counter
-    matches.
+    scrapes, or a :class:`MissingObservation` (``no_series`` when no request counter
+    matches, ``partial_window`` when the window is not covered).
     """
     if not end_s > start_s:
         raise ValueError(f"end_s ({end_s}) must be after start_s ({start_s})")
@@ -309,6 +390,8 @@ def traffic_from_snapshots(
 
     # Per-series increases of the matching series, grouped by sample name.
     by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
+    # Every matching series' samples in the window, for the coverage check.
+    histories: dict[str, list[SeriesSamples]] = {}
     for key, end_value in end.items():
         sample_name, label_pairs = key
         labels = dict(label_pairs)
@@ -317,6 +400,10 @@ def traffic_from_snapshots(
         if wanted_model is not None and labels.get(MODEL_LABEL, "").lower() != wanted_model:
             continue
         start_value = start.get(key)
+        samples = ((start_s, start_value),) if start_value is not None else ()
+        histories.setdefault(sample_name, []).append(
+            SeriesSamples(_render(key), (*samples, (end_s, end_value)))
+        )
         if start_value is None:
             continue
         delta = end_value - start_value if end_value >= start_value else end_value
@@ -350,6 +437,10 @@ def traffic_from_snapshots(
         counts=counts,
         buckets=buckets,
     )
+    used = increases.count_metric_used
+    if used is not None:
+        counter: str = getattr(metrics, used)
+        increases = replace(increases, counter_series=tuple(histories[counter]))
     where = f"for model={model_name!r} namespace={ns_value!r}"
     return observation_from_increases(
         increases, end_s=float(end_s), duration_s=float(end_s - start_s), where=where

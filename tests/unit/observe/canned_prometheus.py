@@ -11,7 +11,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -60,12 +60,34 @@ def vector_reply(
     return Reply(body=json.dumps(body).encode())
 
 
+def matrix_reply(series: Mapping[str, Sequence[tuple[float, float]]]) -> Reply:
+    """A successful range-vector reply: per series (its ``pod`` label), (time, value) pairs."""
+    result = [
+        {
+            "metric": {"__name__": "dynamo_frontend_requests_started_total", "pod": pod},
+            "values": [[t, str(v)] for t, v in samples],
+        }
+        for pod, samples in series.items()
+    ]
+    body = {"status": "success", "data": {"resultType": "matrix", "result": result}}
+    return Reply(body=json.dumps(body).encode())
+
+
+def covering_samples(time_s: float) -> Reply:
+    """One counter series scraped every 15 s for the hour before ``time_s``: any window
+    ending then is covered."""
+    return matrix_reply({"a": [(time_s - 15.0 * i, 1000.0 - i) for i in range(240, -1, -1)]})
+
+
 @dataclass
 class CannedPrometheus:
-    """Serves ``reply`` to every request on a loopback port (HTTPS with ``tls=True``)."""
+    """Serves ``reply`` to every traffic query on a loopback port (HTTPS with ``tls=True``),
+    and ``samples_reply`` to every query of raw samples (a range selector; by default a
+    series that covers the window)."""
 
     tls: bool = False
     reply: Reply = field(default_factory=lambda: vector_reply({}))
+    samples_reply: Reply | None = None
     requests: list[Recorded] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -74,10 +96,11 @@ class CannedPrometheus:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
-                canned.requests.append(
-                    Recorded(url.path, parse_qs(url.query), dict(self.headers.items()))
-                )
+                recorded = Recorded(url.path, parse_qs(url.query), dict(self.headers.items()))
+                canned.requests.append(recorded)
                 reply = canned.reply
+                if "planner_part" not in recorded.param("query"):
+                    reply = canned.samples_reply or covering_samples(float(recorded.param("time")))
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
                 try:

@@ -14,7 +14,13 @@ import pytest
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.types import Histogram, MissingObservation, TrafficObservation
 from disagg_planner.observe import MissingReason, PrometheusTrafficObserver
-from tests.unit.observe.canned_prometheus import TLS_DIR, CannedPrometheus, Reply, vector_reply
+from tests.unit.observe.canned_prometheus import (
+    TLS_DIR,
+    CannedPrometheus,
+    Reply,
+    matrix_reply,
+    vector_reply,
+)
 
 FULL = {
     "requests_started": 12,
@@ -199,6 +205,41 @@ def test_falls_back_to_finished_requests_once_logged(
     assert observer.count_metric_used == "requests_finished"
     fallback_logs = [r for r in caplog.records if "dynamo_frontend_requests_total" in r.message]
     assert len(fallback_logs) == 1  # a state change, not a message per tick
+
+
+def test_window_the_counter_does_not_cover_is_missing(api: CannedPrometheus) -> None:
+    api.reply = vector_reply(FULL, at_s=1_700_000_060.0)
+    # Frontend "a" covers the window; "b" was first scraped 50 s into it.
+    api.samples_reply = matrix_reply(
+        {
+            "a": [(1_700_000_000.0 + t, t) for t in range(5, 60, 15)],
+            "b": [(1_700_000_050.0 + t, t) for t in range(0, 10, 2)],
+        }
+    )
+    obs = observer_for(api.url, metric_pulling_prometheus_extra_query_params="dedup=true").observe(
+        duration_s=60
+    )
+    assert isinstance(obs, MissingObservation), obs
+    assert obs.reason == MissingReason.PARTIAL_WINDOW
+    assert 'pod="b"' in obs.detail and "last 10 s of the 60 s window (17% covered" in obs.detail
+    _, samples = api.requests
+    # The raw samples of the counter the increases came from, at the same evaluation time.
+    selector = r'{model=~"(?i)meta\\-llama/llama\\-3\\.1\\-8b",dynamo_namespace="dyn-a"}'
+    assert samples.param("query") == f"dynamo_frontend_requests_started_total{selector}[60000ms]"
+    assert samples.param("time") == "1700000060.000"
+    assert samples.param("dedup") == "true"
+
+
+def test_unreadable_samples_are_missing(api: CannedPrometheus) -> None:
+    api.reply = vector_reply(FULL)
+    api.samples_reply = prometheus_error(503, "unavailable", "overloaded")
+    obs = observer_for(api.url).observe(duration_s=60)
+    assert isinstance(obs, MissingObservation)
+    assert (obs.reason, "503" in obs.detail) == (MissingReason.PROMETHEUS_ERROR, True)
+    api.samples_reply = body({"status": "success", "data": {"result": [{"metric": {}}]}})
+    obs = observer_for(api.url).observe(duration_s=60)
+    assert isinstance(obs, MissingObservation)
+    assert (obs.reason, "'values'" in obs.detail) == (MissingReason.BAD_RESPONSE, True)
 
 
 def prometheus_error(status: int, error_type: str, error: str) -> Reply:

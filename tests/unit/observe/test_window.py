@@ -19,6 +19,7 @@ from disagg_planner.observe import (
 from disagg_planner.observe.window import (
     WindowIncreases,
     histogram_from_cumulative,
+    history_start,
     observation_from_increases,
     sample_key,
 )
@@ -117,23 +118,58 @@ def test_zero_traffic_is_an_observation(metrics: FrontendMetrics) -> None:
     assert obs.isl_histogram is not None and obs.isl_histogram.total == 0
 
 
-def test_counter_reset_counts_what_came_after(metrics: FrontendMetrics) -> None:
+def partial(obs: object) -> MissingObservation:
+    assert isinstance(obs, MissingObservation), obs
+    assert obs.reason == MissingReason.PARTIAL_WINDOW, obs
+    return obs
+
+
+def test_counter_reset_in_the_window_is_missing_not_low_traffic(metrics: FrontendMetrics) -> None:
+    # Issue 19: the requests between the last scrape before the restart and the restart
+    # are counted nowhere; what remains would read as low traffic.
     before = metrics.text()
     metrics.reset()  # the frontends restarted
     metrics.record(times(R_A, 3), model="Llama-3.1-8B", namespace="dyn-a", pod="a")
     metrics.record(times(R_B, 1), model="Llama-3.1-8B", namespace="dyn-a", pod="b")
-    obs = traffic(window(metrics, before))
-    assert obs.num_req == 4
-    assert obs.ttft_ms == pytest.approx((3 * 250 + 500) / 4)
+    obs = partial(window(metrics, before))
+    assert "dynamo_frontend_requests_started_total{" in obs.detail
+    assert "0% covered" in obs.detail and "60 s window" in obs.detail
 
 
-def test_series_must_be_in_both_snapshots_as_with_increase(metrics: FrontendMetrics) -> None:
+def test_series_that_appeared_in_the_window_is_missing(metrics: FrontendMetrics) -> None:
+    # A frontend newly scraped: its requests before its first scrape are counted nowhere.
     before = metrics.text()
-    # A frontend that appeared during the window: Prometheus' increase() needs two
-    # samples, so live its first window reads nothing from it; replay matches live.
     metrics.record(times(R_B, 5), model="Llama-3.1-8B", namespace="dyn-a", pod="new")
     metrics.record(times(R_A, 1), model="Llama-3.1-8B", namespace="dyn-a", pod="a")
-    assert traffic(window(metrics, before)).num_req == 1
+    assert 'pod="new"' in partial(window(metrics, before)).detail
+    # Other models' and namespaces' new series do not matter.
+    assert traffic(window(metrics, before, namespace="dyn-b")).num_req == 0
+
+
+def every(step_s: float, start_s: float, end_s: float) -> tuple[tuple[float, float], ...]:
+    """A counter scraped every ``step_s`` from ``start_s`` to ``end_s``, rising by 1 a scrape."""
+    n = round((end_s - start_s) / step_s)
+    return tuple((start_s + i * step_s, float(i)) for i in range(n + 1))
+
+
+@pytest.mark.parametrize(
+    ("samples", "expected"),
+    [
+        pytest.param(every(15, 1014, 1059), None, id="first scrape within an interval"),
+        pytest.param(every(15, 1016.4, 1046.4), None, id="within 1.1 intervals"),
+        pytest.param(every(15, 1017, 1047), 1017, id="beyond 1.1 intervals"),
+        pytest.param(every(1, 1050, 1060), 1050, id="Prometheus back 50 s in"),
+        pytest.param(((1000, 5.0), (1060, 9.0)), None, id="two scrapes at the ends"),
+        pytest.param(((1000, 5.0),), None, id="lone sample at the start"),
+        pytest.param(((1060, 5.0),), 1060, id="lone sample at the end"),
+        pytest.param(((1000, 50.0), (1030, 60.0), (1045, 2.0), (1060, 9.0)), 1045, id="reset"),
+        pytest.param((), None, id="no samples"),
+    ],
+)
+def test_history_start_follows_increase_extrapolation(
+    samples: tuple[tuple[float, float], ...], expected: float | None
+) -> None:
+    assert history_start(samples, 1000.0) == expected
 
 
 def test_first_window_of_a_new_model_is_missing(metrics: FrontendMetrics) -> None:
