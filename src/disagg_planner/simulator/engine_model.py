@@ -149,6 +149,7 @@ class EngineModel:
         self.max_kv_tokens = self.kv_blocks * s.block_size
         limit = s.max_model_len or m.max_context
         self.max_model_len = min(limit, self.max_kv_tokens)
+        self._decode_base: dict[int, float] = {}  # decode_run_s's, by batch size
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -220,6 +221,53 @@ class EngineModel:
                 f"prefill_context_tokens={prefill_context_tokens}, decode_requests={b})"
             )
         n_prefill = (1 if p > 0 else 0) if prefill_requests is None else int(prefill_requests)
+        base = self._base_s(p, prefill_context_tokens, b, n_prefill, prefill_attention_pairs)
+        if b == 0:
+            if isinstance(decode_kv_tokens, np.ndarray):
+                return np.full(decode_kv_tokens.shape, base)
+            return base
+        kv = decode_kv_tokens
+        attn_flops_d = kv * self._attn_decode_flops_pair / self._attn_peak
+        attn_bytes_d = kv * (self._kv_bytes_per_token_gpu / self._hbm)
+        if isinstance(kv, np.ndarray):
+            return base + np.maximum(attn_flops_d, attn_bytes_d)
+        return base + max(float(attn_flops_d), float(attn_bytes_d))
+
+    def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
+        """Seconds of each of ``steps`` decode-only iterations of ``batch`` requests whose
+        summed context is ``kv_tokens`` at the first and grows by ``batch`` per step: the
+        same floats as ``iteration_time_s(0, 0, batch, kv_tokens + batch * arange(steps))``.
+
+        A planned decode run is usually a few steps long (the next request finishes soon),
+        where a Python loop beats numpy's per-call overhead, and the part that does not
+        depend on the context is the same for every run of the batch size: it is cached.
+        """
+        base = self._decode_base.get(batch)
+        if base is None:
+            base = self._decode_base[batch] = self._base_s(0, 0, batch, 0, None)
+        flops_pair = self._attn_decode_flops_pair
+        peak = self._attn_peak
+        bytes_per_s = self._kv_bytes_per_token_gpu / self._hbm
+        if steps > 64:
+            kv = kv_tokens + batch * np.arange(steps, dtype=np.float64)
+            durs = base + np.maximum(kv * flops_pair / peak, kv * bytes_per_s)
+            out: list[float] = durs.tolist()
+            return out
+        out = []
+        for i in range(steps):
+            kv_f = float(kv_tokens + batch * i)  # exact: far below 2**53
+            out.append(base + max(kv_f * flops_pair / peak, kv_f * bytes_per_s))
+        return out
+
+    def _base_s(
+        self,
+        p: int,
+        prefill_context_tokens: int,
+        b: int,
+        n_prefill: int,
+        prefill_attention_pairs: float | None,
+    ) -> float:
+        """Everything of an iteration but the decode attention, which grows with the KV."""
         tokens = p + b
         # GEMMs: the dense part of every token ...
         t_gemm = 0.0
@@ -261,17 +309,7 @@ class EngineModel:
                     2 * self._moe_layers * self.eff.alltoall_latency_s
                     + self._moe_layers * tokens * self._ep_bytes_per_token / self._ep_bw
                 )
-        base = t_gemm + t_prefill_attn + overhead + comm
-        if b == 0:
-            if isinstance(decode_kv_tokens, np.ndarray):
-                return np.full(decode_kv_tokens.shape, base)
-            return base
-        kv = decode_kv_tokens
-        attn_flops_d = kv * self._attn_decode_flops_pair / self._attn_peak
-        attn_bytes_d = kv * (self._kv_bytes_per_token_gpu / self._hbm)
-        if isinstance(kv, np.ndarray):
-            return base + np.maximum(attn_flops_d, attn_bytes_d)
-        return base + max(float(attn_flops_d), float(attn_bytes_d))
+        return t_gemm + t_prefill_attn + overhead + comm
 
     # -- convenience views used by profiling and the oracle ----------------------------------------
     def prefill_time_s(self, isl: int, *, cached_tokens: int = 0) -> float:

@@ -80,6 +80,21 @@ class MetricsSnapshot:
         return {"time_s": self.time_s, "metrics": out}
 
 
+def array_sum(values: list[float]) -> float:
+    """``float(np.asarray(values).sum())``, without building an array for a short list.
+
+    The simulated figures were defined with numpy sums; numpy adds fewer than 8 float64 in
+    order (its pairwise summation starts at blocks of 8), so a short list is summed the same
+    way here (an explicit loop: ``sum()`` of floats is compensated from Python 3.12 on).
+    """
+    if len(values) >= 8:
+        return float(np.asarray(values, dtype=np.float64).sum())
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
 class Histogram:
     """A cumulative Prometheus histogram with fixed upper bounds (``le``); +Inf implied."""
 
@@ -111,6 +126,28 @@ class Histogram:
             total += value
         self.sum = total
         self.count += len(values)
+
+    def observe_repeat(self, value: float, n: int) -> None:
+        """``observe(value)`` ``n`` times in a row: the float ``sum`` gets ``value`` added
+        ``n`` times, as ``n`` calls would add it (``value * n`` can round differently)."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        total = self.sum
+        for _ in range(n):
+            total += value
+        self.sum = total
+        self.count += n
+
+    def observe_weighted(self, values: list[float], total: float, weight: int) -> None:
+        """Record every value of ``values`` ``weight`` times, ``total`` being their sum
+        (``array_sum``): the same as ``observe_array`` of them."""
+        if not values or weight == 0:
+            return
+        counts = self.counts
+        bounds = self.bounds
+        for value in values:
+            counts[bisect_left(bounds, value)] += weight
+        self.sum += total * weight
+        self.count += len(values) * weight
 
     def observe_array(self, values: npt.NDArray[np.float64], weight: int = 1) -> None:
         """Record every value of ``values``, each ``weight`` times."""

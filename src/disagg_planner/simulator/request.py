@@ -82,6 +82,8 @@ class SimRequest:
         "first_token_s",
         "gen_base",
         "generated",
+        "group_finish",
+        "group_offset",
         "hash_ids",
         "isl",
         "last_token_s",
@@ -122,6 +124,11 @@ class SimRequest:
         self.remote_kv = False
         self.prefill_worker: str | None = None
         self.decode_worker: str | None = None
+        # Set by the engine while the request decodes in lockstep with its batch
+        # (``scheduler._DecodeGroup``): context minus the group's iteration count, and the
+        # iteration count at which the request has generated its last token.
+        self.group_offset = 0
+        self.group_finish = 0
 
     @property
     def context(self) -> int:

@@ -19,16 +19,25 @@ finishes, a request arrives or KV runs out. The engine then plans that whole run
 (``_plan_bulk``): iteration times come from one vectorised call, and a later arrival
 truncates the run at the iteration in progress (``interrupt``). Results are the same as
 stepping one iteration at a time.
+
+Speed, too: while every running request is decoding and each iteration schedules them all
+(the steady state of a decode engine), they advance in lockstep, one token per iteration.
+The engine then keeps them as a ``_DecodeGroup``: per request only what differs (its context
+and the iteration at which it finishes, relative to a shared iteration count), per group the
+sums an iteration needs (summed context, KV blocks held). An iteration, an admission or a
+planned run then costs the same whatever the batch size; a request's own fields are written
+back when it leaves the group, and when someone reads ``running``.
 """
 
 from __future__ import annotations
 
+import heapq
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Literal, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from disagg_planner.signals.fpm import (
     FPM_VERSION,
@@ -37,13 +46,14 @@ from disagg_planner.signals.fpm import (
     ScheduledRequestMetrics,
 )
 from disagg_planner.simulator.engine_model import EngineModel
-from disagg_planner.simulator.metrics import Histogram
+from disagg_planner.simulator.metrics import Histogram, array_sum
 from disagg_planner.simulator.request import SimRequest
 
 Role = Literal["prefill", "decode", "agg"]
 FpmCallback = Callable[[ForwardPassMetrics], None]
-# The decode contexts' variance of an iteration, or the contexts to compute it from.
-VarSource = float | list[int]
+# The decode contexts' variance of an iteration, or what to compute it from when an FPM is
+# built: (values, offset), the contexts being ``value + offset``.
+VarSource = float | tuple[list[int], int]
 _MAX_BULK = 4096
 _EPS = 1e-9
 
@@ -67,6 +77,114 @@ def _var(values: list[int]) -> float:
         return 0.0
     mean = sum(values) / n
     return sum((v - mean) ** 2 for v in values) / n
+
+
+def _var_of(src: VarSource) -> float:
+    if isinstance(src, float):
+        return src
+    values, offset = src
+    return _var([v + offset for v in values] if offset else values)
+
+
+class _DecodeGroup:
+    """The running requests of a rank while all of them decode in lockstep.
+
+    ``epoch`` counts the group's iterations. Member ``i`` has context ``a_i + epoch`` (its
+    ``group_offset`` is ``a_i``) and generates its last token at epoch ``group_finish``; every
+    member's previous token came at ``last_s``. KV blocks: after a pass has allocated the next
+    iteration each member holds ``ceil(context / bs)`` blocks (``lag`` 0); after an iteration
+    ends, ``ceil((context - 1) / bs)`` (``lag`` 1), as the stepped scheduler leaves them.
+    ``blocks_at`` counts them from a histogram of ``a_i mod bs``, in ``bs`` steps at most.
+    ``offsets`` lists the ``a_i`` in running order (the FPM's variance is computed from it).
+    """
+
+    __slots__ = (
+        "bs",
+        "epoch",
+        "finish_heap",
+        "lag",
+        "last_s",
+        "n",
+        "offsets",
+        "q_sum",
+        "residues",
+        "seq",
+        "sum_offsets",
+    )
+
+    def __init__(self, bs: int, last_s: float) -> None:
+        self.bs = bs
+        self.epoch = 0
+        self.lag = 0
+        self.last_s = last_s
+        self.n = 0
+        self.offsets: list[int] = []
+        self.sum_offsets = 0
+        self.q_sum = 0  # sum of a_i // bs
+        self.residues = [0] * bs  # members by a_i % bs
+        # (finish epoch, join order, request): members finishing at one epoch leave in
+        # running order, as the stepped scheduler releases them.
+        self.finish_heap: list[tuple[int, int, SimRequest]] = []
+        self.seq = 0
+
+    def join(self, req: SimRequest, context: int, left: int) -> None:
+        """Add a decoding request at the end of the batch: ``context`` KV tokens now,
+        ``left`` tokens still to generate."""
+        a = context - self.epoch
+        req.group_offset = a
+        req.group_finish = self.epoch + left
+        self.offsets.append(a)
+        self.sum_offsets += a
+        q, r = divmod(a, self.bs)
+        self.q_sum += q
+        self.residues[r] += 1
+        self.n += 1
+        self.seq += 1
+        heapq.heappush(self.finish_heap, (req.group_finish, self.seq, req))
+
+    def remove(self, req: SimRequest, index: int) -> None:
+        """Forget member ``req`` at ``index`` of the batch (it was popped off the heap)."""
+        a = req.group_offset
+        del self.offsets[index]
+        self.sum_offsets -= a
+        q, r = divmod(a, self.bs)
+        self.q_sum -= q
+        self.residues[r] -= 1
+        self.n -= 1
+
+    def context_sum(self) -> int:
+        return self.sum_offsets + self.n * self.epoch
+
+    def blocks_at(self, x: int) -> int:
+        """``sum_i ceil((a_i + x) / bs)``: with ``a_i = q_i bs + r_i`` and ``x = X bs + y``
+        each term is ``q_i + X + ceil((r_i + y) / bs)``, which is 0, 1 or 2 extra."""
+        bs = self.bs
+        big_x, y = divmod(x, bs)
+        total = self.q_sum + self.n * big_x
+        if y == 0:
+            return total + self.n - self.residues[0]
+        return total + self.n + sum(self.residues[bs + 1 - y :])
+
+    def held_blocks(self) -> int:
+        return self.blocks_at(self.epoch - self.lag)
+
+    def first_finish(self) -> int:
+        return self.finish_heap[0][0]
+
+    def pop_finished(self) -> list[SimRequest]:
+        """Members whose last token was this epoch's, in running order."""
+        heap = self.finish_heap
+        done = []
+        while heap and heap[0][0] <= self.epoch:
+            done.append(heapq.heappop(heap)[2])
+        return done
+
+    def write_back(self, req: SimRequest) -> None:
+        """Give member ``req`` its own fields as the stepped scheduler would have them."""
+        context = req.group_offset + self.epoch
+        req.generated = req.target - (req.group_finish - self.epoch)
+        req.last_token_s = self.last_s
+        req.blocks = -(-(context - self.lag) // self.bs)
 
 
 class EngineCore:
@@ -100,25 +218,32 @@ class EngineCore:
         self.total_blocks = model.kv_blocks
         self.free_blocks = model.kv_blocks
         self.waiting: deque[SimRequest] = deque()
-        self.running: list[SimRequest] = []
+        self._running: list[SimRequest] = []
+        # Set while every running request decodes in lockstep (see the module doc); its
+        # members are the first ``n`` of ``_running``, the rest are just admitted.
+        self._group: _DecodeGroup | None = None
         self.busy = False
         self.paused = False
         self._token = 0
         # The iteration in progress: a single step ...
         self._step_prefill: list[tuple[SimRequest, int, int]] = []
         self._step_decode: list[SimRequest] = []
+        self._step_n_decode = 0
+        self._step_grouped = False  # its decodes are the group's members
         self._step_end = 0.0
         self._step_dur = 0.0
         self._step_desc: tuple[float, ...] = ()
-        self._step_ctx: list[int] = []
+        self._step_var: VarSource = 0.0
         self._step_k = 0
         # ... or a planned run of decode-only iterations.
-        self._bulk_ends: npt.NDArray[np.float64] | None = None
-        self._bulk_durs: npt.NDArray[np.float64] | None = None
+        # Plain lists: a run is a few iterations long, and bisect on a list beats numpy's
+        # per-call overhead.
+        self._bulk_ends: list[float] | None = None
+        self._bulk_durs: list[float] = []
         self._bulk_start = 0.0
         self._bulk_done = 0
         self._bulk_k0 = 0
-        self._bulk_ctx: list[int] = []
+        self._bulk_ctx: VarSource = 0.0
         self._bulk_var: float | None = None
         # Waiting-queue aggregates for the FPM's queued section.
         self._q = [0, 0, 0, 0, 0, 0]  # n_pf, sum_pf, sumsq_pf, n_dc, sum_dc, sumsq_dc
@@ -141,22 +266,31 @@ class EngineCore:
 
     # -- public state ------------------------------------------------------------------------------
     @property
+    def running(self) -> list[SimRequest]:
+        """The running requests, in admission order, their fields exact at this time."""
+        group = self._group
+        if group is not None:
+            for req in self._running[: group.n]:
+                group.write_back(req)
+        return self._running
+
+    @property
     def used_blocks(self) -> int:
         return self.total_blocks - self.free_blocks
 
     @property
     def num_requests(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self._running) + len(self.waiting)
 
     @property
     def is_empty(self) -> bool:
         """No request held (an iteration in progress always holds its requests)."""
-        return not self.running and not self.waiting
+        return not self._running and not self.waiting
 
     def load(self) -> float:
         """Routing load in tokens: queued prompt tokens plus KV tokens held (O(1))."""
         q = self._q
-        return float(q[1] + q[4] + self.used_blocks * self.block_size)
+        return float(q[1] + q[4] + (self.total_blocks - self.free_blocks) * self.block_size)
 
     # -- waiting queue with aggregates ---------------------------------------------------------
     def _q_key(self, req: SimRequest) -> tuple[int, int]:
@@ -204,14 +338,13 @@ class EngineCore:
         ends = self._bulk_ends
         if ends is None:
             return
-        j = int(np.searchsorted(ends, now, side="left"))
+        j = bisect_left(ends, now)
         j = max(j, self._bulk_done)
         if j + 1 < len(ends):
-            assert self._bulk_durs is not None
             self._bulk_ends = ends[: j + 1]
             self._bulk_durs = self._bulk_durs[: j + 1]
             self._token += 1
-            self.sink.schedule(float(ends[j]), self, self._token)
+            self.sink.schedule(ends[j], self, self._token)
 
     def sync(self, now: float) -> None:
         """Account the iterations of a planned run that ended by ``now`` (tokens, ITL,
@@ -219,7 +352,7 @@ class EngineCore:
         ends = self._bulk_ends
         if ends is None:
             return
-        done = int(np.searchsorted(ends, now, side="right"))
+        done = bisect_right(ends, now)
         if self._bulk_done < done < len(ends):
             self._commit_bulk(done - self._bulk_done, final=False)
 
@@ -229,7 +362,7 @@ class EngineCore:
         if self._bulk_ends is not None:
             self._commit_bulk(len(self._bulk_ends) - self._bulk_done, final=True)
             self._bulk_ends = None
-            self._bulk_durs = None
+            self._bulk_durs = []
         else:
             self._commit_step(now)
         self.busy = False
@@ -249,15 +382,16 @@ class EngineCore:
     def evacuate(self) -> list[SimRequest]:
         """Remove every request (this rank is going away); each loses its KV and will be
         recomputed wherever it lands. Work of an unfinished iteration is discarded."""
+        self._ungroup()
         if self.busy:
             self._token += 1
             self.busy = False
             self._bulk_ends = None
-            self._bulk_durs = None
+            self._bulk_durs = []
             self._step_prefill = []
             self._step_decode = []
-        out = list(self.running) + list(self.waiting)
-        self.running = []
+        out = list(self._running) + list(self.waiting)
+        self._running = []
         self.waiting.clear()
         self._q = [0, 0, 0, 0, 0, 0]
         for req in out:
@@ -266,6 +400,37 @@ class EngineCore:
             self._reset_for_recompute(req)
         self.free_blocks = self.total_blocks
         return out
+
+    # -- the decode group ------------------------------------------------------------------------
+    def _ungroup(self) -> None:
+        """Back to per-request bookkeeping: every member gets its own fields."""
+        group = self._group
+        if group is not None:
+            for req in self._running[: group.n]:
+                group.write_back(req)
+            self._group = None
+
+    def _try_group(self, ctxs: list[int], now: float) -> _DecodeGroup | None:
+        """Form the group from a pass that scheduled every running request as a decode,
+        if their previous tokens all came at ``now`` (no starved request)."""
+        running = self._running
+        for req in running:
+            if req.last_token_s != now:
+                return None
+        group = _DecodeGroup(self.block_size, now)
+        for req, ctx in zip(running, ctxs, strict=True):
+            group.join(req, ctx, req.target - req.generated)
+        self._group = group
+        return group
+
+    def _leave_group(self, group: _DecodeGroup, done: list[SimRequest]) -> None:
+        """``done`` (members that generated their last token) leave the batch."""
+        running = self._running
+        for req in done:
+            group.write_back(req)
+            index = running.index(req)
+            del running[index]
+            group.remove(req, index)
 
     # -- the scheduler ---------------------------------------------------------------------------
     def _reset_for_recompute(self, req: SimRequest) -> None:
@@ -305,9 +470,27 @@ class EngineCore:
             cache.popitem(last=False)
 
     def _schedule_pass(self) -> tuple[bool, bool]:
-        """Build the next iteration into ``_step_prefill``/``_step_decode`` (and the decode
-        contexts into ``_step_ctx``, their sum into ``_step_k``); returns (preempted,
-        admitted)."""
+        """Build the next iteration into ``_step_prefill`` and ``_step_decode`` (or
+        ``_step_grouped``), with ``_step_n_decode``, the decode contexts' sum ``_step_k`` and
+        what their variance comes from; returns (preempted, admitted)."""
+        group = self._group
+        if group is not None and group.n <= self.budget:
+            # Every member decodes; the pass allocates their next iteration's blocks.
+            extra = group.blocks_at(group.epoch) - group.held_blocks()
+            if extra <= self.free_blocks:
+                self.free_blocks -= extra
+                group.lag = 0
+                self._step_grouped = True
+                self._step_decode = []
+                self._step_n_decode = group.n
+                self._step_k = group.context_sum()
+                self._step_var = (list(group.offsets), group.epoch)
+                return self._admit([], self.budget - group.n)
+        # Some member would not be scheduled or would need a preemption: step them one by one.
+        self._ungroup()
+        return self._schedule_running()
+
+    def _schedule_running(self) -> tuple[bool, bool]:
         bs = self.block_size
         budget = self.budget
         prefill: list[tuple[SimRequest, int, int]] = []
@@ -316,7 +499,7 @@ class EngineCore:
         # FPM their variance and a planned decode run both.
         ctxs: list[int] = []
         k = 0
-        running = self.running
+        running = self._running
         free = self.free_blocks
         preempted = False
         n_run = len(running)
@@ -357,42 +540,54 @@ class EngineCore:
                 k += ctx
                 budget -= 1
             i += 1
+        self.free_blocks = free
+        self._step_grouped = False
+        self._step_decode = decode
+        self._step_n_decode = len(decode)
+        self._step_k = k
+        self._step_var = (ctxs, 0)
+        if preempted:
+            self._step_prefill = prefill
+            return True, False
+        return self._admit(prefill, budget)
+
+    def _admit(self, prefill: list[tuple[SimRequest, int, int]], budget: int) -> tuple[bool, bool]:
+        """Admit waiting requests into the pass (FCFS while budget, seats and KV allow)."""
+        bs = self.block_size
+        running = self._running
+        free = self.free_blocks
+        waiting = self.waiting
         admitted = False
-        if not preempted:
-            waiting = self.waiting
-            while waiting and budget > 0 and len(running) < self.max_seqs:
-                req = waiting[0]
-                computed = req.computed
-                hit = 0
-                if computed == 0 and req.generated == 0:
-                    hit = self._prefix_hit(req)
-                    computed = hit
-                n = min(req.prompt_len - computed, budget)
-                need = -(-(computed + n) // bs)
-                if need > free:
-                    break
-                waiting.popleft()
-                self._q_add(req, -1)
-                req.computed = computed
-                if hit:
-                    req.cached_tokens = hit
-                free -= need
-                req.blocks = need
-                running.append(req)
-                prefill.append((req, n, computed))
-                budget -= n
-                admitted = True
+        while waiting and budget > 0 and len(running) < self.max_seqs:
+            req = waiting[0]
+            computed = req.computed
+            hit = 0
+            if computed == 0 and req.generated == 0:
+                hit = self._prefix_hit(req)
+                computed = hit
+            n = min(req.prompt_len - computed, budget)
+            need = -(-(computed + n) // bs)
+            if need > free:
+                break
+            waiting.popleft()
+            self._q_add(req, -1)
+            req.computed = computed
+            if hit:
+                req.cached_tokens = hit
+            free -= need
+            req.blocks = need
+            running.append(req)
+            prefill.append((req, n, computed))
+            budget -= n
+            admitted = True
         self.free_blocks = free
         self._step_prefill = prefill
-        self._step_decode = decode
-        self._step_ctx = ctxs
-        self._step_k = k
-        return preempted, admitted
+        return False, admitted
 
     def _make_room(self, req: SimRequest, extra: int) -> bool:
         """Preempt the most recently admitted running requests (LIFO) until ``extra`` blocks
         are free for ``req``; True when ``req`` itself had to go."""
-        running = self.running
+        running = self._running
         while extra > self.free_blocks:
             victim = running.pop()
             self._preempt(victim)
@@ -401,14 +596,15 @@ class EngineCore:
         return False
 
     def _schedule(self, now: float) -> None:
-        if not self.running and not self.waiting:
+        if not self._running and not self.waiting:
             if self._was_active:
                 self._was_active = False
                 self._emit_idle()
             return
         preempted, admitted = self._schedule_pass()
-        prefill, decode = self._step_prefill, self._step_decode
-        if not prefill and not decode:
+        prefill = self._step_prefill
+        n_decode = self._step_n_decode
+        if not prefill and not n_decode:
             # Nothing fits (cannot happen with the cluster's admission checks); stay idle
             # rather than spin.
             return
@@ -419,7 +615,7 @@ class EngineCore:
             and not prefill
             and not preempted
             and not admitted
-            and len(decode) == len(self.running)
+            and n_decode == len(self._running)
         ):
             self._plan_bulk(now)
             return
@@ -431,15 +627,15 @@ class EngineCore:
             pairs += n * (ctx + (n + 1) / 2.0)
         k = self._step_k
         dur = self.model.iteration_time_s(
-            p, c, len(decode), k, prefill_requests=len(prefill), prefill_attention_pairs=pairs
+            p, c, n_decode, k, prefill_requests=len(prefill), prefill_attention_pairs=pairs
         )
-        # The decode variance is left to the FPM (``_step_ctx``): most are never built.
+        # The decode variance is left to the FPM (``_step_var``): most are never built.
         self._step_desc = (
             float(len(prefill)),
             float(p),
             _var([n for _, n, _ in prefill]),
             float(c),
-            float(len(decode)),
+            float(n_decode),
             float(k),
         )
         self._step_dur = float(dur)
@@ -448,62 +644,93 @@ class EngineCore:
         self.sink.schedule(self._step_end, self, self._token)
 
     def _plan_bulk(self, now: float) -> None:
-        running = self.running
-        b = len(running)
+        group = self._group
+        if group is None:
+            assert not isinstance(self._step_var, float)
+            group = self._try_group(self._step_var[0], now)
+        if group is None:
+            self._plan_bulk_stepped(now)
+            return
+        b = group.n
         bs = self.block_size
-        # The pass just scheduled every running request as a decode, in order.
-        ctx0 = self._step_ctx
-        k = min(min([r.target - r.generated for r in running]), _MAX_BULK)
-        k = max(k, 1)
+        k = max(min(group.first_finish() - group.epoch, _MAX_BULK), 1)
         free = self.free_blocks
-        # Step ``s`` of the run needs ceil((c + s - 1) / bs) blocks per request and the pass
+        # Step ``s`` of the run needs ceil((c + s - 1) / bs) blocks per member and the pass
         # allocated ceil(c / bs), so k steps need at most ceil((k - 1) / bs) more each: when
         # that fits, KV does not cut the run and the exact count is not needed.
         if b * -(-(k - 1) // bs) > free:
+            held = group.blocks_at(group.epoch)
+
+            def extra_blocks(steps: int) -> int:
+                return group.blocks_at(group.epoch + steps - 1) - held
+
+            k = self._fit_run(k, extra_blocks, free)
+        self._start_bulk(now, b, k, self._step_k, self._step_var)
+
+    def _plan_bulk_stepped(self, now: float) -> None:
+        """A planned run of requests whose previous tokens came at different times."""
+        running = self._running
+        b = len(running)
+        bs = self.block_size
+        # The pass just scheduled every running request as a decode, in order.
+        assert not isinstance(self._step_var, float)
+        ctx0 = self._step_var[0]
+        k = min(min([r.target - r.generated for r in running]), _MAX_BULK)
+        k = max(k, 1)
+        free = self.free_blocks
+        if b * -(-(k - 1) // bs) > free:  # the bound of ``_plan_bulk``
             ctx_arr = np.asarray(ctx0, dtype=np.int64)
             held = int(((ctx_arr + (bs - 1)) // bs).sum())  # == sum of r.blocks
 
             def extra_blocks(steps: int) -> int:
                 return int(((ctx_arr + (steps - 1 + bs - 1)) // bs).sum()) - held
 
-            if extra_blocks(k) > free:
-                lo, hi = 1, k  # extra_blocks(1) == 0: step 1 is already allocated
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if extra_blocks(mid) <= free:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                k = lo
-        k0 = self._step_k
-        kv = k0 + b * np.arange(k, dtype=np.float64)
-        durs = self.model.iteration_time_s(0, 0, b, kv)
+            k = self._fit_run(k, extra_blocks, free)
+        self._start_bulk(now, b, k, self._step_k, self._step_var)
+
+    @staticmethod
+    def _fit_run(k: int, extra_blocks: Callable[[int], int], free: int) -> int:
+        """The longest run of at most ``k`` steps whose KV blocks fit in ``free``."""
+        if extra_blocks(k) <= free:
+            return k
+        lo, hi = 1, k  # extra_blocks(1) == 0: step 1 is already allocated
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if extra_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _start_bulk(self, now: float, b: int, k: int, k0: int, var_src: VarSource) -> None:
+        durs = self.model.decode_run_s(b, k0, k)
+        # ``now + cumsum(durs)``: numpy's cumsum adds in order, as this loop does.
+        ends = []
+        elapsed = 0.0
+        for d in durs:
+            elapsed += d
+            ends.append(now + elapsed)
         self._bulk_durs = durs
-        self._bulk_ends = now + np.cumsum(durs)
+        self._bulk_ends = ends
         self._bulk_start = now
         self._bulk_done = 0
         self._bulk_k0 = k0
-        self._bulk_ctx = ctx0
+        self._bulk_ctx = var_src
         self._bulk_var = None
         self._token += 1
-        self.sink.schedule(float(self._bulk_ends[-1]), self, self._token)
+        self.sink.schedule(ends[-1], self, self._token)
 
     # -- commits ----------------------------------------------------------------------------------
-    def _emit_token(self, req: SimRequest, t: float) -> None:
-        if req.first_token_s is None:
-            req.first_token_s = t
-            self.sink.on_first_token(req, t)
-        else:
-            self.itl.observe(t - req.last_token_s)
-        req.last_token_s = t
-
     def _commit_step(self, now: float) -> None:
-        prefill, decode = self._step_prefill, self._step_decode
+        prefill = self._step_prefill
         visible = self.role != "prefill"
+        group = self._group if self._step_grouped else None
         # Inter-token gaps in the order tokens are emitted (the histogram's float sum depends
         # on it), and the requests that finish, in the order they leave.
         gaps: list[float] = []
         done: list[SimRequest] = []
+        joining: list[SimRequest] = []
+        unfinished = False
         for req, n, _ctx in prefill:
             req.computed += n
             self.prefill_tokens_computed += n
@@ -521,59 +748,140 @@ class EngineCore:
                     self.tokens_generated += 1
                 if req.generated >= req.target:
                     done.append(req)
-        for req in decode:
-            # A scheduled decode has had its first token (its prefill emitted it).
-            gen = req.generated + 1
-            req.generated = gen
-            gaps.append(now - req.last_token_s)
-            req.last_token_s = now
-            if gen >= req.target:
-                done.append(req)
-        self.itl.observe_seq(gaps)
-        self.tokens_generated += len(decode)
-        self._finish_iteration(self._step_desc, self._step_ctx, self._step_dur)
+                else:
+                    joining.append(req)
+            else:
+                unfinished = True
+        itl = self.itl
+        finished: list[SimRequest] = []
+        if group is not None:
+            # Every member's gap is this iteration (their previous tokens came together).
+            itl.observe_seq(gaps)
+            n_decode = group.n
+            itl.observe_repeat(now - group.last_s, n_decode)
+            group.epoch += 1
+            group.lag = 1
+            group.last_s = now
+            finished = group.pop_finished()
+        else:
+            for req in self._step_decode:
+                # A scheduled decode has had its first token (its prefill emitted it).
+                gen = req.generated + 1
+                req.generated = gen
+                gaps.append(now - req.last_token_s)
+                req.last_token_s = now
+                if gen >= req.target:
+                    done.append(req)
+            itl.observe_seq(gaps)
+            n_decode = len(self._step_decode)
+        self.tokens_generated += n_decode
+        self._finish_iteration(self._step_desc, self._step_var, self._step_dur)
         self._step_prefill = []
         self._step_decode = []
-        self._release(done, now)
+        if group is not None:
+            self._leave_group(group, finished)
+            self._remove_running(done)
+            if unfinished or not visible:
+                self._ungroup()
+            else:
+                bs = self.block_size
+                for req in joining:
+                    ctx = req.prompt_len + req.generated - req.gen_base
+                    if req.blocks != -(-(ctx - 1) // bs):
+                        self._ungroup()
+                        break
+                    group.join(req, ctx, req.target - req.generated)
+            done.extend(finished)
+        else:
+            self._remove_running(done)
+        self._hand_back(done, now)
 
-    def _release(self, done: list[SimRequest], now: float) -> None:
-        """``done`` have their last token: free their KV and hand them back."""
+    def _remove_running(self, done: list[SimRequest]) -> None:
         if not done:
             return
-        running = self.running
+        running = self._running
         if len(done) == 1:
             running.remove(done[0])  # identity comparison, in C
         else:
             gone = set(map(id, done))
             running[:] = [r for r in running if id(r) not in gone]
+
+    def _hand_back(self, done: list[SimRequest], now: float) -> None:
+        """``done`` (no longer running) have their last token: free their KV, hand them
+        back to the cluster."""
         for req in done:
             self.free_blocks += req.blocks
             req.blocks = 0
             self.sink.on_leave(self, req, now)
+        if self._group is not None and self._group.n == 0:
+            self._group = None
 
     def _commit_bulk(self, m: int, *, final: bool) -> None:
         ends, durs = self._bulk_ends, self._bulk_durs
-        assert ends is not None and durs is not None
+        assert ends is not None
         c = self._bulk_done
         seg = durs[c : c + m]
-        seg_start = float(ends[c - 1]) if c else self._bulk_start
-        first_end = float(ends[c])
-        last_end = float(ends[c + m - 1])
-        running = self.running
-        b = len(running)
+        seg_s = array_sum(seg)
+        last_end = ends[c + m - 1]
+        b = len(self._running)
+        self.itl.observe_weighted(seg, seg_s, b)
+        group = self._group
+        done: list[SimRequest] = []
+        if group is not None:
+            # Members' previous tokens came at the run's start: no longer first gap.
+            held = group.held_blocks()
+            group.epoch += m
+            group.last_s = last_end
+            # Blocks for the next iteration (partial commit) or the last one run (final).
+            group.lag = 1 if final else 0
+            self.free_blocks -= group.held_blocks() - held
+            if final:
+                done = group.pop_finished()
+        else:
+            done = self._commit_bulk_stepped(m, c, last_end, final)
+        self.tokens_generated += m * b
+        self.busy_time_s += seg_s
+        queued = self._queued()
+        if self.on_fpm is not None:
+            var = self._bulk_decode_var()
+            for j in range(c, c + m):
+                sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b))
+                self._record_fpm(durs[j], sched, var, queued, emit=True)
+        else:
+            j = c + m - 1
+            sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b))
+            self.counter_id += m - 1
+            self.iterations += m - 1
+            var_src = self._bulk_ctx if self._bulk_var is None else self._bulk_var
+            self._record_fpm(durs[j], sched, var_src, queued, emit=False)
+        self._bulk_done = c + m
+        if final:
+            if group is not None:
+                self._leave_group(group, done)
+            else:
+                self._remove_running(done)
+            self._hand_back(done, last_end)
+
+    def _commit_bulk_stepped(
+        self, m: int, c: int, last_end: float, final: bool
+    ) -> list[SimRequest]:
+        """Per-request accounting of ``m`` iterations of a run (no decode group)."""
+        ends, durs = self._bulk_ends, self._bulk_durs
+        assert ends is not None
+        seg_start = ends[c - 1] if c else self._bulk_start
+        first_end = ends[c]
         itl = self.itl
-        itl.observe_array(seg, weight=b)
         bs = self.block_size
         # Blocks for the next iteration (partial commit) or the last one run (final).
         shift = 1 if final else 0
         free = self.free_blocks
         done: list[SimRequest] = []
-        for req in running:
+        for req in self._running:
             last = req.last_token_s
             if last - seg_start > _EPS or seg_start - last > _EPS:
                 # This request's previous token came earlier than the run's start (it was
                 # starved or just admitted): its first gap is longer than the iteration.
-                itl.observe(float(seg[0]), -1)
+                itl.observe(durs[c], -1)
                 itl.observe(first_end - last)
             gen = req.generated + m
             req.generated = gen
@@ -586,34 +894,17 @@ class EngineCore:
             if gen >= req.target:
                 done.append(req)
         self.free_blocks = free
-        self.tokens_generated += m * b
-        self.busy_time_s += float(seg.sum())
-        queued = self._queued()
-        if self.on_fpm is not None:
-            var = self._bulk_decode_var()
-            for j in range(c, c + m):
-                sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b))
-                self._record_fpm(float(durs[j]), sched, var, queued, emit=True)
-        else:
-            j = c + m - 1
-            sched = (0.0, 0.0, 0.0, 0.0, float(b), float(self._bulk_k0 + j * b))
-            self.counter_id += m - 1
-            self.iterations += m - 1
-            var_src: VarSource = self._bulk_ctx if self._bulk_var is None else self._bulk_var
-            self._record_fpm(float(durs[j]), sched, var_src, queued, emit=False)
-        self._bulk_done = c + m
-        if final:
-            self._release(done, last_end)
+        return done
 
     # -- forward-pass metrics ------------------------------------------------------------------
     # An FPM's scheduled section is kept as six figures plus the decode contexts' variance,
-    # or the contexts themselves (``VarSource``) until an FPM is actually built: a replay
+    # or what to compute it from (``VarSource``) until an FPM is actually built: a replay
     # reads only the latest FPM of each rank once per tick, so most variances are never needed.
     def _bulk_decode_var(self) -> float:
         """Variance of a planned run's decode contexts (every step adds one token to each,
         so it is the same for the whole run); computed once per run."""
         if self._bulk_var is None:
-            self._bulk_var = _var(self._bulk_ctx)
+            self._bulk_var = _var_of(self._bulk_ctx)
         return self._bulk_var
 
     def _finish_iteration(self, sched: tuple[float, ...], var_src: VarSource, wall: float) -> None:
@@ -650,7 +941,6 @@ class EngineCore:
         queued: tuple[float, ...],
         counter: int,
     ) -> ForwardPassMetrics:
-        var_decode = var_src if isinstance(var_src, float) else _var(var_src)
         return ForwardPassMetrics(
             version=FPM_VERSION,
             worker_id=self.worker_id,
@@ -664,7 +954,7 @@ class EngineCore:
                 sum_prefill_kv_tokens=int(sched[3]),
                 num_decode_requests=int(sched[4]),
                 sum_decode_kv_tokens=int(sched[5]),
-                var_decode_kv_tokens=float(var_decode),
+                var_decode_kv_tokens=float(_var_of(var_src)),
             ),
             queued_requests=QueuedRequestMetrics(
                 num_prefill_requests=int(queued[0]),
@@ -682,6 +972,6 @@ class EngineCore:
             return None
         wall, sched, var_src, queued = self._last_fpm
         if not isinstance(var_src, float):
-            var_src = _var(var_src)  # once: it is read again each tick while the rank idles
+            var_src = _var_of(var_src)  # once: it is read again each tick while the rank idles
             self._last_fpm = (wall, sched, var_src, queued)
         return self._build_fpm(wall, sched, var_src, queued, self.counter_id)
