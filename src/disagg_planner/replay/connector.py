@@ -45,18 +45,17 @@ FPM_SAMPLE_PERIOD_S = 1.0
 
 
 class SimulatedFrontend(Protocol):
-    @property
-    def labels(self) -> Mapping[str, str]: ...
+    labels: Mapping[str, str]
+
     def render_prometheus_text(self) -> str: ...
 
 
 class SimulatedEngine(Protocol):
-    @property
-    def worker_id(self) -> str: ...
-    @property
-    def dp_rank(self) -> int: ...
-    @property
-    def busy_time_s(self) -> float: ...
+    """One rank: who it is, and the seconds it has spent in iterations."""
+
+    worker_id: str
+    dp_rank: int
+    busy_time_s: float
 
 
 class SimulatedDeployment(Protocol):

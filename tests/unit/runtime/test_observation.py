@@ -17,41 +17,13 @@ from disagg_planner.runtime.observation import (
 )
 from disagg_planner.signals.fpm import ForwardPassMetrics
 from tests.unit.regression.fpm_factory import fpm
+from tests.unit.runtime.fpm_stream import FpmStream
 
 LOAD_TICK = DueTick(at_s=0.0, run_throughput=False, run_load=True)
 STATUS = DeploymentStatus({"prefill": RoleStatus(desired=1, ready=1, gpus_per_replica=1)})
 
 
-class Source:
-    """An FPM stream of one role: the reports given to it, latest per engine."""
-
-    def __init__(self) -> None:
-        self.samples: list[ForwardPassMetrics] = []
-        self.latest: dict[EngineKey, ForwardPassMetrics] = {}
-
-    def publish(self, *reports: ForwardPassMetrics) -> None:
-        self.samples.extend(reports)
-        self.latest.update({(r.worker_id, r.dp_rank): r for r in reports})
-
-    def snapshot(self, now_s: float | None = None) -> dict[EngineKey, ForwardPassMetrics]:
-        return dict(self.latest)
-
-    def last_seen(self) -> dict[EngineKey, float]:
-        return {}
-
-    def drain_samples(self) -> list[ForwardPassMetrics]:
-        samples, self.samples = self.samples, []
-        return samples
-
-    @property
-    def dropped(self) -> dict[str, int]:
-        return {}
-
-    def start(self) -> None: ...
-    def stop(self, timeout_s: float = 5.0) -> None: ...
-
-
-class Metered(Source):
+class Metered(FpmStream):
     def __init__(self) -> None:
         super().__init__()
         self.busy: dict[EngineKey, float] = {}
@@ -80,7 +52,7 @@ def test_dp_size_is_the_widest_worker_and_1_when_nothing_reports() -> None:
 
 
 def test_learning_feeds_every_received_iteration_and_sums_its_wall_time() -> None:
-    prefill, decode = Source(), Source()
+    prefill, decode = FpmStream(), FpmStream()
     builder = ObservationBuilder({"prefill": prefill, "decode": decode})
     learner = Learner()
     ticks = int(BUSY_WINDOW_S) // 10 + 1
@@ -118,16 +90,17 @@ def test_busy_time_is_measured_over_the_busy_window_and_forgets_gone_engines() -
 
 
 def test_a_load_tick_carries_queues_ranks_and_last_seen_and_a_throughput_tick_none() -> None:
-    source = Source()
+    source = FpmStream()
     source.publish(
         fpm(worker="p1", dp_rank=0, queued_prefill_tokens=7),
         fpm(worker="p0", dp_rank=1, queued_prefill_tokens=5),
         fpm(worker="p0", dp_rank=0, queued_prefill_tokens=3),
+        t=-2.0,
     )
     builder = ObservationBuilder({"prefill": source})
     observation, engines = builder.observation(0.0, LOAD_TICK, status=STATUS, traffic=None)
     assert observation.dp_size == {"prefill": 2}
-    assert observation.engine_last_seen_s == {"prefill": {}}
+    assert observation.engine_last_seen_s == {"prefill": dict.fromkeys(engines["prefill"], -2.0)}
     queues = engine_queues(engines)
     assert [(q.worker_id, q.dp_rank, q.queued_prefill_tokens) for q in queues] == [
         ("p0", 0, 3),

@@ -6,7 +6,7 @@ second, replicas that start after a delay) is driven twice from scratch:
 - live: :class:`DeploymentLoop` on the script's clock, an in-memory connector, a
   Prometheus stand-in that scrapes the frontend every second, and an FPM stream that hands
   the loop every report (busy time is then the sum of their ``wall_time``), as the ZMQ
-  subscriber does;
+  subscriber does (:class:`FpmStream`);
 - replay: :class:`PlannerPolicy` driven as the replay runner drives it, on the simulated
   connector and sources of :mod:`disagg_planner.replay.connector` (one FPM sample per engine
   per second, busy time read from the engines, traffic from frontend snapshots).
@@ -43,6 +43,7 @@ from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.simulator.metrics import FrontendMetrics
 from tests.unit.regression.fpm_factory import decode_law, fpm, prefill_law
 from tests.unit.runtime.conftest import loop_config
+from tests.unit.runtime.fpm_stream import FpmStream
 
 ROLES = ("prefill", "decode")
 STARTUP_S = 20.0
@@ -233,40 +234,6 @@ class ScrapedTraffic:
         )
 
 
-class StreamedFpm:
-    """Every report of one role as it is published; an engine silent for over a second (it
-    reports every second) is gone, as the subscriber's staleness filter would say."""
-
-    def __init__(self, world: ScriptedDeployment, role: str) -> None:
-        self.role = role
-        self.samples: list[ForwardPassMetrics] = []
-        self.latest: dict[EngineKey, tuple[float, ForwardPassMetrics]] = {}
-        world.on_report.append(self.receive)
-
-    def receive(self, role: str, report: ForwardPassMetrics, t: float) -> None:
-        if role == self.role:
-            self.samples.append(report)
-            self.latest[(report.worker_id, report.dp_rank)] = (t, report)
-
-    def snapshot(self, now_s: float | None = None) -> dict[EngineKey, ForwardPassMetrics]:
-        assert now_s is not None
-        return {k: r for k, (t, r) in self.latest.items() if now_s - t <= 1.5}
-
-    def last_seen(self) -> dict[EngineKey, float]:
-        return {k: t for k, (t, _) in self.latest.items()}
-
-    def drain_samples(self) -> list[ForwardPassMetrics]:
-        samples, self.samples = self.samples, []
-        return samples
-
-    @property
-    def dropped(self) -> dict[str, int]:
-        return {}
-
-    def start(self) -> None: ...
-    def stop(self, timeout_s: float = 5.0) -> None: ...
-
-
 class ScriptClock:
     def __init__(self, world: ScriptedDeployment) -> None:
         self.world = world
@@ -298,6 +265,10 @@ def config() -> Any:
 
 async def live_decisions(profile: Profile) -> list[Decision]:
     world = ScriptedDeployment()
+    # every report as it is published; an engine silent for over a second (it reports every
+    # second) is gone, as the subscriber's staleness filter would say
+    streams = {role: FpmStream(silent_after_s=1.5) for role in ROLES}
+    world.on_report.append(lambda role, report, t: streams[role].publish(report, t=t))
     loop = DeploymentLoop(
         config(),
         connector=MemoryConnector(world),
@@ -305,7 +276,7 @@ async def live_decisions(profile: Profile) -> list[Decision]:
         clock=ScriptClock(world),
         profile=profile,
         traffic_factory=lambda _model: ScrapedTraffic(world),
-        engine_sources={role: StreamedFpm(world, role) for role in ROLES},
+        engine_sources=streams,
     )
     assert await loop.start(asyncio.Event())
     out: list[Decision] = []
