@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import logging
+import sys
+from pathlib import Path
 from typing import Any
 
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
+from disagg_planner.connectors.kubernetes import SERVICE_ACCOUNT_NAMESPACE
+
+log = logging.getLogger(__name__)
 
 # Connector and Prometheus calls are blocking HTTP run in threads; asyncio's default pool
 # (CPUs + 4) would let a few slow API servers stall every other DGD's tick.
@@ -30,7 +36,9 @@ def register(sub: Any) -> None:
         "/healthz and /readyz on --metric-reporting-prometheus-port when it is not 0.",
     )
     scope = parser.add_argument_group("operator")
-    where = scope.add_mutually_exclusive_group(required=True)
+    # Neither flag: the operator serves its own namespace (the pod's service account says
+    # which), as a namespaced install expects; outside a pod it says in one line what to add.
+    where = scope.add_mutually_exclusive_group()
     where.add_argument(
         "--watch-namespace",
         dest="operator_namespaces",
@@ -38,7 +46,7 @@ def register(sub: Any) -> None:
         metavar="NS",
         help="Serve PlannerPolicies in this Kubernetes namespace (repeatable; globs such as "
         "'team-*' need list/watch on namespaces). Not --namespace: that is the Dynamo "
-        "namespace setting below.",
+        "namespace setting below. Default: the operator pod's own namespace.",
     )
     where.add_argument(
         "-A",
@@ -82,9 +90,29 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=_run)
 
 
+def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
+    """The namespace of the pod this process runs in (its service account's), else None."""
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
+
+
 def _run(args: argparse.Namespace) -> int:
     from disagg_planner.operator.app import OperatorOptions, run_operator
     from disagg_planner.operator.policy import OperatorDefaults
+
+    if not args.operator_namespaces and not args.operator_all_namespaces:
+        namespace = own_namespace()
+        if namespace is None:
+            print(
+                "planner operator: not in a pod, so there is no own namespace to serve: add "
+                "--watch-namespace NS (repeatable) or --all-namespaces",
+                file=sys.stderr,
+            )
+            return 2
+        log.info("serving PlannerPolicies in the operator's own namespace %s", namespace)
+        args.operator_namespaces = [namespace]
 
     flags = config_flags(args)
     # The operator's own settings must be valid on their own (a policy only adds to them).
