@@ -59,10 +59,12 @@ def test_operator_help_documents_its_own_flags() -> None:
         assert flag in text
 
 
-def test_operator_needs_a_scope() -> None:
+def test_operator_scope_flags() -> None:
     parser = argparse.ArgumentParser(prog="planner")
     operator_cmd.register(parser.add_subparsers())
+    # No scope parses (the operator then serves its own namespace); two scopes do not.
+    assert parser.parse_args(["operator"]).operator_namespaces is None
     with pytest.raises(SystemExit):
-        parser.parse_args(["operator"])
+        parser.parse_args(["operator", "--watch-namespace", "a", "--all-namespaces"])
     args = parser.parse_args(["operator", "--watch-namespace", "a", "--watch-namespace", "b"])
     assert args.operator_namespaces == ["a", "b"] and args.operator_peering == "planner"
