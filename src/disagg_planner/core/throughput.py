@@ -43,7 +43,7 @@ MIN_UTILISATION = 0.2
 DECODE_SEQ_UTILISATION = 0.8
 
 
-# --- what the core needs of a profile (interpolation.Profile satisfies it) ---------------------
+# --- what the core needs of a profile (profiles.Profile satisfies it) ---------------------
 
 
 class PrefillCurve(Protocol):

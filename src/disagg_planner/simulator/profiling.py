@@ -11,7 +11,7 @@ engine or a real OpenAI-compatible endpoint.
   ``context_length = ISL + OSL/2``, ``kv_usage = concurrency * context_length / max_kv_tokens``
   and ``thpt_per_gpu = concurrency / ITL / GPUs``.
 
-The result is written in Dynamo's NPZ layout with ``interpolation.write_profile`` plus a
+The result is written in Dynamo's NPZ layout with ``disagg_planner.profiles.write_profile`` plus a
 ``profile.yaml`` manifest (``source: modelled`` for the simulator, ``measured`` for an
 endpoint).
 """
