@@ -102,6 +102,7 @@ class _DecodeGroup:
         "bs",
         "epoch",
         "finish_heap",
+        "held",
         "lag",
         "last_s",
         "n",
@@ -121,6 +122,7 @@ class _DecodeGroup:
         self.offsets: list[int] = []
         self.sum_offsets = 0
         self.q_sum = 0  # sum of a_i // bs
+        self.held = 0  # KV blocks the members hold: blocks_at(epoch - lag), kept up to date
         self.residues = [0] * bs  # members by a_i % bs
         # (finish epoch, join order, request): members finishing at one epoch leave in
         # running order, as the stepped scheduler releases them.
@@ -129,8 +131,9 @@ class _DecodeGroup:
 
     def join(self, req: SimRequest, context: int, left: int) -> None:
         """Add a decoding request at the end of the batch: ``context`` KV tokens now,
-        ``left`` tokens still to generate."""
+        ``left`` tokens still to generate; it holds ``ceil((context - lag) / bs)`` blocks."""
         a = context - self.epoch
+        self.held += req.blocks
         req.group_offset = a
         req.group_finish = self.epoch + left
         self.offsets.append(a)
@@ -143,8 +146,10 @@ class _DecodeGroup:
         heapq.heappush(self.finish_heap, (req.group_finish, self.seq, req))
 
     def remove(self, req: SimRequest, index: int) -> None:
-        """Forget member ``req`` at ``index`` of the batch (it was popped off the heap)."""
+        """Forget member ``req`` at ``index`` of the batch (popped off the heap, its fields
+        written back)."""
         a = req.group_offset
+        self.held -= req.blocks
         del self.offsets[index]
         self.sum_offsets -= a
         q, r = divmod(a, self.bs)
@@ -165,8 +170,12 @@ class _DecodeGroup:
             return total + self.n - self.residues[0]
         return total + self.n + sum(self.residues[bs + 1 - y :])
 
-    def held_blocks(self) -> int:
-        return self.blocks_at(self.epoch - self.lag)
+    def allocate_next(self) -> int:
+        """Blocks the next iteration needs beyond those held: a member needs one more when
+        its context ``a_i + epoch`` is one past a block boundary, ``a_i = 1 - epoch`` mod bs."""
+        if self.lag == 0:
+            return 0
+        return self.residues[(1 - self.epoch) % self.bs]
 
     def first_finish(self) -> int:
         return self.finish_heap[0][0]
@@ -476,15 +485,19 @@ class EngineCore:
         group = self._group
         if group is not None and group.n <= self.budget:
             # Every member decodes; the pass allocates their next iteration's blocks.
-            extra = group.blocks_at(group.epoch) - group.held_blocks()
+            extra = group.allocate_next()
             if extra <= self.free_blocks:
                 self.free_blocks -= extra
+                group.held += extra
                 group.lag = 0
                 self._step_grouped = True
                 self._step_decode = []
                 self._step_n_decode = group.n
                 self._step_k = group.context_sum()
                 self._step_var = (list(group.offsets), group.epoch)
+                if not self.waiting:
+                    self._step_prefill = []
+                    return False, False
                 return self._admit([], self.budget - group.n)
         # Some member would not be scheduled or would need a preemption: step them one by one.
         self._ungroup()
@@ -633,7 +646,7 @@ class EngineCore:
         self._step_desc = (
             float(len(prefill)),
             float(p),
-            _var([n for _, n, _ in prefill]),
+            _var([n for _, n, _ in prefill]) if len(prefill) > 1 else 0.0,
             float(c),
             float(n_decode),
             float(k),
@@ -829,12 +842,13 @@ class EngineCore:
         done: list[SimRequest] = []
         if group is not None:
             # Members' previous tokens came at the run's start: no longer first gap.
-            held = group.held_blocks()
             group.epoch += m
             group.last_s = last_end
             # Blocks for the next iteration (partial commit) or the last one run (final).
             group.lag = 1 if final else 0
-            self.free_blocks -= group.held_blocks() - held
+            held = group.blocks_at(group.epoch - group.lag)
+            self.free_blocks -= held - group.held
+            group.held = held
             if final:
                 done = group.pop_finished()
         else:
