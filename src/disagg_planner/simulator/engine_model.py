@@ -256,7 +256,10 @@ class EngineModel:
         out = []
         for i in range(steps):
             kv_f = float(kv_tokens + batch * i)  # exact: far below 2**53
-            out.append(base + max(kv_f * flops_pair / peak, kv_f * bytes_per_s))
+            t_flops = kv_f * flops_pair / peak
+            t_bytes = kv_f * bytes_per_s
+            # max(), without a call: the loop runs once per planned iteration
+            out.append(base + (t_flops if t_flops >= t_bytes else t_bytes))
         return out
 
     def _base_s(

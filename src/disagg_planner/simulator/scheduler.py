@@ -302,14 +302,12 @@ class EngineCore:
         return float(q[1] + q[4] + (self.total_blocks - self.free_blocks) * self.block_size)
 
     # -- waiting queue with aggregates ---------------------------------------------------------
-    def _q_key(self, req: SimRequest) -> tuple[int, int]:
-        """(slot, value): preempted requests with output count as queued decodes."""
-        if req.preemptions and req.generated:
-            return 3, req.prompt_len
-        return 0, req.prompt_len - req.computed
-
     def _q_add(self, req: SimRequest, sign: int) -> None:
-        slot, value = self._q_key(req)
+        # (slot, value): preempted requests with output count as queued decodes.
+        if req.preemptions and req.generated:
+            slot, value = 3, req.prompt_len
+        else:
+            slot, value = 0, req.prompt_len - req.computed
         q = self._q
         q[slot] += sign
         q[slot + 1] += sign * value
@@ -643,16 +641,17 @@ class EngineCore:
             p, c, n_decode, k, prefill_requests=len(prefill), prefill_attention_pairs=pairs
         )
         # The decode variance is left to the FPM (``_step_var``): most are never built.
+        # Counts stay ints (``_build_fpm`` converts).
         self._step_desc = (
-            float(len(prefill)),
-            float(p),
+            len(prefill),
+            p,
             _var([n for _, n, _ in prefill]) if len(prefill) > 1 else 0.0,
-            float(c),
-            float(n_decode),
-            float(k),
+            c,
+            n_decode,
+            k,
         )
-        self._step_dur = float(dur)
-        self._step_end = now + self._step_dur
+        self._step_dur = dur
+        self._step_end = now + dur
         self._token += 1
         self.sink.schedule(self._step_end, self, self._token)
 
@@ -744,9 +743,10 @@ class EngineCore:
         done: list[SimRequest] = []
         joining: list[SimRequest] = []
         unfinished = False
+        tokens = 0
         for req, n, _ctx in prefill:
             req.computed += n
-            self.prefill_tokens_computed += n
+            tokens += n
             if req.computed >= req.prompt_len:
                 req.generated += 1
                 if self._prefix is not None and req.gen_base == 0:
@@ -765,17 +765,20 @@ class EngineCore:
                     joining.append(req)
             else:
                 unfinished = True
+        self.prefill_tokens_computed += tokens
         itl = self.itl
         finished: list[SimRequest] = []
         if group is not None:
             # Every member's gap is this iteration (their previous tokens came together).
-            itl.observe_seq(gaps)
+            if gaps:
+                itl.observe_seq(gaps)
             n_decode = group.n
             itl.observe_repeat(now - group.last_s, n_decode)
             group.epoch += 1
             group.lag = 1
             group.last_s = now
-            finished = group.pop_finished()
+            if group.finish_heap[0][0] <= group.epoch:
+                finished = group.pop_finished()
         else:
             for req in self._step_decode:
                 # A scheduled decode has had its first token (its prefill emitted it).
@@ -788,11 +791,16 @@ class EngineCore:
             itl.observe_seq(gaps)
             n_decode = len(self._step_decode)
         self.tokens_generated += n_decode
-        self._finish_iteration(self._step_desc, self._step_var, self._step_dur)
+        wall = self._step_dur
+        self.busy_time_s += wall
+        self._record_fpm(
+            wall, self._step_desc, self._step_var, self._queued(), emit=self.on_fpm is not None
+        )
         self._step_prefill = []
         self._step_decode = []
         if group is not None:
-            self._leave_group(group, finished)
+            if finished:
+                self._leave_group(group, finished)
             self._remove_running(done)
             if unfinished or not visible:
                 self._ungroup()
@@ -920,10 +928,6 @@ class EngineCore:
         if self._bulk_var is None:
             self._bulk_var = _var_of(self._bulk_ctx)
         return self._bulk_var
-
-    def _finish_iteration(self, sched: tuple[float, ...], var_src: VarSource, wall: float) -> None:
-        self.busy_time_s += wall
-        self._record_fpm(wall, sched, var_src, self._queued(), emit=self.on_fpm is not None)
 
     def _record_fpm(
         self,
