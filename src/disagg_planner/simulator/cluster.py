@@ -64,6 +64,9 @@ class Replica:
     ready_s: float
     ranks: list[EngineCore] = field(default_factory=list)
     stop_s: float | None = None
+    # when it was asked to drain (it serves its running requests and takes no new ones), so a
+    # replay's timeline can say at every instant which replicas were starting, ready, draining
+    drain_s: float | None = None
     gpu_segments: list[tuple[float, int]] = field(default_factory=list)
     resizing: elastic_ep.ResizePlan | None = None
     paused: bool = False
@@ -631,6 +634,7 @@ class Cluster:
         ready.sort(key=lambda x: (sum(e.num_requests for e in x.ranks), -x.start_s))
         for x in ready[:excess]:
             x.state = ReplicaState.DRAINING
+            x.drain_s = now
             self._targets[r] = None
             if x.is_empty():
                 self._stop(x, now)
