@@ -3,19 +3,25 @@
 The runner owns the (virtual) clock: it advances the cluster to the policy's next wake-up,
 lets the policy observe and decide, applies the decision through the simulated connector (the
 simulator starts replicas after the startup delay and drains removed ones; the planner's live
-loop applies its own, through the same connector), and records every step. After the last arrival
-it keeps going for a grace period so the policy can scale down and in-flight requests finish;
-GPU time is metered up to that horizon for every policy alike.
+loop applies its own, through the same connector), and records every step.
+
+One accounting rule for every policy, the oracle included: GPU time is metered from t = 0 until
+the policy's own last request has finished or failed, and every replica that exists (starting,
+ready or draining) is charged for every second of it. The policy keeps deciding while its
+backlog drains, so a policy that falls behind pays for the time it takes to catch up. A replay
+whose requests are still unfinished ``MAX_DRAIN_S`` after the last arrival stops there, and
+those requests count as failed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,7 @@ from disagg_planner.replay.connector import SimulatedConnector, run_now
 from disagg_planner.replay.oracle import WindowNeed, lower_bound_gpu_hours
 from disagg_planner.replay.policies import Policy, PolicyStep
 from disagg_planner.replay.summary import (
+    FLAP_WINDOW_S,
     ScaleLog,
     TimelineRow,
     score_requests,
@@ -34,13 +41,15 @@ from disagg_planner.replay.summary import (
 )
 from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
 from disagg_planner.runtime.observation import engine_queues
-from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.cluster import Cluster, Replica
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.request import RequestLike
 
 log = logging.getLogger(__name__)
 
-GRACE_S = 120.0
+# How long after the last arrival a replay waits for its backlog to clear; a policy that has
+# not served every request by then has its unfinished requests counted as failed.
+MAX_DRAIN_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ def run_policy(
     requests: Sequence[RequestLike],
     ttft_slo_ms: float,
     itl_slo_ms: float,
-    flap_window_s: float,
+    flap_window_s: float = FLAP_WINDOW_S,
     needs: Sequence[WindowNeed] | None = None,
     needs_window_s: float = 60.0,
     advisory: bool = False,
@@ -105,17 +114,21 @@ def run_policy(
     if start is not None:
         start(cluster, connector)
     last_arrival = max((r.arrival_s for r in requests), default=0.0)
-    horizon = last_arrival + GRACE_S
+    limit = last_arrival + MAX_DRAIN_S
     roles = tuple(cluster.roles)
-    timeline: list[TimelineRow] = []
+    ticks: list[TimelineRow] = []
     snapshots: list[TickSnapshot] = []
     max_replicas = {r: cluster.desired_replicas(r) for r in roles}
+    initial_desired: dict[str, int] = {r: cluster.desired_replicas(r) for r in roles}
 
-    while True:
+    while not cluster.idle:
         t = policy.next_wakeup_s()
-        if not t < horizon:
+        if not t < limit:
             break
-        cluster.run_until(max(t, cluster.now))
+        # the clock stops at the last request's finish, which ends the metered span
+        cluster.run_until(max(t, cluster.now), stop_when_idle=True)
+        if cluster.idle:
+            break
         step = policy.wake(cluster)
         if step.reason == "sample":
             continue
@@ -131,30 +144,43 @@ def run_policy(
             reason=step.reason,
             message=step.message,
         )
-        timeline.append(row)
+        ticks.append(row)
         snap = _snapshot(cluster, step, row)
         snapshots.append(snap)
         if recorder is not None:
             recorder.record(snap)
         if progress is not None:
-            progress(cluster.now, horizon)
+            progress(min(cluster.now, last_arrival), last_arrival)
     close = getattr(policy, "close", None)
     if close is not None:
         close()
-    cluster.run_until(horizon)
+    if not cluster.idle:
+        # the policy takes no more decisions; the backlog drains on what it left running
+        cluster.run_until(max(limit, cluster.now), stop_when_idle=True)
+    end_s = cluster.now
     gpu_seconds = cluster.gpu_seconds
-    # requests still running at the horizon finish for the record; their GPUs are not metered
-    cluster.run_to_completion(limit_s=horizon + 3600.0)
     if progress is not None:
-        progress(horizon, horizon)
+        progress(last_arrival, last_arrival)
+    timeline = replica_timeline(
+        cluster.replicas, ticks, roles=roles, initial_desired=initial_desired, end_s=end_s
+    )
 
     records = list(cluster.records)
     summary: dict[str, Any] = {"policy": policy.name}
     summary |= score_requests(
         records, submitted=len(requests), ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms
     )
+    summary["unfinished"] = len(requests) - len(records)
     gpu_hours = gpu_seconds / 3600.0
     summary["gpu_hours"] = gpu_hours
+    summary["gpu_hours_by_role"] = {
+        r: seconds / 3600.0 for r, seconds in cluster.gpu_seconds_by_role().items()
+    }
+    summary["replica_hours"] = {
+        r: sum(_alive_s(x, end_s) for x in cluster.replicas if x.role == r) / 3600.0 for r in roles
+    }
+    summary["metered_span_s"] = end_s
+    summary["last_arrival_s"] = last_arrival
     if needs is not None:
         oracle = lower_bound_gpu_hours(
             needs,
@@ -166,10 +192,95 @@ def run_policy(
         summary["gpu_hours_ratio_to_oracle"] = gpu_hours / oracle if oracle > 0 else None
     summary["scale_actions"] = {r: scale_log.actions().get(r, 0) for r in roles}
     summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
+    summary["flap_window_s"] = flap_window_s
     summary["max_replicas"] = max_replicas
-    summary["duration_s"] = horizon
+    summary["duration_s"] = end_s
     summary["wall_s"] = time.perf_counter() - wall0
     return ReplayResult(policy.name, summary, records, timeline, snapshots)
+
+
+def _alive_s(replica: Replica, end_s: float) -> float:
+    """Seconds ``replica`` existed (starting, ready or draining) within [0, ``end_s``]."""
+    stop = end_s if replica.stop_s is None else min(replica.stop_s, end_s)
+    return max(0.0, stop - replica.start_s)
+
+
+def replica_timeline(
+    replicas: Sequence[Replica],
+    ticks: Sequence[TimelineRow],
+    *,
+    roles: Sequence[str],
+    initial_desired: Mapping[str, int],
+    end_s: float,
+) -> list[TimelineRow]:
+    """The policy's decisions merged with every change of any replica's state, each row
+    giving the deployment just after everything that happened at its instant.
+
+    The counts come from the replicas' own history (start, ready, drain, stop and GPU changes)
+    rather than from what the runner saw at its ticks, so the rows integrate to exactly the
+    GPU-seconds the cluster meters: a row at t = 0, one at each tick and at each change
+    between ticks, and one at ``end_s`` closing the span.
+    """
+    changes: set[float] = {0.0, end_s}
+    for x in replicas:
+        changes.add(x.start_s)
+        if x.stop_s is None or x.ready_s < x.stop_s:
+            changes.add(x.ready_s)  # a replica stopped while starting never became ready
+        if x.drain_s is not None:
+            changes.add(x.drain_s)
+        if x.stop_s is not None:
+            changes.add(x.stop_s)
+        changes.update(t for t, _ in x.gpu_segments)
+    tick_times = {row.t_s for row in ticks}
+    # at one instant a tick's row comes first: it already shows the state after that instant
+    pending: list[tuple[float, TimelineRow | None]] = [(row.t_s, row) for row in ticks]
+    pending += [(t, None) for t in sorted(changes) if t <= end_s and t not in tick_times]
+    pending.sort(key=lambda item: (item[0], item[1] is None))
+
+    rows: list[TimelineRow] = []
+    desired = dict(initial_desired)
+    for t, tick in pending:
+        if tick is not None:
+            desired = dict(tick.desired)
+        starting = dict.fromkeys(roles, 0)
+        ready = dict.fromkeys(roles, 0)
+        draining = dict.fromkeys(roles, 0)
+        gpus = 0
+        for x in replicas:
+            if x.start_s > t or (x.stop_s is not None and x.stop_s <= t):
+                continue
+            if x.ready_s > t:
+                starting[x.role] += 1
+            elif x.drain_s is not None and x.drain_s <= t:
+                draining[x.role] += 1
+            else:
+                ready[x.role] += 1
+            gpus += next((g for s, g in reversed(x.gpu_segments) if s <= t), x.gpus)
+        if tick is not None:
+            event = "tick"
+        else:
+            event = "start" if t == 0.0 else "end" if t == end_s else "state"
+        rows.append(
+            TimelineRow(
+                t_s=t,
+                desired=dict(desired),
+                ready=ready,
+                gpus_in_use=gpus,
+                decision=tick.decision if tick is not None else "",
+                reason=tick.reason if tick is not None else "",
+                message=tick.message if tick is not None else "",
+                replicas={r: starting[r] + ready[r] + draining[r] for r in roles},
+                starting=starting,
+                draining=draining,
+                event=event,
+            )
+        )
+    if rows[-1].event != "end":
+        # the span closed on a tick: repeat its state as the closing row, so every timeline
+        # ends on one "end" row
+        last = rows[-1]
+        rows.append(dataclasses.replace(last, decision="", reason="", message="", event="end"))
+    return rows
 
 
 def _apply(connector: SimulatedConnector, step: PolicyStep, *, advisory: bool) -> str:

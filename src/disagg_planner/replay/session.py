@@ -24,6 +24,7 @@ from disagg_planner.replay.runner import (
     engine_spec_for_profile,
     run_policy,
 )
+from disagg_planner.replay.summary import FLAP_WINDOW_S
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.simulator import engine_spec as engine_specs
 from disagg_planner.simulator.request import RequestLike
@@ -202,6 +203,7 @@ def run(
     out_dir: Path | None = None,
     progress: bool = True,
     write_report: bool = True,
+    flap_window_s: float = FLAP_WINDOW_S,
 ) -> ReplayResult:
     """Run one policy of ``plan``; with ``out_dir``, write its files there."""
     from disagg_planner.replay.runner import write_outputs
@@ -218,18 +220,13 @@ def run(
             itl_slo_ms=effective.itl_ms,
             title=f"planner replay: {policy_name}",
         )
-    flap_window = 2 * (
-        effective.throughput_adjustment_interval_seconds
-        if effective.throughput_scaling_active
-        else effective.load_adjustment_interval_seconds
-    )
     result = run_policy(
         policy,
         setup=plan.setup,
         requests=plan.requests,
         ttft_slo_ms=plan.config.ttft_ms,
         itl_slo_ms=plan.config.itl_ms,
-        flap_window_s=flap_window,
+        flap_window_s=flap_window_s,
         needs=plan.needs,
         needs_window_s=ORACLE_WINDOW_S,
         advisory=effective.advisory,

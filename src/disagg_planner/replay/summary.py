@@ -27,8 +27,17 @@ REQUEST_COLUMNS = (
 )
 
 
+# A flap is a reversal of a role's desired replicas within this many seconds of the change
+# before it: one wall-clock window for every policy, whatever its own interval, so a policy
+# that decides often is not excused for reversing often.
+FLAP_WINDOW_S = 600.0
+
+
 @dataclass(frozen=True)
 class TimelineRow:
+    """The deployment from ``t_s`` until the next row's ``t_s`` (the last row closes the
+    metered span), so integrating ``gpus_in_use`` over the rows gives ``gpu_hours``."""
+
     t_s: float
     desired: dict[str, int]
     ready: dict[str, int]
@@ -36,6 +45,13 @@ class TimelineRow:
     decision: str  # the replicas asked for, "" when nothing changed
     reason: str
     message: str = ""
+    # every replica that exists (and is metered): starting, ready or draining
+    replicas: dict[str, int] = field(default_factory=dict)
+    starting: dict[str, int] = field(default_factory=dict)
+    draining: dict[str, int] = field(default_factory=dict)
+    # "start" (t = 0), "tick" (the policy decided), "state" (a replica started, became ready,
+    # began draining or stopped between ticks) or "end" (the last request finished)
+    event: str = "tick"
 
 
 @dataclass
@@ -51,13 +67,14 @@ class ScaleLog:
     def actions(self) -> dict[str, int]:
         return {role: len(c) for role, c in self.changes.items()}
 
-    def flaps(self, window_s: float) -> dict[str, int]:
-        """Direction reversals closer than ``window_s`` (e.g. two adjustment intervals)."""
+    def flaps(self, window_s: float = FLAP_WINDOW_S) -> dict[str, int]:
+        """Direction reversals of a role's desired replicas at most ``window_s`` seconds after
+        the change they reverse."""
         out: dict[str, int] = {}
         for role, changes in self.changes.items():
             n = 0
             for (t0, d0), (t1, d1) in itertools.pairwise(changes):
-                if (d0 > 0) != (d1 > 0) and t1 - t0 < window_s:
+                if (d0 > 0) != (d1 > 0) and t1 - t0 <= window_s:
                     n += 1
             out[role] = n
         return out
@@ -127,14 +144,21 @@ def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[
             ["t_s"]
             + [f"desired_{r}" for r in roles]
             + [f"ready_{r}" for r in roles]
-            + ["gpus_in_use", "decision", "reason", "message"]
+            + [f"starting_{r}" for r in roles]
+            + [f"draining_{r}" for r in roles]
+            + [f"replicas_{r}" for r in roles]
+            + ["gpus_in_use", "event", "decision", "reason", "message"]
         )
         for row in rows:
             writer.writerow(
-                [f"{row.t_s:.3f}"]
+                # microseconds: at milliseconds a long replay's integral drifts visibly
+                [f"{row.t_s:.6f}"]
                 + [row.desired.get(r, 0) for r in roles]
                 + [row.ready.get(r, 0) for r in roles]
-                + [row.gpus_in_use, row.decision, row.reason, row.message]
+                + [row.starting.get(r, 0) for r in roles]
+                + [row.draining.get(r, 0) for r in roles]
+                + [row.replicas.get(r, 0) for r in roles]
+                + [row.gpus_in_use, row.event, row.decision, row.reason, row.message]
             )
 
 

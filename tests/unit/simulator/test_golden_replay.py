@@ -7,6 +7,10 @@ the load-based loop (which reads every ForwardPassMetrics). Two bare-cluster run
 replay does not exercise: every FPM of every iteration, preemptions under a tight KV cache,
 prefix-cache hits, partial commits of planned decode runs (``sync``) and an elastic-EP resize.
 
+Issue 16's accounting rule (GPU time metered until the last request finishes, not to the
+last arrival + 120 s; timeline.csv with a row at every replica state change) re-recorded
+``gpu_hours``, ``duration_s`` and the timeline digests; ``requests.csv`` did not change.
+
 A failure here means a simulated result changed. If it comes from the replay shell
 (``replay/``, ``runtime/``) rather than the simulator, ``git log`` says who changed what.
 """
@@ -35,7 +39,7 @@ STEP = "step:rates=4/12,at=300,duration=900,isl=3000,osl=300"
 GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     "planner": {
         "requests_csv": "63f041e113363170ff519241f710826cbca7c639ebadd247a2c5e14ec92c7846",
-        "timeline": "9ab590778165068c23df7cd6fcca7ee5bc3bfab29463f341153153a6e78c8a72",
+        "timeline": "80a5583d5d5dfcc38023cdb3da10423279fc33f06109732aa9ecc708fec9118d",
         "summary": {
             "requests": 8302,
             "completed": 8302,
@@ -57,16 +61,16 @@ GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
                 "p95": 5.603550045470744,
                 "p99": 5.935485281173201,
             },
-            "gpu_hours": 0.749903313909239,
+            "gpu_hours": 0.6510838179556871,
             "oracle_gpu_hours": 0.6665699805759057,
             "scale_actions": {"prefill": 2, "decode": 0},
             "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 1019.8839766910868,
+            "duration_s": 901.3005815468247,
         },
     },
     "load": {
         "requests_csv": "5778655b2fb17e6f42161f5fc5e87052cff80e65d5c6a0109ca71f4cacf6f64e",
-        "timeline": "b6a09a21be83bbf437543a0ff3319e8126828e4ae971da12a46a91812a3481d0",
+        "timeline": "23f4bd76971ddff8098d6bd219cad21721085dd19bdb7edbd5e2d0bdc69ccc81",
         "summary": {
             "requests": 8302,
             "completed": 8302,
@@ -88,11 +92,11 @@ GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
                 "p95": 5.647911300888626,
                 "p99": 5.977163049744668,
             },
-            "gpu_hours": 0.762403313909239,
+            "gpu_hours": 0.6635838179556827,
             "oracle_gpu_hours": 0.6665699805759057,
             "scale_actions": {"prefill": 1, "decode": 0},
             "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 1019.8839766910868,
+            "duration_s": 901.3005815468192,
         },
     },
 }
