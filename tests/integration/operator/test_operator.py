@@ -85,11 +85,15 @@ async def test_one_process_plans_two_dgds(
     assert sorted(str(k) for k in operator.runner.loops) == [f"{NS}/alpha", f"{NS}/beta"]
     registry = operator.runner.metrics.registry
     for dgd in ("alpha", "beta"):
-        assert (
-            registry.get_sample_value(
+        # The gauges are published after the write returns, which can be a moment after the
+        # DGD shows the new replicas: wait for them rather than race the loop.
+        def predicted(dgd: str = dgd) -> float | None:
+            return registry.get_sample_value(
                 "dynamo_planner_predicted_num_decode_replicas", {"namespace": NS, "dgd": dgd}
             )
-            == alpha["decode"]
+
+        assert (
+            await eventually(predicted, what=f"{dgd}'s predicted decode gauge") == alpha["decode"]
         )
 
 
