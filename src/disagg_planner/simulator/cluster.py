@@ -488,27 +488,8 @@ class Cluster:
             self.on_record(record)
 
     def _finish(self, req: SimRequest, now: float) -> None:
-        first = req.first_token_s
-        assert first is not None
-        itl = (now - first) * 1000.0 / (req.osl - 1) if req.osl > 1 else None
         self.frontend.on_finished(now - req.arrival_s, req.osl)
-        self._record(
-            RequestRecord(
-                request_id=req.rid,
-                arrival_s=req.arrival_s,
-                isl=req.isl,
-                osl=req.osl,
-                first_token_s=first,
-                finish_s=now,
-                ttft_ms=(first - req.arrival_s) * 1000.0,
-                itl_ms=itl,
-                ok=True,
-                prefill_worker=req.prefill_worker,
-                decode_worker=req.decode_worker,
-                cached_tokens=req.cached_tokens,
-                preemptions=req.preemptions,
-            )
-        )
+        self._record(RequestRecord.served(req, now))
 
     def _fail(self, req: SimRequest, now: float, error: str) -> None:
         self.failed += 1

@@ -277,7 +277,8 @@ class EngineModel:
         if tokens > 0:
             flops = self._flops_dense_per_token * tokens
             flops += self._flops_lm_head_per_logit * (b + n_prefill)
-            t_flops = flops / (self._gemm_peak * self._gemm_eff(tokens))
+            # _gemm_eff(tokens), inline (this runs once per simulated iteration)
+            t_flops = flops / (self._gemm_peak * (tokens / (tokens + self._half)))
             weight_bytes = self._dense_weight_bytes
             if self._moe_layers:
                 global_tokens = tokens * self._dp
@@ -286,7 +287,8 @@ class EngineModel:
                 per_expert = global_tokens * self._top_k / self._experts
                 routed = self._flops_routed_per_token * tokens
                 t_flops += routed / (self._gemm_peak * self._gemm_eff(per_expert))
-            t_gemm = max(t_flops, weight_bytes / self._hbm)
+            t_weights = weight_bytes / self._hbm
+            t_gemm = t_flops if t_flops >= t_weights else t_weights  # max(), without a call
             t_gemm += tokens * self._act_bytes_per_token / self._hbm
         # Attention: prefill (compute-bound) and decode (KV-read bound) kernels.
         if p > 0:
@@ -297,7 +299,9 @@ class EngineModel:
             )
             attn_flops = pairs * self._attn_prefill_flops_pair
             kv_bytes = (prefill_context_tokens + p) * self._kv_bytes_per_token_gpu
-            t_prefill_attn = max(attn_flops / self._attn_peak, kv_bytes / self._hbm)
+            t_attn_flops = attn_flops / self._attn_peak
+            t_attn_bytes = kv_bytes / self._hbm
+            t_prefill_attn = t_attn_flops if t_attn_flops >= t_attn_bytes else t_attn_bytes
         else:
             t_prefill_attn = 0.0
         overhead = self._fixed_overhead + self.eff.request_overhead_s * (b + n_prefill)

@@ -57,6 +57,38 @@ class RequestRecord:
     def e2e_ms(self) -> float:
         return (self.finish_s - self.arrival_s) * 1000.0
 
+    @classmethod
+    def served(cls, req: SimRequest, finish_s: float) -> RequestRecord:
+        """The record of ``req``, which got its last token at ``finish_s``.
+
+        Built with one ``__dict__`` store: a frozen dataclass's ``__init__`` sets each of
+        the 14 fields through ``object.__setattr__``, a cost a replay pays per request."""
+        first = req.first_token_s
+        assert first is not None
+        itl = (finish_s - first) * 1000.0 / (req.osl - 1) if req.osl > 1 else None
+        record = object.__new__(cls)
+        object.__setattr__(
+            record,
+            "__dict__",
+            {
+                "request_id": req.rid,
+                "arrival_s": req.arrival_s,
+                "isl": req.isl,
+                "osl": req.osl,
+                "first_token_s": first,
+                "finish_s": finish_s,
+                "ttft_ms": (first - req.arrival_s) * 1000.0,
+                "itl_ms": itl,
+                "ok": True,
+                "prefill_worker": req.prefill_worker,
+                "decode_worker": req.decode_worker,
+                "cached_tokens": req.cached_tokens,
+                "preemptions": req.preemptions,
+                "error": None,
+            },
+        )
+        return record
+
 
 class SimRequest:
     """Mutable progress of one request inside the simulator.

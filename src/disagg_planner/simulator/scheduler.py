@@ -258,7 +258,7 @@ class EngineCore:
         self._q = [0, 0, 0, 0, 0, 0]  # n_pf, sum_pf, sumsq_pf, n_dc, sum_dc, sumsq_dc
         # Latest FPM, built lazily.
         self.counter_id = 0
-        self._last_fpm: tuple[float, tuple[float, ...], VarSource, tuple[float, ...]] | None = None
+        self._last_fpm: tuple[float, tuple[float, ...], VarSource, tuple[int, ...]] | None = None
         self._was_active = False
         # Counters (tests and reports).
         self.iterations = 0
@@ -320,8 +320,14 @@ class EngineCore:
         else:
             self.waiting.append(req)
 
-    def _queued(self) -> tuple[float, ...]:
-        n_pf, s_pf, ss_pf, n_dc, s_dc, ss_dc = self._q
+    def _queued(self) -> tuple[int, ...]:
+        """The waiting queue's aggregates now; ``_queue_section`` turns them into the FPM's
+        figures when one is built (most never are)."""
+        return tuple(self._q)
+
+    @staticmethod
+    def _queue_section(q: tuple[int, ...]) -> tuple[float, ...]:
+        n_pf, s_pf, ss_pf, n_dc, s_dc, ss_dc = q
         var_pf = ss_pf / n_pf - (s_pf / n_pf) ** 2 if n_pf > 1 else 0.0
         var_dc = ss_dc / n_dc - (s_dc / n_dc) ** 2 if n_dc > 1 else 0.0
         return (n_pf, s_pf, max(0.0, var_pf), n_dc, s_dc, max(0.0, var_dc))
@@ -934,7 +940,7 @@ class EngineCore:
         wall: float,
         sched: tuple[float, ...],
         var_src: VarSource,
-        queued: tuple[float, ...],
+        queued: tuple[int, ...],
         *,
         emit: bool,
     ) -> None:
@@ -956,9 +962,10 @@ class EngineCore:
         wall: float,
         sched: tuple[float, ...],
         var_src: VarSource,
-        queued: tuple[float, ...],
+        q: tuple[int, ...],
         counter: int,
     ) -> ForwardPassMetrics:
+        queued = self._queue_section(q)
         return ForwardPassMetrics(
             version=FPM_VERSION,
             worker_id=self.worker_id,
