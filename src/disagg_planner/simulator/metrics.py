@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from disagg_planner.signals import frontend as names
 
@@ -98,13 +97,12 @@ def array_sum(values: list[float]) -> float:
 class Histogram:
     """A cumulative Prometheus histogram with fixed upper bounds (``le``); +Inf implied."""
 
-    __slots__ = ("_bounds_arr", "bounds", "count", "counts", "sum")
+    __slots__ = ("bounds", "count", "counts", "sum")
 
     def __init__(self, bounds: Iterable[float]) -> None:
         self.bounds = tuple(float(b) for b in bounds)
         if list(self.bounds) != sorted(set(self.bounds)):
             raise ValueError(f"histogram bounds must be strictly increasing: {self.bounds}")
-        self._bounds_arr = np.asarray(self.bounds, dtype=np.float64)
         self.counts = [0] * (len(self.bounds) + 1)  # non-cumulative; last is the +Inf bucket
         self.sum = 0.0
         self.count = 0
@@ -139,7 +137,8 @@ class Histogram:
 
     def observe_weighted(self, values: list[float], total: float, weight: int) -> None:
         """Record every value of ``values`` ``weight`` times, ``total`` being their sum
-        (``array_sum``): the same as ``observe_array`` of them."""
+        (``array_sum``); ``sum`` grows by ``total * weight``, as it does for a planned run of
+        decode iterations (each duration is a gap of every request of the batch)."""
         if not values or weight == 0:
             return
         counts = self.counts
@@ -148,17 +147,6 @@ class Histogram:
             counts[bisect_left(bounds, value)] += weight
         self.sum += total * weight
         self.count += len(values) * weight
-
-    def observe_array(self, values: npt.NDArray[np.float64], weight: int = 1) -> None:
-        """Record every value of ``values``, each ``weight`` times."""
-        if values.size == 0 or weight == 0:
-            return
-        idx = np.searchsorted(self._bounds_arr, values, side="left")
-        binned = np.bincount(idx, minlength=len(self.counts))
-        for i in np.flatnonzero(binned):
-            self.counts[int(i)] += int(binned[i]) * weight
-        self.sum += float(values.sum()) * weight
-        self.count += int(values.size) * weight
 
     def cumulative(self) -> tuple[tuple[float, int], ...]:
         out = []
