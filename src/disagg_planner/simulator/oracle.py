@@ -13,17 +13,28 @@ sustain at a mean ISL/OSL, so that the ideal replica count for a load is
 - **Decode**: the largest per-rank batch ``B`` (KV cache and ``max_num_seqs`` permitting)
   whose step time at context ``ISL + OSL/2`` meets the ITL target; by Little's law one
   engine finishes ``dp * B / (OSL * step)`` requests per second.
+
+These are cheap estimates; the clairvoyant plans of replay start from them and then judge
+by simulation, with the probes at the end of this module: :func:`fork` (an independent copy
+of a cluster's state, to try several replica counts from one moment) and :func:`run_watched`
+(advance a cluster while a judge reads each newly finished request and may stop the run
+early, once a candidate has already missed too often to qualify).
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from disagg_planner.profiles.queueing import max_utilisation
 from disagg_planner.simulator import catalogue
+from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec
+from disagg_planner.simulator.request import RequestRecord
 
 
 @dataclass(frozen=True)
@@ -127,3 +138,61 @@ def replicas_needed(rate_rps: float, per_replica_rps: float) -> int:
     if per_replica_rps <= 0:
         return 1_000_000
     return max(1, math.ceil(rate_rps / per_replica_rps - 1e-9))
+
+
+# --- simulation probes ---------------------------------------------------------------------
+
+
+def meets_slo(record: RequestRecord, *, ttft_ms: float, itl_ms: float) -> bool:
+    """Both targets met, as replay scores a request: a failed request misses both, a
+    one-token answer has no ITL and meets the ITL target."""
+    return (
+        record.ok
+        and record.ttft_ms is not None
+        and record.ttft_ms <= ttft_ms
+        and (record.itl_ms is None or record.itl_ms <= itl_ms)
+    )
+
+
+def rejected_on_arrival(record: RequestRecord) -> bool:
+    """The request failed the moment it arrived (too long for the engine): no replica count
+    serves it, so a search must not chase it."""
+    return not record.ok and record.finish_s <= record.arrival_s
+
+
+def fork(cluster: Cluster) -> Cluster:
+    """An independent copy of ``cluster``'s state at ``cluster.now``, to run on from there.
+
+    The engine models and specs are immutable and shared; the finished records are frozen,
+    so only the list holding them is copied (deep-copying a long trace's records at every
+    fork would make a window-by-window search quadratic). Requests still to arrive must have
+    been submitted as a sequence: a generator cannot be copied."""
+    memo: dict[int, Any] = {id(cluster.records): list(cluster.records)}
+    for role in cluster.roles:
+        for shared in (cluster.engine_model(role), cluster.engine_spec(role)):
+            memo[id(shared)] = shared
+    return copy.deepcopy(cluster, memo)
+
+
+Judge = Callable[[Sequence[RequestRecord]], bool]
+
+
+def run_watched(cluster: Cluster, until_s: float, judge: Judge, *, step_s: float = 5.0) -> bool:
+    """Advance ``cluster`` to ``until_s`` (``math.inf``: until every submitted request has
+    finished) in steps of ``step_s``, handing ``judge`` the requests finished in each step;
+    stop as soon as it returns True. Returns whether it stopped early."""
+    seen = len(cluster.records)
+    while True:
+        if math.isinf(until_s):
+            if cluster.idle:
+                return False
+            target = cluster.now + step_s
+        else:
+            if cluster.now >= until_s:
+                return False
+            target = min(until_s, cluster.now + step_s)
+        cluster.run_until(target, stop_when_idle=math.isinf(until_s))
+        fresh = cluster.records[seen:]
+        seen = len(cluster.records)
+        if fresh and judge(fresh):
+            return True
