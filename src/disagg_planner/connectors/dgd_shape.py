@@ -159,18 +159,29 @@ def replicas_of(value: Any, where: str) -> int:
     return value
 
 
-def ready_count(dgd: Mapping[str, Any], service: str) -> int:
-    """``availableReplicas`` of the service's status, else ``readyReplicas``, else 0."""
+def _status_count(dgd: Mapping[str, Any], service: str, keys: tuple[str, ...]) -> int:
+    """The first of ``keys`` the service's status entry has as an integer, else 0."""
     status = dgd.get("status")
     services = status.get("services") if isinstance(status, Mapping) else None
     entry = services.get(service) if isinstance(services, Mapping) else None
     if not isinstance(entry, Mapping):
         return 0
-    for key in ("availableReplicas", "readyReplicas"):
+    for key in keys:
         value = entry.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return 0
+
+
+def ready_count(dgd: Mapping[str, Any], service: str) -> int:
+    """``availableReplicas`` of the service's status, else ``readyReplicas``, else 0."""
+    return _status_count(dgd, service, ("availableReplicas", "readyReplicas"))
+
+
+def running_count(dgd: Mapping[str, Any], service: str) -> int:
+    """The service's replicas that exist, ready or not: the status' ``replicas`` (Dynamo's
+    "non-terminated replicas"), else its ready count."""
+    return _status_count(dgd, service, ("replicas", "availableReplicas", "readyReplicas"))
 
 
 def services_stable(dgd: Mapping[str, Any], ref: str) -> bool:

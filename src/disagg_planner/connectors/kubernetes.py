@@ -17,7 +17,16 @@ over the object are in :mod:`disagg_planner.connectors.dgd_shape`):
   ``status.services.<name>.availableReplicas``, else ``readyReplicas``.
 - Writes: the DGDSA ``/scale`` subresource when the adapter exists, else one JSON merge patch
   ``{"spec": {"services": {<name>: {"replicas": n}}}}`` that touches nothing else (one patch
-  for all roles without an adapter, so a two-role change is atomic).
+  for all roles without an adapter).
+- Budget-safe order: when a change lowers some roles and raises others, the decreases are
+  written first, and the increases only once no role runs more engines than it is asked for,
+  counting the pods still terminating (the pods of a service carry Dynamo's labels
+  ``nvidia.com/dynamo-graph-deployment-name`` and ``nvidia.com/dynamo-component``; the DGD's
+  status counts only non-terminated replicas). So the engines x GPUs in use never exceed
+  what the old or the new targets add up to, both within the budget. When the lowered roles
+  have not let go within one adjustment interval (``override_hold_s``; at most
+  ``scaling_max_wait_s``), the increases are not written and the call fails
+  (:class:`ConnectorError`; the next tick plans again).
 
 A manual edit is a desired count that differs from what this planner last set (or first saw)
 and is not a write of its own that merely reported failure. Policy ``respect`` adopts the
@@ -41,6 +50,7 @@ patch     nvidia.com      dynamographdeployments                         scale w
                                                                          revert a manual edit
 get       nvidia.com      dynamographdeploymentscalingadapters           every read (404 = none)
 patch     nvidia.com      dynamographdeploymentscalingadapters/scale     scale with an adapter
+list      "" (core v1)    pods                                           before an increase
 create    "" (core v1)    events                                         manual edit detected
 ========  ==============  =============================================  =====================
 """
@@ -83,6 +93,7 @@ from disagg_planner.connectors.dgd_shape import (
     ready_count,
     replicas_of,
     resolve_service,
+    running_count,
     service_gpus,
     service_model_name,
     services_stable,
@@ -102,6 +113,9 @@ DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 EVENT_COMPONENT = "planner"
+# The labels the Dynamo operator puts on the pods of a DGD's service.
+DGD_POD_LABEL = "nvidia.com/dynamo-graph-deployment-name"
+SERVICE_POD_LABEL = "nvidia.com/dynamo-component"
 MAX_BACKOFF_S = 30.0
 
 
@@ -525,7 +539,62 @@ class KubernetesConnector:
     # --- writing ----------------------------------------------------------------------------
 
     async def _write(self, obs: _Observation, writes: Mapping[str, int]) -> None:
-        """Write ``writes`` (role -> replicas): /scale per adapter, one merge patch for the rest."""
+        """Write ``writes`` (role -> replicas): the decreases, then the increases once every
+        role's engines fit what it is asked for (module doc: budget-safe order)."""
+        lower = {role: n for role, n in writes.items() if n < obs.desired[role]}
+        higher = {role: n for role, n in writes.items() if role not in lower}
+        if lower:
+            await self._write_roles(obs, lower)
+        if higher:
+            await self._wait_released(obs, {**obs.desired, **lower}, fresh=bool(lower))
+            await self._write_roles(obs, higher)
+
+    async def _wait_released(
+        self, obs: _Observation, desired: Mapping[str, int], *, fresh: bool
+    ) -> None:
+        """Return once no role runs more engines (terminating pods included) than
+        ``desired``; raise ConnectorError after one adjustment interval."""
+        # Longer would stall the loop past its next tick, which plans again anyway.
+        timeout = min(self._settings.scaling_max_wait_s, self._hold_s)
+        deadline = self._clock() + timeout
+        dgd = obs.dgd
+        while True:
+            if fresh:  # what was read before a decrease no longer tells
+                dgd = await self._get_dgd()
+            fresh = True
+            excess = self._excess(obs, dgd, await self._terminating_pods(), desired)
+            if not excess:
+                return
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise ConnectorError(
+                    f"DynamoGraphDeployment {self._ref}: {'; '.join(excess)} after "
+                    f"{timeout:g} s; the increases were not written, so as not to exceed the "
+                    "GPU budget"
+                )
+            await self._sleep(min(self._settings.scaling_check_interval_s, remaining))
+
+    def _excess(
+        self,
+        obs: _Observation,
+        dgd: Mapping[str, Any],
+        terminating: Mapping[str, int],
+        desired: Mapping[str, int],
+    ) -> list[str]:
+        """The roles running more engines than ``desired``, described."""
+        excess = []
+        for role in self._roles:
+            service = obs.services[role].service
+            running, leaving = running_count(dgd, service), terminating.get(service, 0)
+            if running + leaving > desired[role]:
+                excess.append(
+                    f"role {role} (service {service}) still runs {running} engine(s) and "
+                    f"{leaving} terminating, more than its {desired[role]}"
+                )
+        return excess
+
+    async def _write_roles(self, obs: _Observation, writes: Mapping[str, int]) -> None:
+        """Write ``writes``: /scale per adapter, one merge patch for the rest."""
         patch_services: dict[str, dict[str, int]] = {}
         for role, count in writes.items():
             self._pending[role] = count
@@ -582,6 +651,31 @@ class KubernetesConnector:
             self._check_adapter(adapter, adapter_name, service)
             return adapter
         return None
+
+    async def _terminating_pods(self) -> dict[str, int]:
+        """Pods of this DGD still terminating, by service (they hold their GPUs until gone)."""
+        pods = await self._call(
+            f"list pods of DynamoGraphDeployment {self._ref}",
+            "list",
+            "pods",
+            self._core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"{DGD_POD_LABEL}={self.dgd_name}",
+        )
+        counts: dict[str, int] = {}
+        for pod in getattr(pods, "items", None) or ():
+            labels = pod.metadata.labels or {}
+            # Checked here too: the selector is the server's to apply, the budget ours.
+            if (
+                labels.get(DGD_POD_LABEL) != self.dgd_name
+                or pod.metadata.deletion_timestamp is None
+            ):
+                continue
+            if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
+                continue  # exited: its GPUs are free
+            service = labels.get(SERVICE_POD_LABEL, "")
+            counts[service] = counts.get(service, 0) + 1
+        return counts
 
     async def _patch_adapter_scale(self, adapter_name: str, replicas: int) -> None:
         await self._call(

@@ -7,6 +7,9 @@ errors are injected by reactions that answer the given statuses once each and th
 through to the emulator. kmock stores a PATCH body before any reaction runs, so a PATCH
 answered with an error has still changed the object (a real server can do the same when
 the answer is lost); tests that depend on it say so.
+
+:class:`SimulatedDynamo` (opt-in, ``cluster.simulate_dynamo``) plays the Dynamo operator with
+pods, including pods that are still terminating.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.kubernetes import KubernetesSettings
 from disagg_planner.runtime.connector_settings import kubernetes_settings
 from tests.integration.conftest import free_port
-from tests.kube_dynamo import (  # noqa: F401  (re-exported to the connector tests)
+from tests.kube_dynamo import (
     DGD,
     DGD_PLURAL,
     DGDSA,
@@ -90,10 +93,12 @@ def frontend() -> dict[str, Any]:
 
 @dataclass
 class FakeTime:
-    """A monotonic clock that only moves when the connector sleeps (or the test says so)."""
+    """A monotonic clock that only moves when the connector sleeps (or the test says so);
+    ``on_sleep`` callbacks see every new time."""
 
     now: float = 1000.0
     sleeps: list[float] = field(default_factory=list)
+    on_sleep: list[Callable[[float], None]] = field(default_factory=list)
 
     def clock(self) -> float:
         return self.now
@@ -101,7 +106,99 @@ class FakeTime:
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
         self.now += seconds
+        for callback in self.on_sleep:
+            callback(self.now)
         await asyncio.sleep(0)
+
+
+PODS = "v1/pods"
+DGD_POD_LABEL = "nvidia.com/dynamo-graph-deployment-name"
+SERVICE_POD_LABEL = "nvidia.com/dynamo-component"
+
+
+@dataclass
+class _Pod:
+    name: str
+    service: str
+    leaves_at: float | None = None  # terminating: gone at this time
+
+
+class SimulatedDynamo:
+    """The Dynamo operator of one DGD, with pods in kmock (``v1/pods``, Dynamo's labels).
+
+    On every change of the DGD's spec (a patch, an adapter's ``/scale``) it acts at once: it
+    creates the missing pods of a service, which hold their GPUs from that moment (the worst
+    case for a budget), and marks the extra ones terminating (``deletionTimestamp``): they hold
+    their GPUs for ``grace_s`` of the fake clock before they are gone. The DGD's status counts
+    non-terminated replicas, as Dynamo's does. ``snapshots`` records, after every change,
+    each service's (existing, terminating) pods.
+    """
+
+    def __init__(self, cluster: Cluster, time: FakeTime, *, grace_s: float, name: str) -> None:
+        self.cluster = cluster
+        self.time = time
+        self.grace_s = grace_s
+        self.name = name
+        self.pods: list[_Pod] = []
+        self.snapshots: list[dict[str, tuple[int, int]]] = []
+        self._serial = 0
+        time.on_sleep.append(lambda _now: self.reconcile())
+        self.reconcile()
+
+    def gpus_in_use(self, gpus: Mapping[str, int]) -> list[int]:
+        """Per snapshot: the GPUs held by the pods of the services in ``gpus`` (service ->
+        GPUs per engine), terminating pods included."""
+        return [
+            sum(gpus.get(svc, 0) * (n + leaving) for svc, (n, leaving) in snap.items())
+            for snap in self.snapshots
+        ]
+
+    def reconcile(self) -> None:
+        now = self.time.now
+        kmock = self.cluster.kmock
+        for pod in [p for p in self.pods if p.leaves_at is not None and p.leaves_at <= now]:
+            self.pods.remove(pod)
+            del kmock.objects[PODS, NS, pod.name]
+        services = self.cluster.dgd(self.name)["spec"]["services"]
+        status: dict[str, dict[str, int]] = {}
+        for service, spec in services.items():
+            wanted = int(spec.get("replicas", 1))
+            running = [p for p in self.pods if p.service == service and p.leaves_at is None]
+            for pod in running[wanted:]:  # the newest stay
+                pod.leaves_at = now + self.grace_s
+                kmock.objects[PODS, NS, pod.name].patch(
+                    {"metadata": {"deletionTimestamp": "2030-01-01T00:00:00Z"}}
+                )
+            for _ in range(wanted - len(running)):
+                self._serial += 1
+                pod = _Pod(f"{self.name}-{service.lower()}-{self._serial}", service)
+                self.pods.append(pod)
+                kmock.objects[PODS, NS, pod.name] = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": pod.name,
+                        "namespace": NS,
+                        "labels": {DGD_POD_LABEL: self.name, SERVICE_POD_LABEL: service},
+                    },
+                    "status": {"phase": "Running"},
+                }
+            status[service] = {  # the missing pods were created, the extra ones leave
+                "replicas": wanted,
+                "updatedReplicas": wanted,
+                "readyReplicas": wanted,
+                "availableReplicas": wanted,
+            }
+        self.cluster.edit_dgd({"status": {"services": status}}, self.name)
+        self.snapshots.append(
+            {
+                svc: (
+                    sum(1 for p in self.pods if p.service == svc and p.leaves_at is None),
+                    sum(1 for p in self.pods if p.service == svc and p.leaves_at is not None),
+                )
+                for svc in services
+            }
+        )
 
 
 class Cluster:
@@ -115,6 +212,30 @@ class Cluster:
         )
         scale = kmock_lib.subresource("scale")
         kmock["patch", kmock_lib.resource(GROUP, VERSION, DGDSA_PLURAL), scale] << self._scale
+        kmock["patch", kmock_lib.resource(GROUP, VERSION, DGD_PLURAL)] << self._dgd_patched
+        self.dynamo: SimulatedDynamo | None = None
+
+    def simulate_dynamo(
+        self, time: FakeTime, *, grace_s: float = 5.0, name: str = DGD_NAME
+    ) -> SimulatedDynamo:
+        """From now on a :class:`SimulatedDynamo` follows the DGD ``name`` (replacing one
+        that followed before, whose pods are removed)."""
+        for pod in self.dynamo.pods if self.dynamo is not None else ():
+            del self.kmock.objects[PODS, NS, pod.name]
+        self.dynamo = SimulatedDynamo(self, time, grace_s=grace_s, name=name)
+        return self.dynamo
+
+    def forget_requests(self) -> None:
+        """Drop kmock's log of the requests served so far. kmock matches each request against
+        each reaction by walking that whole log, so a test making thousands of requests (a
+        property test's examples) slows down quadratically without this."""
+        self.kmock._requests.clear()
+
+    def _dgd_patched(self, request: Any) -> Any:
+        # kmock has stored the patch already; the operator acts, the emulator answers.
+        if self.dynamo is not None and request.subresource is None:
+            self.dynamo.reconcile()
+        raise NotImplementedError
 
     def add_dgd(
         self,
@@ -222,6 +343,8 @@ class Cluster:
         self.kmock.objects[DGD, request.namespace, ref["name"]].patch(
             {"spec": {"services": {ref["serviceName"]: {"replicas": replicas}}}}
         )
+        if self.dynamo is not None:
+            self.dynamo.reconcile()
         return {
             "apiVersion": "autoscaling/v1",
             "kind": "Scale",

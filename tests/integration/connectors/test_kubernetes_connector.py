@@ -197,13 +197,31 @@ async def test_two_roles_change_in_one_patch(cluster, api_client, fake_time):
     cluster.add_dgd(disagg_services())
     conn = connector(api_client, fake_time)
 
+    outcome = await conn.set_replicas({"prefill": 4, "decode": 5})
+
+    assert outcome.applied == {"prefill": 4, "decode": 5}
+    (patch,) = cluster.requests("PATCH", DGD_PLURAL)
+    assert patch.data == {
+        "spec": {"services": {"prefill-pool": {"replicas": 4}, "decode-pool": {"replicas": 5}}}
+    }
+    status = await conn.status()
+    assert (status.desired("prefill"), status.desired("decode")) == (4, 5)
+
+
+async def test_a_rebalance_lowers_in_one_patch_then_raises_in_another(
+    cluster, api_client, fake_time
+):
+    # The budget-safe order (test_budget_safe_writes.py has the GPU accounting).
+    cluster.add_dgd(disagg_services())
+    cluster.simulate_dynamo(fake_time, grace_s=2.0)
+    conn = connector(api_client, fake_time)
+
     outcome = await conn.set_replicas({"prefill": 4, "decode": 1})
 
     assert outcome.applied == {"prefill": 4, "decode": 1}
-    (patch,) = cluster.requests("PATCH", DGD_PLURAL)
-    assert patch.data == {
-        "spec": {"services": {"prefill-pool": {"replicas": 4}, "decode-pool": {"replicas": 1}}}
-    }
+    first, second = cluster.requests("PATCH", DGD_PLURAL)
+    assert first.data == {"spec": {"services": {"decode-pool": {"replicas": 1}}}}
+    assert second.data == {"spec": {"services": {"prefill-pool": {"replicas": 4}}}}
     status = await conn.status()
     assert (status.desired("prefill"), status.desired("decode")) == (4, 1)
 
@@ -213,6 +231,7 @@ async def test_scaling_adapter_scale_subresource_is_used_when_present(
 ):
     cluster.add_dgd(disagg_services())
     adapter = cluster.add_adapter("decode-pool", 3)
+    cluster.simulate_dynamo(fake_time)
     conn = connector(api_client, fake_time)
     await conn.validate()
 
@@ -339,9 +358,11 @@ async def test_manual_edit_of_an_adapter_is_detected(cluster, api_client, fake_t
 async def test_event_failure_does_not_stop_scaling(cluster, api_client, fake_time, caplog):
     cluster.add_dgd(disagg_services())
     cluster.fail("POST", "events", [403], group="", version="v1")
+    dynamo = cluster.simulate_dynamo(fake_time)
     conn = connector(api_client, fake_time)
     await conn.validate()
     cluster.edit_dgd({"spec": {"services": {"decode-pool": {"replicas": 1}}}})
+    dynamo.reconcile()
 
     assert (await conn.status()).desired("decode") == 1
     assert "decode" in conn.holds()

@@ -16,14 +16,15 @@ Call = tuple[str, str, str]  # verb, API group ("" = core), resource[/subresourc
 
 POLICY_GROUP = "planner.autoscaling.dev"
 
-# src/disagg_planner/connectors/kubernetes.py: the DGD, its scaling adapters, Events about manual
-# edits.
+# src/disagg_planner/connectors/kubernetes.py: the DGD, its scaling adapters, its pods (the
+# engines still terminating, before an increase), Events about manual edits.
 CONNECTOR_CALLS: frozenset[Call] = frozenset(
     {
         ("get", "nvidia.com", "dynamographdeployments"),
         ("patch", "nvidia.com", "dynamographdeployments"),
         ("get", "nvidia.com", "dynamographdeploymentscalingadapters"),
         ("patch", "nvidia.com", "dynamographdeploymentscalingadapters/scale"),
+        ("list", "", "pods"),
         ("create", "", "events"),
     }
 )
