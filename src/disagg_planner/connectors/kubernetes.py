@@ -29,7 +29,10 @@ over the object are in :mod:`disagg_planner.connectors.dgd_shape`):
   (:class:`ConnectorError`; the next tick plans again).
 
 A manual edit is a desired count that differs from what this planner last set (or first saw)
-and is not a write of its own that merely reported failure. Policy ``respect`` adopts the
+and is not a write of its own that merely reported failure. A DGD with another
+``metadata.uid`` than the one read before is a new deployment (deleted and applied again):
+its counts are the new baseline, with no Event, and the holds and unsettled writes of the
+old one are forgotten. Policy ``respect`` adopts the
 new value and holds the role for one adjustment interval; ``revert`` writes the planner's
 value back. Both record a Kubernetes Event on the DGD. With ``advisory`` the connector
 never writes replicas (``revert`` then behaves as ``respect``).
@@ -362,7 +365,20 @@ class KubernetesConnector:
     async def _read(self) -> _Observation:
         dgd = await self._get_dgd()
         uid = (dgd.get("metadata") or {}).get("uid")
-        self._uid = uid if isinstance(uid, str) else None
+        uid = uid if isinstance(uid, str) else None
+        if self._uid is not None and uid is not None and uid != self._uid:
+            # Re-created: what was set on the old object says nothing about this one.
+            log.info(
+                "DGD %s was re-created (uid %s -> %s): a new deployment, starting afresh",
+                self._ref,
+                self._uid,
+                uid,
+            )
+            self._expected.clear()
+            self._pending.clear()
+            self._holds.clear()
+            self._last_overrides = ()
+        self._uid = uid
         services = dgd_services(dgd, self._ref)
         resolved: dict[str, ResolvedService] = {}
         adapters: dict[str, str | None] = {}

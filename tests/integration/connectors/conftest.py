@@ -243,13 +243,14 @@ class Cluster:
         *,
         name: str = DGD_NAME,
         ready: dict[str, int] | None = None,
+        uid: str = "0b5a-uid",
     ) -> None:
         """A DGD whose status reports ``ready`` (default: every service fully ready)."""
         ready = {n: s.get("replicas", 1) for n, s in services.items()} if ready is None else ready
         self.kmock.objects[DGD, NS, name] = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "DynamoGraphDeployment",
-            "metadata": {"name": name, "namespace": NS, "uid": "0b5a-uid"},
+            "metadata": {"name": name, "namespace": NS, "uid": uid},
             "spec": {"backendFramework": "vllm", "services": copy.deepcopy(services)},
             "status": {
                 "state": "successful",

@@ -324,6 +324,31 @@ async def test_manual_edit_is_respected_for_one_interval(cluster, api_client, fa
     assert len(cluster.events()) == 1  # our own writes are never taken for manual edits
 
 
+@pytest.mark.parametrize("policy", ["respect", "revert"])
+async def test_a_recreated_dgd_is_a_new_deployment_not_a_manual_edit(
+    cluster, api_client, fake_time, policy
+):
+    # Issue 19, problem 5: deleted and applied again (a new uid), at its manifest's replicas.
+    cluster.add_dgd(disagg_services())
+    conn = connector(api_client, fake_time, manual_override=policy)
+    await conn.validate()
+    await conn.set_replicas({"decode": 5, "prefill": 4})
+
+    services = disagg_services()  # decode 3, prefill 2
+    cluster.add_dgd(services, uid="7c1d-uid")
+    status = await conn.status()
+
+    assert (status.desired("decode"), status.desired("prefill")) == (3, 2)
+    assert conn.last_manual_overrides == ()
+    assert conn.holds() == {}
+    assert cluster.events() == []
+    assert len(cluster.requests("PATCH", DGD_PLURAL)) == 1  # nothing written back
+    # planning goes on at once, from the new object's values
+    assert (await conn.set_replicas({"decode": 4})).applied == {"decode": 4}
+    assert cluster.dgd()["spec"]["services"]["decode-pool"]["replicas"] == 4
+    assert cluster.dgd()["metadata"]["uid"] == "7c1d-uid"
+
+
 async def test_manual_edit_is_reverted_by_policy(cluster, api_client, fake_time):
     cluster.add_dgd(disagg_services())
     conn = connector(api_client, fake_time, manual_override="revert")
