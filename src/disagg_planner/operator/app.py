@@ -8,8 +8,9 @@ for how a spec becomes a config). The daemon
   :data:`SPEC_POLL_S` seconds);
 - refuses a second policy for a DGD that another policy already plans (``DuplicateTarget``)
   until the first one goes away;
-- writes the status after every tick (:mod:`disagg_planner.operator.status`) and reports an
-  invalid spec or profile as a condition instead of crashing;
+- writes ``Starting`` when it adopts the DGD and the status after every tick
+  (:mod:`disagg_planner.operator.status`), and reports an invalid spec or profile as a
+  condition and a Warning Event on the policy instead of crashing;
 - on deletion of the policy, stops the loop (the tick in flight gets a short grace) and
   leaves the DGD exactly as it is; its metric series are dropped.
 
@@ -33,7 +34,7 @@ patch                     planner.autoscaling.dev    plannerpolicies (kopf's fin
 patch                     planner.autoscaling.dev    plannerpolicies/status
 list, watch, patch        kopf.dev                   kopfpeerings (clusterkopfpeerings with -A);
                                                      none with --standalone
-create                    "" (core v1)               events (kopf's warnings about a daemon)
+create                    "" (core v1)               events (invalid specs; kopf's warnings)
 list, watch               "" (core v1)               namespaces (only for --watch-namespace globs)
 ========================  =========================  ============================================
 
@@ -58,7 +59,7 @@ from kubernetes import client as k8s_client
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.operator.crd import GROUP, KIND, PLURAL, VERSION
 from disagg_planner.operator.policy import OperatorDefaults, config_from_spec, plain, target_of
-from disagg_planner.operator.status import StatusWriter
+from disagg_planner.operator.status import MESSAGE_LIMIT, StatusWriter
 from disagg_planner.runtime.clock import WallClock
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef, is_spec_error
 from disagg_planner.runtime.outcome import Problem, ProblemKind
@@ -140,7 +141,7 @@ class PolicyRunner:
         try:
             while not stopped:
                 current = plain(spec)
-                await self._run_once(key, current, spec, writer, stopped)
+                await self._run_once(key, current, spec, body, writer, stopped)
         finally:
             self.writers.pop(key, None)
             log.info("%s %s: stopped; its DynamoGraphDeployment is left as it is", KIND, key)
@@ -150,6 +151,7 @@ class PolicyRunner:
         key: PolicyKey,
         current: dict[str, Any],
         live_spec: Mapping[str, Any],
+        body: Mapping[str, Any],
         writer: StatusWriter,
         stopped: Any,
     ) -> None:
@@ -165,6 +167,7 @@ class PolicyRunner:
                 raise
             problem = Problem(ProblemKind.INVALID_SPEC, type(exc).__name__, str(exc), "spec")
             log.warning("%s %s: %s", KIND, key, problem.render())
+            _warn(body, "InvalidSpec", problem.render())
             await writer.write_problem(problem, target=target)
             await self._wait(live_spec, current, stopped)
             return
@@ -178,6 +181,7 @@ class PolicyRunner:
                 "spec",
             )
             log.warning("%s %s: %s", KIND, key, problem.render())
+            _warn(body, "DuplicateTarget", problem.render())
             await writer.write_problem(problem, target=target)
             await self._wait(live_spec, current, stopped, claim=target)
             return
@@ -199,11 +203,14 @@ class PolicyRunner:
         loop_stop = asyncio.Event()
         watcher = asyncio.create_task(self._wait(live_spec, current, stopped, then=loop_stop))
         try:
+            # Until the first tick, which can be an interval away, the status says so.
+            await writer.write_starting(target)
             await loop.run(loop_stop)
         except Exception as exc:
             if not is_spec_error(exc):
                 raise
             log.warning("%s %s: %s", KIND, key, exc)  # the loop already reported it
+            _warn(body, "InvalidSpec", str(exc))
             await self._wait(live_spec, current, stopped)
         finally:
             watcher.cancel()
@@ -235,6 +242,12 @@ class PolicyRunner:
             await stopped.wait(SPEC_POLL_S)  # wakes at once when kopf stops the daemon
         if then is not None:
             then.set()
+
+
+def _warn(body: Mapping[str, Any], reason: str, message: str) -> None:
+    """A Warning Event on the policy: ``kubectl describe`` shows why it is not planned."""
+    # kopf posts it from its own queue; the handler context of the daemon provides it.
+    kopf.warn(cast(kopf.Body, body), reason=reason, message=message[:MESSAGE_LIMIT])
 
 
 def connection_info(configuration: k8s_client.Configuration) -> kopf.ConnectionInfo:

@@ -14,6 +14,11 @@ the details):
   ``DeploymentInvalid``, ``TickFailed``, ``InvalidSpec``, ``DuplicateTarget``); the planner
   then holds rather than guesses. False reason: ``AsExpected``.
 
+From adoption until the first tick: ``Ready`` False ``Starting``, ``Scaling`` False
+``NotPlanning``, ``Degraded`` Unknown ``Starting`` (nothing observed yet). A tick that could
+not read the deployment (deleted, unreachable) leaves ``Scaling`` False ``NotPlanning``:
+nothing is known to match anything.
+
 ``lastTransitionTime`` changes only when a condition's status does. The writer sends a JSON
 merge patch of what changed since its last write (keys that disappeared are nulled), skips
 unchanged statuses, and, while only the measurements move, writes at most every
@@ -82,6 +87,15 @@ def problem_conditions(problem: Problem) -> dict[str, Condition]:
     }
 
 
+def starting_conditions(target: DeploymentRef) -> dict[str, Condition]:
+    """Conditions from adoption until the first tick."""
+    return {
+        "Ready": ("False", "Starting", f"adopted {target}; validating it before the first tick"),
+        "Scaling": ("False", "NotPlanning", "the first tick has not run yet"),
+        "Degraded": ("Unknown", "Starting", "nothing observed yet"),
+    }
+
+
 def tick_conditions(outcome: TickOutcome) -> dict[str, Condition]:
     """Conditions after one tick (or one failed start-up attempt)."""
     if outcome.status is None and outcome.effects is None and outcome.problems:
@@ -95,7 +109,9 @@ def tick_conditions(outcome: TickOutcome) -> dict[str, Condition]:
         ready = ("False", camel(failed.kind), _clip(failed.render()))
 
     scaling: Condition
-    if outcome.applied and status is not None:
+    if status is None:
+        scaling = ("False", "NotPlanning", "the deployment could not be read; nothing is scaled")
+    elif outcome.applied:
         ups = [r for r, n in outcome.applied.items() if n > status.desired(r)]
         downs = [r for r, n in outcome.applied.items() if n < status.desired(r)]
         reason = "Rebalance" if ups and downs else "ScaleUp" if ups else "ScaleDown"
@@ -103,7 +119,7 @@ def tick_conditions(outcome: TickOutcome) -> dict[str, Condition]:
             f"{r} {status.desired(r)} -> {n}" for r, n in sorted(outcome.applied.items())
         )
         scaling = ("True", reason, changes)
-    elif status is not None and not status.converged:
+    elif not status.converged:
         pending = ", ".join(
             f"{r} {s.ready}/{s.desired} ready"
             for r, s in sorted(status.roles.items())
@@ -296,13 +312,24 @@ class StatusWriter:
 
     async def write_problem(self, problem: Problem, *, target: DeploymentRef | None) -> None:
         """The status while the policy cannot be planned (invalid spec, duplicate target)."""
+        await self._write_conditions(
+            problem_conditions(problem), target=target, message=problem.render()
+        )
+
+    async def write_starting(self, target: DeploymentRef) -> None:
+        """The status from adoption until the first tick."""
+        await self._write_conditions(
+            starting_conditions(target), target=target, message=f"planning {target} shortly"
+        )
+
+    async def _write_conditions(
+        self, conditions: Mapping[str, Condition], *, target: DeploymentRef | None, message: str
+    ) -> None:
         now = self._wall()
         body: dict[str, Any] = {
             "lastTickTime": rfc3339(now),
-            "message": _clip(problem.render()),
-            "conditions": _merge_conditions(
-                problem_conditions(problem), self._written.get("conditions"), now
-            ),
+            "message": _clip(message),
+            "conditions": _merge_conditions(conditions, self._written.get("conditions"), now),
         }
         if target is not None:
             body["target"] = str(target)

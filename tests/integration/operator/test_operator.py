@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.integration.connectors.conftest import NS
+from tests.integration.connectors.conftest import DGD, NS
 from tests.integration.operator.conftest import INTERVAL_S, PEERING, OperatorCluster, eventually
 
 
@@ -63,6 +63,57 @@ async def test_a_policy_starts_a_loop_that_scales_its_dgd_and_deletion_stops_it(
     assert not operator.runner.claims
 
 
+def policy_events(cluster: OperatorCluster, policy: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in cluster.events()
+        if e["involvedObject"]["kind"] == "PlannerPolicy" and e["involvedObject"]["name"] == policy
+    ]
+
+
+async def test_adoption_writes_starting_before_the_first_tick(
+    operator_cluster: OperatorCluster, start_operator: Any
+) -> None:
+    # Issue 19, problem 7: the status was blank for the whole first interval.
+    cluster = operator_cluster
+    cluster.add_graph("graph")
+    await start_operator()
+    await cluster.add_policy("graph-policy", {"targetRef": {"name": "graph"}})
+    await eventually(
+        lambda: (c := cluster.condition("graph-policy", "Ready")) and c["status"] == "True",
+        what="Ready=True",
+    )
+    first = cluster.requests("PATCH", "plannerpolicies", "status")[0].data["status"]
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in first["conditions"]}
+    assert conditions == {
+        "Ready": ("False", "Starting"),
+        "Scaling": ("False", "NotPlanning"),
+        "Degraded": ("Unknown", "Starting"),
+    }
+    assert first["target"] == f"{NS}/graph"
+
+
+async def test_a_deleted_dgd_is_not_reported_stable(
+    operator_cluster: OperatorCluster, start_operator: Any
+) -> None:
+    cluster = operator_cluster
+    cluster.add_graph("graph")
+    await start_operator()
+    await cluster.add_policy("graph-policy", {"targetRef": {"name": "graph"}})
+    await eventually(
+        lambda: (c := cluster.condition("graph-policy", "Ready")) and c["status"] == "True",
+        what="Ready=True",
+    )
+    del cluster.kmock.objects[DGD, NS, "graph"]
+    await eventually(
+        lambda: (c := cluster.condition("graph-policy", "Ready")) and c["status"] == "False",
+        what="Ready=False",
+    )
+    scaling = cluster.condition("graph-policy", "Scaling")
+    assert (scaling["status"], scaling["reason"]) == ("False", "NotPlanning"), scaling
+    assert cluster.condition("graph-policy", "Degraded")["reason"] == "DeploymentInvalid"
+
+
 async def test_one_process_plans_two_dgds(
     operator_cluster: OperatorCluster, start_operator: Any
 ) -> None:
@@ -112,6 +163,12 @@ async def test_an_invalid_spec_is_a_condition_until_the_spec_is_fixed(
     assert "ttft_ms" in degraded["message"] and "-5" in degraded["message"]
     assert cluster.condition("graph-policy", "Ready")["status"] == "False"
     assert cluster.dgd_requests("graph") == []  # nothing is touched
+    # ... and an Event says so (issue 19, problem 7), once per invalid spec
+    (event,) = await eventually(
+        lambda: policy_events(cluster, "graph-policy"), what="an InvalidSpec Event"
+    )
+    assert (event["type"], event["reason"]) == ("Warning", "InvalidSpec")
+    assert "ttft_ms" in event["message"]
 
     await cluster.patch_policy("graph-policy", {"spec": {"ttft_ms": 500}})
     await eventually(lambda: scaled(cluster, "graph"), what="the fixed policy to scale")
@@ -136,6 +193,11 @@ async def test_a_second_policy_for_the_same_dgd_is_refused(
     )
     assert refused["reason"] == "DuplicateTarget"
     assert f"{NS}/first" in refused["message"]
+    (event,) = await eventually(
+        lambda: policy_events(cluster, "second"), what="a DuplicateTarget Event"
+    )
+    assert (event["type"], event["reason"]) == ("Warning", "DuplicateTarget")
+    assert f"{NS}/first" in event["message"]
     assert [str(k) for k in operator.runner.loops] == [f"{NS}/first"]
 
 

@@ -103,7 +103,26 @@ def reasons(conditions: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str,
                     Problem(ProblemKind.CONNECTOR_ERROR, "connector_error", "403", "status"),
                 ),
             ),
-            {"Ready": ("False", "ConnectorError"), "Degraded": ("True", "ConnectorError")},
+            {
+                "Ready": ("False", "ConnectorError"),
+                # nothing is known to be scaling: not "Stable" (issue 19, problem 7)
+                "Scaling": ("False", "NotPlanning"),
+                "Degraded": ("True", "ConnectorError"),
+            },
+        ),
+        (
+            "dgd deleted while planning",
+            outcome(
+                status=None,
+                problems=(
+                    Problem(ProblemKind.DEPLOYMENT_INVALID, "deployment_error", "404", "status"),
+                ),
+            ),
+            {
+                "Ready": ("False", "DeploymentInvalid"),
+                "Scaling": ("False", "NotPlanning"),
+                "Degraded": ("True", "DeploymentInvalid"),
+            },
         ),
         (
             "start-up failed: dgd missing",
