@@ -12,13 +12,16 @@ GROUP = "nvidia.com"
 VERSION = "v1alpha1"
 DGD_PLURAL = "dynamographdeployments"
 DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
+DWM_PLURAL = "dynamoworkermetadatas"
 DGD = f"{GROUP}/{VERSION}/{DGD_PLURAL}"
 DGDSA = f"{GROUP}/{VERSION}/{DGDSA_PLURAL}"
+DWM = f"{GROUP}/{VERSION}/{DWM_PLURAL}"
 
 
 def declare_dynamo_resources(resources: Any, *, verbs: Iterable[str]) -> None:
-    """Declare DynamoGraphDeployment and its scaling adapter (with ``/scale``) on ``resources``
-    (a kmock emulator's ``resources``)."""
+    """Declare DynamoGraphDeployment, its scaling adapter (with ``/scale``) and the workers'
+    DynamoWorkerMetadata (Dynamo's Kubernetes discovery) on ``resources`` (a kmock
+    emulator's ``resources``)."""
     resources[DGD] = kmock.ResourceInfo(
         kind="DynamoGraphDeployment",
         singular="dynamographdeployment",
@@ -34,4 +37,10 @@ def declare_dynamo_resources(resources: Any, *, verbs: Iterable[str]) -> None:
         verbs=set(verbs),
         shortnames={"dgdsa"},
         subresources={"status", "scale"},
+    )
+    resources[DWM] = kmock.ResourceInfo(
+        kind="DynamoWorkerMetadata",
+        singular="dynamoworkermetadata",
+        namespaced=True,
+        verbs=set(verbs),
     )

@@ -250,6 +250,7 @@ class KubernetesConnector:
         self._last_overrides: tuple[ManualOverride, ...] = ()
         self._model_name: str | None = settings.model_name
         self._uid: str | None = None
+        self._role_services: dict[str, str] = {}
         self._instance = os.environ.get("HOSTNAME") or socket.gethostname()
 
     # --- Connector protocol ---------------------------------------------------------------
@@ -257,6 +258,12 @@ class KubernetesConnector:
     @property
     def model_name(self) -> str | None:
         return self._model_name
+
+    @property
+    def role_services(self) -> Mapping[str, str]:
+        """Role -> the DGD service carrying it, as of the last read (empty before any): what
+        FPM discovery needs to tell a worker's role from its pod."""
+        return dict(self._role_services)
 
     async def validate(self) -> None:
         """Find the DGD, resolve every role's service, and check GPU and model facts."""
@@ -420,6 +427,7 @@ class KubernetesConnector:
                     f"DynamoGraphDeployment {self._ref} spec.services.{name}.replicas",
                 )
             ready[role] = ready_count(dgd, name)
+        self._role_services = {role: svc.service for role, svc in resolved.items()}
         return _Observation(
             dgd=dgd, services=resolved, adapters=adapters, desired=desired, ready=ready
         )

@@ -29,6 +29,17 @@ CONNECTOR_CALLS: frozenset[Call] = frozenset(
     }
 )
 
+# src/disagg_planner/observe/fpm_discovery.py: Dynamo's Kubernetes discovery of the engines'
+# FPM publishers (the workers' pods and their DynamoWorkerMetadata), followed by watches.
+DISCOVERY_CALLS: frozenset[Call] = frozenset(
+    {
+        ("list", "", "pods"),
+        ("watch", "", "pods"),
+        ("list", "nvidia.com", "dynamoworkermetadatas"),
+        ("watch", "nvidia.com", "dynamoworkermetadatas"),
+    }
+)
+
 # src/disagg_planner/operator/app.py: kopf's watch of the policies, its finalizer and annotations,
 # the status writer, kopf's warnings as Events.
 POLICY_CALLS: frozenset[Call] = frozenset(
@@ -64,7 +75,7 @@ SCANNING_CALLS: frozenset[Call] = frozenset(
 
 def expected_calls(*, cluster_wide: bool, peering: bool, globs: bool) -> frozenset[Call]:
     """Every call of one operator configuration."""
-    calls = set(CONNECTOR_CALLS | POLICY_CALLS)
+    calls = set(CONNECTOR_CALLS | DISCOVERY_CALLS | POLICY_CALLS)
     if peering:
         calls |= peering_calls(cluster_wide=cluster_wide)
     if globs and not cluster_wide:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import re
 
 import disagg_planner.connectors.kubernetes
+import disagg_planner.observe.fpm_discovery
 import disagg_planner.operator.app
 from tests.unit.deploy.api_calls import (
     CONNECTOR_CALLS,
+    DISCOVERY_CALLS,
     POLICY_CALLS,
     SCANNING_CALLS,
     Call,
@@ -53,6 +55,11 @@ def test_the_connector_documents_exactly_its_calls():
     assert set(documented) == CONNECTOR_CALLS
 
 
+def test_fpm_discovery_documents_exactly_its_calls():
+    documented = calls_of(table_rows(disagg_planner.observe.fpm_discovery.__doc__ or ""))
+    assert set(documented) == DISCOVERY_CALLS
+
+
 def test_the_operator_documents_the_policy_peering_and_scanning_calls():
     documented = calls_of(table_rows(disagg_planner.operator.app.__doc__ or ""))
     namespaced_peering = peering_calls(cluster_wide=False)
@@ -70,9 +77,11 @@ def test_the_only_call_beyond_the_documented_ones_is_kopfs_crd_watch_with_globs(
     """kopf's resource observer lists and watches CRDs whenever scanning is on, which the
     operator turns on for namespace globs only (build_settings); the docstring does not
     list it, the chart grants it in that mode."""
-    documented = set(
-        calls_of(table_rows(disagg_planner.connectors.kubernetes.__doc__ or ""))
-    ) | set(calls_of(table_rows(disagg_planner.operator.app.__doc__ or "")))
+    documented = (
+        set(calls_of(table_rows(disagg_planner.connectors.kubernetes.__doc__ or "")))
+        | set(calls_of(table_rows(disagg_planner.observe.fpm_discovery.__doc__ or "")))
+        | set(calls_of(table_rows(disagg_planner.operator.app.__doc__ or "")))
+    )
     everything = expected_calls(cluster_wide=False, peering=True, globs=True) | peering_calls(
         cluster_wide=True
     )
@@ -87,7 +96,7 @@ def test_the_only_call_beyond_the_documented_ones_is_kopfs_crd_watch_with_globs(
 
 
 def test_expected_calls_by_mode():
-    base = CONNECTOR_CALLS | POLICY_CALLS
+    base = CONNECTOR_CALLS | DISCOVERY_CALLS | POLICY_CALLS
     assert expected_calls(cluster_wide=False, peering=False, globs=False) == base
     assert expected_calls(cluster_wide=True, peering=True, globs=True) == base | peering_calls(
         cluster_wide=True
