@@ -5,9 +5,8 @@ sources follow the workers as a DGD scales, with no endpoint configured by hand.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import zmq
@@ -16,26 +15,14 @@ from kubernetes import client as k8s_client
 from disagg_planner.observe.fpm_discovery import DiscoveredEngines, EventPlaneFpmSubscriber
 from disagg_planner.signals.fpm import encode
 from tests.integration.connectors.conftest import DGD_NAME, NS, k8s_config
+from tests.integration.operator.conftest import eventually
 from tests.kube_dynamo import DWM_PLURAL, GROUP, VERSION
 from tests.unit.observe.test_fpm_discovery import event_plane_message, pod, worker_metadata
 from tests.unit.regression.fpm_factory import fpm
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
-T = TypeVar("T")
 ROLES = {"prefill-pool": "prefill", "decode-pool": "decode"}
-
-
-async def eventually(probe: Callable[[], T | None], *, what: str, timeout_s: float = 15.0) -> T:
-    """Poll on the event loop (kmock serves the watches from it)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 class RelayPublisher:
@@ -104,6 +91,21 @@ def zmq_context() -> Iterator[zmq.Context]:
     context.term()
 
 
+def discovered(api_client: k8s_client.ApiClient, config: Any) -> DiscoveredEngines:
+    """The engine sources of the DGD's two roles, their watches started."""
+    engines = DiscoveredEngines(
+        config,
+        api_client=api_client,
+        namespace=NS,
+        dgd_name=DGD_NAME,
+        service_roles=ROLES,
+        # long enough that only watch events, never a re-list, can show a change
+        watcher_options={"request_timeout_s": 60.0, "retry_s": 0.1},
+    )
+    engines.start()
+    return engines
+
+
 async def heard(workers: Workers, source: EventPlaneFpmSubscriber, names: set[str]) -> None:
     """Until ``source`` hears exactly the workers ``names`` (heartbeats meanwhile)."""
 
@@ -120,15 +122,7 @@ async def test_the_engine_sources_follow_the_workers_as_the_dgd_scales(
     workers = Workers(api_client, zmq_context)
     first = await workers.start("graph-decode-0", "decode-pool")
     await workers.start("graph-frontend-0", "Frontend")  # registered, but no planner role
-    engines = DiscoveredEngines(
-        k8s_config(),
-        api_client=api_client,
-        namespace=NS,
-        dgd_name=DGD_NAME,
-        service_roles=ROLES,
-        watcher_options={"request_timeout_s": 60.0, "retry_s": 0.1},
-    )
-    engines.start()
+    engines = discovered(api_client, k8s_config())
     try:
         decode, prefill = engines.sources["decode"], engines.sources["prefill"]
         await heard(workers, decode, {"graph-decode-0"})
@@ -161,15 +155,7 @@ async def test_a_static_endpoint_list_overrides_discovery_for_its_role(
     await workers.start("graph-prefill-0", "prefill-pool")
     decode = await workers.start("graph-decode-0", "decode-pool")
     static = "tcp://127.0.0.1:1"
-    engines = DiscoveredEngines(
-        k8s_config(prefill_fpm_endpoints=[static]),
-        api_client=api_client,
-        namespace=NS,
-        dgd_name=DGD_NAME,
-        service_roles=ROLES,
-        watcher_options={"request_timeout_s": 60.0, "retry_s": 0.1},
-    )
-    engines.start()
+    engines = discovered(api_client, k8s_config(prefill_fpm_endpoints=[static]))
     try:
         await heard(workers, engines.sources["decode"], {"graph-decode-0"})
         assert engines.sources["decode"].endpoints == {decode.endpoint}

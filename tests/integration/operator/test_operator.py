@@ -71,11 +71,8 @@ def policy_events(cluster: OperatorCluster, policy: str) -> list[dict[str, Any]]
     ]
 
 
-async def test_adoption_writes_starting_before_the_first_tick(
-    operator_cluster: OperatorCluster, start_operator: Any
-) -> None:
-    # Issue 19, problem 7: the status was blank for the whole first interval.
-    cluster = operator_cluster
+async def planning(cluster: OperatorCluster, start_operator: Any) -> OperatorCluster:
+    """A running operator planning the DGD ``graph`` through the policy ``graph-policy``."""
     cluster.add_graph("graph")
     await start_operator()
     await cluster.add_policy("graph-policy", {"targetRef": {"name": "graph"}})
@@ -83,6 +80,14 @@ async def test_adoption_writes_starting_before_the_first_tick(
         lambda: (c := cluster.condition("graph-policy", "Ready")) and c["status"] == "True",
         what="Ready=True",
     )
+    return cluster
+
+
+async def test_adoption_writes_starting_before_the_first_tick(
+    operator_cluster: OperatorCluster, start_operator: Any
+) -> None:
+    # Issue 19, problem 7: the status was blank for the whole first interval.
+    cluster = await planning(operator_cluster, start_operator)
     first = cluster.requests("PATCH", "plannerpolicies", "status")[0].data["status"]
     conditions = {c["type"]: (c["status"], c["reason"]) for c in first["conditions"]}
     assert conditions == {
@@ -96,14 +101,7 @@ async def test_adoption_writes_starting_before_the_first_tick(
 async def test_a_deleted_dgd_is_not_reported_stable(
     operator_cluster: OperatorCluster, start_operator: Any
 ) -> None:
-    cluster = operator_cluster
-    cluster.add_graph("graph")
-    await start_operator()
-    await cluster.add_policy("graph-policy", {"targetRef": {"name": "graph"}})
-    await eventually(
-        lambda: (c := cluster.condition("graph-policy", "Ready")) and c["status"] == "True",
-        what="Ready=True",
-    )
+    cluster = await planning(operator_cluster, start_operator)
     del cluster.kmock.objects[DGD, NS, "graph"]
     await eventually(
         lambda: (c := cluster.condition("graph-policy", "Ready")) and c["status"] == "False",
