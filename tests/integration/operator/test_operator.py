@@ -163,7 +163,7 @@ async def test_an_invalid_spec_is_a_condition_until_the_spec_is_fixed(
     assert cluster.dgd_requests("graph") == []  # nothing is touched
     # ... and an Event says so (issue 19, problem 7), once per invalid spec
     (event,) = await eventually(
-        lambda: policy_events(cluster, "graph-policy"), what="an InvalidSpec Event"
+        lambda: policy_events(cluster, "graph-policy") or None, what="an InvalidSpec Event"
     )
     assert (event["type"], event["reason"]) == ("Warning", "InvalidSpec")
     assert "ttft_ms" in event["message"]
@@ -192,7 +192,7 @@ async def test_a_second_policy_for_the_same_dgd_is_refused(
     assert refused["reason"] == "DuplicateTarget"
     assert f"{NS}/first" in refused["message"]
     (event,) = await eventually(
-        lambda: policy_events(cluster, "second"), what="a DuplicateTarget Event"
+        lambda: policy_events(cluster, "second") or None, what="a DuplicateTarget Event"
     )
     assert (event["type"], event["reason"]) == ("Warning", "DuplicateTarget")
     assert f"{NS}/first" in event["message"]
