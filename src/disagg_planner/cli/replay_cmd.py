@@ -30,7 +30,8 @@ def register(sub: Any) -> None:
         help="Replay a trace against a simulated cluster under the planner or a baseline.",
         description="Run the planner's decision core, exactly as configured, in virtual time "
         "against a simulated Dynamo deployment driven by a request trace, and score it: SLO "
-        "attainment, latency percentiles, GPU-hours against a clairvoyant lower bound. With "
+        "attainment, latency percentiles, GPU-hours against a clairvoyant oracle, the cheapest "
+        "static deployment meeting the SLO target and the fluid bound. With "
         "no arguments it replays, on a bundled profile, a workload generated from facts measured "
         "from the first 20 minutes of the Azure 2023 conversation trace (per-minute request "
         "counts, ISL/OSL distribution), compressed 2x, six times its load. Writes "
@@ -83,7 +84,8 @@ def register(sub: Any) -> None:
         "--policy",
         action="append",
         metavar="NAME",
-        help="planner (default), dynamo-default, static:NP,ND, hpa or oracle; repeat to "
+        help="planner (default), dynamo-default, static:NP,ND, hpa, oracle (the clairvoyant "
+        "plan) or best-static (the cheapest fixed replicas meeting the SLO target); repeat to "
         "compare several (outputs go to OUTDIR/<policy>/).",
     )
     parser.add_argument("-o", "--output-dir", default="replay-out", help="Output directory.")

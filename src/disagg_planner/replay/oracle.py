@@ -1,36 +1,73 @@
-"""The clairvoyant lower bound: the fewest replicas per window that meet the SLO for the true
-load, from the engine model, started one startup delay ahead.
+"""The clairvoyant oracle: a replica plan that knows the whole trace, judged by simulation.
 
-For each window of ``window_s`` seconds the oracle takes the true request rate and mean
-ISL/OSL of the requests arriving in it, asks the engine model how many requests per second
-one replica sustains within the TTFT and ITL targets
-(:func:`disagg_planner.simulator.oracle.capacity`:
-batched prefill as a queue whose waiting-time tail keeps 99 % of requests within the TTFT
-target, the largest decode batch whose step meets the ITL), and needs
-``ceil(rate / capacity)`` replicas (at least the min endpoints).
+For each window of ``window_s`` seconds the oracle needs the fewest prefill and decode
+replicas (or aggregated ones) such that a simulation of that window, with its true requests
+and the queue carried in from the previous window under the counts already chosen, meets
+the SLO target (:func:`plan_feasible`). Its search starts from a cheap estimate
+(:func:`plan_needs`: the window's request rate and mean ISL/OSL against the engine model's
+capacity, :func:`disagg_planner.simulator.oracle.capacity`), climbs one replica at a time
+while the window misses too often (the role whose target is missed more first), then tries
+one fewer of each role it did not have to add.
 
-Two uses:
+Judging a window: the search keeps the simulated cluster at the window's start. A candidate
+runs a copy of it (:func:`disagg_planner.simulator.oracle.fork`) through the window and then,
+on a second copy, to the end of every request arrived so far. The misses it *adds* are the
+misses predicted then over every request arrived so far, minus those predicted when the
+previous window was chosen (so a candidate that lets the carried backlog wait longer pays for
+it, and a request already late when the window starts does not count against it). It may add
+at most ``floor((1 - target) * n)`` misses for the window's ``n`` requests, or serve every
+request but those rejected on arrival, which no replica count serves. A candidate is dropped
+as soon as it has added more than that, so most rejected candidates cost a fraction of a
+window. The chosen candidate's cluster at the window's end starts the next window.
 
-- :func:`lower_bound_gpu_hours`: the GPU-hours of exactly those replicas over exactly those
-  windows, with no startup or drain time and no headroom: no policy that serves the trace
-  within the SLO under the engine model can use fewer.
-- :class:`OraclePolicy`: the same plan run in the simulator, with each scale-up issued one
-  startup delay early (at time ``t`` it holds ``max(need[j])`` over every window that
-  ``[t, t + startup_delay]`` touches), to show what the plan achieves in practice.
+:class:`OraclePolicy` runs the plan in the replay simulator like any policy: at time ``t`` it
+holds the largest need over every window that ``[t, t + startup_delay]`` touches, so a
+replica a window needs is ordered one startup delay ahead and ready when the window starts,
+as the search assumed (:func:`initial_replicas`: what the first startup delay needs is ready
+at time 0).
 """
 
 from __future__ import annotations
 
+import bisect
+import logging
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from disagg_planner.replay.policies import PolicyStep
 from disagg_planner.simulator import oracle as capacity_model
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_spec import EngineSpec
-from disagg_planner.simulator.request import RequestLike
+from disagg_planner.simulator.request import RequestLike, RequestRecord
+
+log = logging.getLogger(__name__)
+
+# The share of requests meeting both targets that "meets the SLO" means, unless told.
+DEFAULT_SLO_TARGET = 0.99
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The targets a plan is held to: TTFT and ITL, met together by ``target`` of requests."""
+
+    ttft_ms: float
+    itl_ms: float
+    target: float = DEFAULT_SLO_TARGET
+
+    def allowed_misses(self, n: int) -> int:
+        """Misses ``n`` requests may have and still meet the target."""
+        return math.floor((1.0 - self.target) * n + 1e-9)
+
+    def met(self, record: RequestRecord) -> bool:
+        return capacity_model.meets_slo(record, ttft_ms=self.ttft_ms, itl_ms=self.itl_ms)
+
+
+# A cluster ready with the given replicas at time 0, no request submitted; a replica added
+# later must serve at once (startup delay 0): the plan orders it one delay ahead.
+ClusterFactory = Callable[[Mapping[str, int]], Cluster]
 
 
 @dataclass(frozen=True)
@@ -140,14 +177,254 @@ def plan_needs(
     return needs
 
 
-def lower_bound_gpu_hours(
-    needs: Sequence[WindowNeed], *, window_s: float, duration_s: float, gpus: dict[str, int]
-) -> float:
-    total = 0.0
-    for need in needs:
-        span = min(window_s, max(0.0, duration_s - need.start_s))
-        total += sum(n * gpus[role] for role, n in need.replicas.items()) * span
-    return total / 3600.0
+@dataclass
+class MissTally:
+    """Misses among finished requests, by kind; requests rejected on arrival apart."""
+
+    slo: Slo
+    misses: int = 0  # requests served late (or failed after arrival)
+    ttft_misses: int = 0
+    itl_misses: int = 0
+    rejected: int = 0
+
+    def add(self, records: Iterable[RequestRecord]) -> None:
+        for r in records:
+            if self.slo.met(r):
+                continue
+            if capacity_model.rejected_on_arrival(r):
+                self.rejected += 1
+                continue
+            self.misses += 1
+            if r.ttft_ms is None or r.ttft_ms > self.slo.ttft_ms:
+                self.ttft_misses += 1
+            if r.itl_ms is not None and r.itl_ms > self.slo.itl_ms:
+                self.itl_misses += 1
+
+
+@dataclass
+class _Trial:
+    """One candidate's run through one window (see the module doc)."""
+
+    counts: tuple[int, ...]
+    complete: bool  # ran the window and its drain; False: dropped early
+    added: int  # misses it adds to the plan's prediction
+    allowed: int
+    stopped_s: float  # when it was dropped (inf when complete)
+    tally: MissTally
+    state: Cluster | None = None  # the cluster at the window's end (complete trials)
+    finished_misses: int = 0  # misses among requests finished by the window's end
+    predicted_misses: int = 0  # misses predicted over every request arrived so far
+
+    @property
+    def ok(self) -> bool:
+        return self.complete and self.added <= self.allowed
+
+    def better_than(self, other: _Trial) -> bool:
+        """Closer to qualifying: complete with fewer added misses, or dropped later."""
+        if self.complete != other.complete:
+            return self.complete
+        if self.complete:
+            return self.added < other.added
+        return self.stopped_s > other.stopped_s + 1e-9
+
+
+@dataclass(frozen=True)
+class WindowChoice:
+    """What the search chose for one window, and what it took."""
+
+    start_s: float
+    requests: int
+    estimate: dict[str, int]
+    replicas: dict[str, int]
+    added_misses: int
+    allowed_misses: int
+    trials: int
+    met: bool  # False: no count tried qualified (the window is infeasible, or saturated)
+
+
+@dataclass(frozen=True)
+class FeasiblePlan:
+    windows: list[WindowChoice]
+    wall_s: float
+
+    @property
+    def trials(self) -> int:
+        return sum(w.trials for w in self.windows)
+
+    def needs(self, estimate: Sequence[WindowNeed]) -> list[WindowNeed]:
+        """The plan as window needs (what :class:`OraclePolicy` runs)."""
+        return [
+            WindowNeed(e.start_s, e.rate_rps, e.mean_isl, e.mean_osl, dict(w.replicas))
+            for e, w in zip(estimate, self.windows, strict=True)
+        ]
+
+
+@dataclass
+class _Window:
+    """The search state of one window: the cluster at its start and the plan's misses."""
+
+    base: Cluster
+    requests: Sequence[RequestLike]
+    end_s: float
+    slo: Slo
+    roles: tuple[str, ...]
+    finished_misses: int  # among requests finished before the window starts
+    predicted_misses: int  # predicted, when the previous window was chosen
+    trials: dict[tuple[int, ...], _Trial] = field(default_factory=dict)
+    runs: int = 0
+
+    def trial(self, counts: tuple[int, ...], *, stop_early: bool = True) -> _Trial:
+        known = self.trials.get(counts)
+        if known is not None and (known.complete or stop_early):
+            return known
+        self.runs += 1
+        result = self._run(counts, stop_early=stop_early)
+        self.trials[counts] = result
+        return result
+
+    def _run(self, counts: tuple[int, ...], *, stop_early: bool) -> _Trial:
+        cluster = capacity_model.fork(self.base)
+        for role, n in zip(self.roles, counts, strict=True):
+            cluster.set_replicas(role, n)
+        cluster.submit(self.requests)
+        base_allowed = self.slo.allowed_misses(len(self.requests))
+        tally = MissTally(self.slo)
+        carried = self.finished_misses - self.predicted_misses
+
+        def over(records: Sequence[RequestRecord]) -> bool:
+            tally.add(records)
+            # exact: misses only grow, and the allowance only shrinks as rejections appear
+            return stop_early and carried + tally.misses > max(base_allowed - tally.rejected, 0)
+
+        stopped = capacity_model.run_watched(cluster, self.end_s, over)
+        finished = self.finished_misses + tally.misses
+        drain = cluster
+        if not stopped:
+            drain = capacity_model.fork(cluster)
+            stopped = capacity_model.run_watched(drain, math.inf, over)
+        return _Trial(
+            counts,
+            complete=not stopped,
+            added=carried + tally.misses,
+            allowed=max(base_allowed - tally.rejected, 0),
+            stopped_s=drain.now if stopped else math.inf,
+            tally=tally,
+            state=None if stopped else cluster,
+            finished_misses=finished,
+            predicted_misses=self.finished_misses + tally.misses,
+        )
+
+
+def _search_window(
+    window: _Window, start: tuple[int, ...], lower: tuple[int, ...], cap: tuple[int, ...]
+) -> _Trial:
+    """The fewest replicas for one window (see the module doc)."""
+    counts = start
+    current = window.trial(counts)
+    added: set[int] = set()
+    while not current.ok:
+        step = _climb(window, counts, current, cap)
+        if step is None:
+            break
+        counts, current, role = step
+        added.add(role)
+    if not current.ok:
+        # Saturated: no count within reach qualifies; keep the best complete run.
+        return window.trial(counts, stop_early=False)
+    for i in range(len(counts)):
+        if i in added:
+            continue  # one fewer was tried on the way up
+        while counts[i] > lower[i]:
+            fewer = _bump(counts, i, -1)
+            trial = window.trial(fewer)
+            if not trial.ok:
+                break
+            counts, current = fewer, trial
+    return current
+
+
+def _bump(counts: tuple[int, ...], i: int, delta: int) -> tuple[int, ...]:
+    return (*counts[:i], counts[i] + delta, *counts[i + 1 :])
+
+
+def _climb(
+    window: _Window, counts: tuple[int, ...], current: _Trial, cap: tuple[int, ...]
+) -> tuple[tuple[int, ...], _Trial, int] | None:
+    """One more replica of the role that helps: the one whose target is missed more first.
+    When no single step gets closer with early dropping, compare complete runs; None when
+    that does not help either (more replicas do not serve the misses)."""
+    tally = current.tally
+    order = list(range(len(counts)))
+    if len(counts) == 2 and tally.itl_misses > tally.ttft_misses:
+        order.reverse()  # (prefill, decode): decode first when ITL is missed more
+    options = [(i, _bump(counts, i, 1)) for i in order if counts[i] + 1 <= cap[i]]
+    for i, more in options:
+        trial = window.trial(more)
+        if trial.ok or trial.better_than(current):
+            return more, trial, i
+    full = window.trial(counts, stop_early=False)
+    best: tuple[tuple[int, ...], _Trial, int] | None = None
+    for i, more in options:
+        trial = window.trial(more, stop_early=False)
+        if trial.added < (best[1] if best else full).added:
+            best = (more, trial, i)
+    return best
+
+
+def plan_feasible(
+    requests: Sequence[RequestLike],
+    *,
+    estimate: Sequence[WindowNeed],
+    build: ClusterFactory,
+    window_s: float,
+    slo: Slo,
+    floors: Mapping[str, int],
+) -> FeasiblePlan:
+    """The oracle's plan: per window, the fewest replicas that meet ``slo`` in simulation
+    (see the module doc). ``requests`` sorted by arrival; ``estimate`` from
+    :func:`plan_needs` (one entry per window, the search's starting point)."""
+    wall0 = time.perf_counter()
+    roles = tuple(estimate[0].replicas)
+    lower = tuple(max(1, floors.get(r, 0)) for r in roles)
+    arrivals = [r.arrival_s for r in requests]
+    n = len(estimate)
+    first = tuple(max(lo, estimate[0].replicas[r]) for lo, r in zip(lower, roles, strict=True))
+    base = build(dict(zip(roles, first, strict=True)))
+    finished = predicted = 0
+    choices: list[WindowChoice] = []
+    for k, guess in enumerate(estimate):
+        lo = bisect.bisect_left(arrivals, k * window_s) if k else 0
+        last = k == n - 1
+        hi = len(arrivals) if last else bisect.bisect_left(arrivals, (k + 1) * window_s)
+        end = max((k + 1) * window_s, arrivals[-1] if last else 0.0)
+        window = _Window(base, requests[lo:hi], end, slo, roles, finished, predicted)
+        start = tuple(max(m, guess.replicas[r]) for m, r in zip(lower, roles, strict=True))
+        cap = tuple(4 * s + 8 for s in start)
+        chosen = _search_window(window, start, lower, cap)
+        assert chosen.state is not None
+        base = chosen.state
+        finished, predicted = chosen.finished_misses, chosen.predicted_misses
+        choices.append(
+            WindowChoice(
+                start_s=k * window_s,
+                requests=hi - lo,
+                estimate=dict(zip(roles, start, strict=True)),
+                replicas=dict(zip(roles, chosen.counts, strict=True)),
+                added_misses=chosen.added,
+                allowed_misses=chosen.allowed,
+                trials=window.runs,
+                met=chosen.ok,
+            )
+        )
+        log.debug(
+            "oracle window %d: %d requests, estimate %s, chose %s (%d trials)",
+            k,
+            hi - lo,
+            start,
+            chosen.counts,
+            window.runs,
+        )
+    return FeasiblePlan(choices, time.perf_counter() - wall0)
 
 
 def initial_replicas(
@@ -173,6 +450,8 @@ class OraclePolicy:
         self.needs = list(needs)
         self.window_s = window_s
         self.delay = startup_delay_s
+        # ready at time 0: what the first startup delay needs, as the plan assumed
+        self.initial_replicas = initial_replicas(self.needs, window_s=window_s, lead_s=self.delay)
         times = set()
         for k in range(len(self.needs) + 1):
             times.add(k * window_s)

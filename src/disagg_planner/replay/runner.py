@@ -29,7 +29,6 @@ from typing import Any
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.profiles import Profile
 from disagg_planner.replay.connector import SimulatedConnector, run_now
-from disagg_planner.replay.oracle import WindowNeed, lower_bound_gpu_hours
 from disagg_planner.replay.policies import Policy, PolicyStep
 from disagg_planner.replay.summary import (
     FLAP_WINDOW_S,
@@ -99,8 +98,6 @@ def run_policy(
     ttft_slo_ms: float,
     itl_slo_ms: float,
     flap_window_s: float = FLAP_WINDOW_S,
-    needs: Sequence[WindowNeed] | None = None,
-    needs_window_s: float = 60.0,
     advisory: bool = False,
     recorder: DiagnosticsRecorder | None = None,
     progress: Callable[[float, float], None] | None = None,
@@ -181,15 +178,6 @@ def run_policy(
     }
     summary["metered_span_s"] = end_s
     summary["last_arrival_s"] = last_arrival
-    if needs is not None:
-        oracle = lower_bound_gpu_hours(
-            needs,
-            window_s=needs_window_s,
-            duration_s=last_arrival,
-            gpus={r: cluster.gpus_per_replica(r) for r in roles},
-        )
-        summary["oracle_gpu_hours"] = oracle
-        summary["gpu_hours_ratio_to_oracle"] = gpu_hours / oracle if oracle > 0 else None
     summary["scale_actions"] = {r: scale_log.actions().get(r, 0) for r in roles}
     summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
     summary["flap_window_s"] = flap_window_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,9 @@ from disagg_planner.errors import SpecError
 from disagg_planner.predictors.traces import read_trace
 from disagg_planner.profiles import Profile
 from disagg_planner.replay import default_workload
+from disagg_planner.replay.bounds import compute_references, reference_summary
 from disagg_planner.replay.hpa import HpaBehavior
-from disagg_planner.replay.oracle import OraclePolicy, WindowNeed, initial_replicas, plan_needs
+from disagg_planner.replay.oracle import WindowNeed, initial_replicas, plan_needs
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
 from disagg_planner.replay.runner import (
     ClusterSetup,
@@ -164,7 +165,8 @@ DYNAMO_DEFAULTS: dict[str, Any] = {
 
 
 def make_policy(name: str, plan: ReplayPlan) -> tuple[Policy, PlannerConfig | None]:
-    """A policy by name: planner, dynamo-default, static:NP,ND (or static:N), hpa, oracle."""
+    """A policy by name: planner, dynamo-default, static:NP,ND (or static:N), hpa, oracle,
+    best-static."""
     cfg = plan.config
     roles = tuple(plan.setup.specs)
     if name in ("planner", "dynamo-default"):
@@ -185,14 +187,16 @@ def make_policy(name: str, plan: ReplayPlan) -> tuple[Policy, PlannerConfig | No
         floor = min(cfg.min_endpoint_for(r) for r in roles)
         return HpaPolicy(roles, HpaBehavior(min_replicas=max(1, floor))), None
     if name == "oracle":
-        return (
-            OraclePolicy(
-                plan.needs, window_s=ORACLE_WINDOW_S, startup_delay_s=plan.setup.startup_delay_s
-            ),
-            None,
+        refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+        policy = refs.oracle_policy(
+            window_s=ORACLE_WINDOW_S, startup_delay_s=plan.setup.startup_delay_s
         )
+        return policy, None
+    if name == "best-static":
+        return compute_references(plan, window_s=ORACLE_WINDOW_S).best_static_policy(), None
     raise SpecError(
-        f"unknown policy {name!r}: expected planner, dynamo-default, static:NP,ND, hpa or oracle"
+        f"unknown policy {name!r}: expected planner, dynamo-default, static:NP,ND, hpa, oracle "
+        "or best-static"
     )
 
 
@@ -203,9 +207,12 @@ def run(
     out_dir: Path | None = None,
     progress: bool = True,
     write_report: bool = True,
+    references: bool = True,
     flap_window_s: float = FLAP_WINDOW_S,
 ) -> ReplayResult:
-    """Run one policy of ``plan``; with ``out_dir``, write its files there."""
+    """Run one policy of ``plan``; with ``out_dir``, write its files there. With
+    ``references``, the summary compares it with the oracle, the best static deployment and
+    the fluid bound (:mod:`disagg_planner.replay.bounds`; found once per plan)."""
     from disagg_planner.replay.runner import write_outputs
 
     policy, cfg = make_policy(policy_name, plan)
@@ -220,21 +227,25 @@ def run(
             itl_slo_ms=effective.itl_ms,
             title=f"planner replay: {policy_name}",
         )
+    # the oracle and best-static are ready at time 0 with what they planned for
+    initial = getattr(policy, "initial_replicas", None)
+    setup = replace(plan.setup, initial_replicas=initial) if initial else plan.setup
     result = run_policy(
         policy,
-        setup=plan.setup,
+        setup=setup,
         requests=plan.requests,
         ttft_slo_ms=plan.config.ttft_ms,
         itl_slo_ms=plan.config.itl_ms,
         flap_window_s=flap_window_s,
-        needs=plan.needs,
-        needs_window_s=ORACLE_WINDOW_S,
         advisory=effective.advisory,
         recorder=recorder,
         progress=Progress(policy_name) if progress else None,
     )
-    result.summary["startup_delay_s"] = plan.setup.startup_delay_s
-    result.summary["initial_replicas"] = plan.setup.initial_replicas
+    if references:
+        refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+        result.summary |= reference_summary(result.summary["gpu_hours"], refs)
+    result.summary["startup_delay_s"] = setup.startup_delay_s
+    result.summary["initial_replicas"] = setup.initial_replicas
     result.summary["engine"] = str(next(iter(plan.setup.specs.values())))
     if out_dir is not None:
         write_outputs(out_dir, result, config=effective, roles=tuple(plan.setup.specs))

@@ -168,10 +168,18 @@ def finite_or_none(value: float | None) -> float | None:
 
 def summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """A short text table of several policies' summaries (printed at the end of a run)."""
-    header = ("policy", "SLO both", "TTFT p99 ms", "ITL p99 ms", "GPU-h", "x oracle", "actions")
+    header = (
+        "policy",
+        "SLO both",
+        "TTFT p99 ms",
+        "ITL p99 ms",
+        "GPU-h",
+        "x oracle",
+        "x static",
+        "actions",
+    )
     lines = ["  ".join(f"{h:>12}" for h in header)]
     for s in rows:
-        ratio = s.get("gpu_hours_ratio_to_oracle")
         lines.append(
             "  ".join(
                 f"{v:>12}"
@@ -181,12 +189,17 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
                     _fmt(s["ttft_ms"]["p99"]),
                     _fmt(s["itl_ms"]["p99"]),
                     f"{s['gpu_hours']:.2f}",
-                    "-" if ratio is None else f"{ratio:.2f}",
+                    _ratio(s.get("gpu_hours_ratio_to_oracle")),
+                    _ratio(s.get("gpu_hours_ratio_to_best_static")),
                     sum(s["scale_actions"].values()),
                 )
             )
         )
     return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _fmt(value: float | None) -> str:

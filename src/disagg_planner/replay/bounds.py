@@ -1,0 +1,310 @@
+"""What a replay's GPU-hours are compared with: the feasible oracle, the cheapest static
+deployment that meets the SLO target, and the fluid bound.
+
+- **oracle** (:mod:`disagg_planner.replay.oracle`): the clairvoyant plan, run as a policy in
+  the same simulator with the same startup delay; its GPU-hours are metered by the runner
+  exactly as any policy's are.
+- **best static** (:mod:`disagg_planner.replay.best_static`): the cheapest fixed replicas
+  meeting the target, run as a policy likewise.
+- **fluid bound** (:func:`fluid_bound_gpu_hours`): the physical floor: every request's own
+  prompt and output served at the profile's best throughput per GPU, with no integral
+  replicas, no startup, no idle time. No policy can use fewer GPU-hours.
+
+:func:`compute_references` finds all three once per replay (several policies of one replay
+share them; the searches' results are also kept on disk under ``$PLANNER_REPLAY_CACHE`` when
+that is set, keyed by everything they depend on); :func:`reference_summary` turns them into
+the ``summary.json`` keys of one run, as ratios of that run's own ``gpu_hours``, so they
+follow whatever rule the runner meters GPU time by.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from disagg_planner.profiles import Profile
+from disagg_planner.replay.best_static import BestStatic, BestStaticPolicy, search_best_static
+from disagg_planner.replay.oracle import (
+    DEFAULT_SLO_TARGET,
+    FeasiblePlan,
+    OraclePolicy,
+    Slo,
+    WindowChoice,
+    WindowNeed,
+    plan_feasible,
+)
+from disagg_planner.replay.runner import ClusterSetup, run_policy
+from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.request import RequestLike
+
+if TYPE_CHECKING:
+    from disagg_planner.replay.session import ReplayPlan
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "PLANNER_REPLAY_CACHE"
+# Part of every cache key: bump it when the searches change what they find.
+SEARCH_VERSION = 1
+
+
+# --- the fluid bound ------------------------------------------------------------------------
+
+
+def fluid_bound_gpu_hours(
+    requests: Sequence[RequestLike], profile: Profile, *, ttft_ms: float, itl_ms: float
+) -> float:
+    """GPU-hours of serving every request at the profile's best throughput per GPU.
+
+    Prefill: a prompt of ``l`` tokens at the profiled tokens/s/GPU of its own length, or,
+    when higher, of any profiled length from ``l`` up to ``max_num_batched_tokens`` whose
+    TTFT meets the target (short prompts are batched together, and a batch of prompts costs
+    at most what one prompt of their total length does). Decode: ``o`` output tokens at the
+    highest tokens/s/GPU meeting the ITL target at the request's mean context ``l + o/2``
+    (the lowest-ITL point's where none does). Lengths outside the profile take its edge
+    values, which only lowers the bound for longer ones (their throughput falls with length).
+    """
+    if not requests:
+        return 0.0
+    isl = np.fromiter((r.input_length for r in requests), dtype=np.float64, count=len(requests))
+    osl = np.fromiter(
+        (max(1, r.output_length) for r in requests), dtype=np.float64, count=len(requests)
+    )
+    prefill_s = float(np.sum(isl / _best_prefill_thpt(profile, isl, ttft_ms)))
+    contexts, where = np.unique(isl + osl / 2.0, return_inverse=True)
+    best = profile.decode.find_best_many(itl_ms, contexts)
+    thpt = np.where(best.feasible, best.thpt_per_gpu, best.lowest_itl_thpt_per_gpu)
+    decode_s = float(np.sum(osl / thpt[where]))
+    return (prefill_s + decode_s) / 3600.0
+
+
+def _best_prefill_thpt(profile: Profile, isl: np.ndarray, ttft_ms: float) -> np.ndarray:
+    own = profile.prefill.thpt_per_gpu_many(isl)
+    manifest = profile.manifest
+    budget = manifest.prefill_engine.max_num_batched_tokens if manifest is not None else None
+    if budget is None:
+        return own
+    grid = np.unique(np.append(profile.prefill.data.isl, float(budget)))
+    grid = grid[grid <= budget]
+    thpt = np.where(profile.prefill.ttft_ms_many(grid) <= ttft_ms, 0.0, -np.inf)
+    thpt = thpt + profile.prefill.thpt_per_gpu_many(grid)
+    # the best over every grid length >= l: a running maximum from the long end
+    from_here = np.maximum.accumulate(thpt[::-1])[::-1]
+    i = np.searchsorted(grid, isl, side="left")
+    batched = np.where(i < grid.size, from_here[np.minimum(i, grid.size - 1)], -np.inf)
+    return np.maximum(own, batched)
+
+
+# --- the references of one replay -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """What the summary says about a reference run."""
+
+    gpu_hours: float
+    slo_attainment: float  # both targets
+
+    @classmethod
+    def of(cls, summary: Mapping[str, Any]) -> RunFigures:
+        return cls(float(summary["gpu_hours"]), float(summary["slo_attainment"]["both"]))
+
+
+@dataclass(frozen=True)
+class References:
+    slo: Slo
+    oracle_plan: FeasiblePlan
+    oracle_needs: list[WindowNeed]
+    oracle: RunFigures
+    best_static: BestStatic
+    best_static_run: RunFigures
+    fluid_bound_gpu_hours: float | None
+    wall_s: dict[str, float]
+
+    def oracle_policy(self, *, window_s: float, startup_delay_s: float) -> OraclePolicy:
+        return OraclePolicy(self.oracle_needs, window_s=window_s, startup_delay_s=startup_delay_s)
+
+    def best_static_policy(self) -> BestStaticPolicy:
+        return BestStaticPolicy(self.best_static.replicas)
+
+
+_MEMO: dict[str, References] = {}
+
+
+def compute_references(
+    plan: ReplayPlan,
+    *,
+    window_s: float,
+    target: float = DEFAULT_SLO_TARGET,
+    cache_dir: Path | None = None,
+) -> References:
+    """The oracle, best static and fluid bound of ``plan`` (see the module doc), once per
+    process for the same plan; the searches' results come from ``cache_dir`` (default
+    ``$PLANNER_REPLAY_CACHE``, none when unset) when they were found before."""
+    slo = Slo(plan.config.ttft_ms, plan.config.itl_ms, target)
+    setup = plan.setup
+    floors = {r: plan.config.min_endpoint_for(r) for r in setup.specs}
+    key = _fingerprint(plan.requests, setup, slo, window_s, floors)
+    memo_key = f"{key}:{float(setup.startup_delay_s)}"
+    if memo_key in _MEMO:
+        return _MEMO[memo_key]
+    if cache_dir is None and os.environ.get(CACHE_ENV):
+        cache_dir = Path(os.environ[CACHE_ENV])
+    cached = _load(cache_dir, key)
+    wall: dict[str, float] = {}
+
+    def build(counts: Mapping[str, int]) -> Cluster:
+        ready = dataclasses.replace(setup, initial_replicas=dict(counts), startup_delay_s=0.0)
+        return ready.build([])
+
+    t0 = time.perf_counter()
+    if cached is not None:
+        feasible, static = cached
+    else:
+        feasible = plan_feasible(
+            plan.requests,
+            estimate=plan.needs,
+            build=build,
+            window_s=window_s,
+            slo=slo,
+            floors=floors,
+        )
+        wall["oracle_plan"] = feasible.wall_s
+        peak = {r: max(w.replicas[r] for w in feasible.windows) for r in setup.specs}
+        static = search_best_static(plan.requests, build=build, upper=peak, lower=floors, slo=slo)
+        wall["best_static_search"] = static.wall_s
+        _store(cache_dir, key, feasible, static)
+    needs = feasible.needs(plan.needs)
+    oracle = OraclePolicy(needs, window_s=window_s, startup_delay_s=setup.startup_delay_s)
+    t1 = time.perf_counter()
+    oracle_run = _run(plan, oracle, oracle.initial_replicas)
+    wall["oracle_run"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    static_run = _run(plan, BestStaticPolicy(static.replicas), static.replicas)
+    wall["best_static_run"] = time.perf_counter() - t1
+    fluid = (
+        fluid_bound_gpu_hours(plan.requests, plan.profile, ttft_ms=slo.ttft_ms, itl_ms=slo.itl_ms)
+        if plan.profile is not None
+        else None
+    )
+    wall["total"] = time.perf_counter() - t0
+    log.info(
+        "references: oracle %s, best static %s (%s), in %s",
+        f"{oracle_run.gpu_hours:.3f} GPU-h at {oracle_run.slo_attainment:.2%}",
+        static.replicas,
+        f"{static_run.gpu_hours:.3f} GPU-h at {static_run.slo_attainment:.2%}",
+        ", ".join(f"{k} {v:.1f} s" for k, v in wall.items()),
+    )
+    refs = References(slo, feasible, needs, oracle_run, static, static_run, fluid, wall)
+    _MEMO[memo_key] = refs
+    return refs
+
+
+def _run(plan: ReplayPlan, policy: Any, initial: Mapping[str, int]) -> RunFigures:
+    result = run_policy(
+        policy,
+        setup=dataclasses.replace(plan.setup, initial_replicas=dict(initial)),
+        requests=plan.requests,
+        ttft_slo_ms=plan.config.ttft_ms,
+        itl_slo_ms=plan.config.itl_ms,
+        flap_window_s=600.0,
+    )
+    return RunFigures.of(result.summary)
+
+
+def reference_summary(gpu_hours: float, refs: References) -> dict[str, Any]:
+    """The ``summary.json`` keys comparing a run's ``gpu_hours`` with the references."""
+    fluid = refs.fluid_bound_gpu_hours
+    return {
+        "slo_target": refs.slo.target,
+        "oracle_gpu_hours": refs.oracle.gpu_hours,
+        "oracle_slo_attainment": refs.oracle.slo_attainment,
+        "gpu_hours_ratio_to_oracle": _ratio(gpu_hours, refs.oracle.gpu_hours),
+        "best_static": {
+            "replicas": refs.best_static.replicas,
+            "gpu_hours": refs.best_static_run.gpu_hours,
+            "slo_attainment": refs.best_static_run.slo_attainment,
+            "meets_target": refs.best_static.meets_target,
+        },
+        "gpu_hours_ratio_to_best_static": _ratio(gpu_hours, refs.best_static_run.gpu_hours),
+        "fluid_bound_gpu_hours": fluid,
+        "gpu_hours_ratio_to_fluid_bound": None if fluid is None else _ratio(gpu_hours, fluid),
+    }
+
+
+def _ratio(value: float, reference: float) -> float | None:
+    return value / reference if reference > 0 else None
+
+
+# --- the cache of the searches --------------------------------------------------------------
+
+
+def _fingerprint(
+    requests: Sequence[RequestLike],
+    setup: ClusterSetup,
+    slo: Slo,
+    window_s: float,
+    floors: Mapping[str, int],
+) -> str:
+    """Everything the searches depend on (not the startup delay: the plan orders replicas
+    one delay ahead, and a static deployment is ready at time 0)."""
+    digest = hashlib.sha256()
+    facts = {
+        "version": SEARCH_VERSION,
+        "mode": setup.mode,
+        "specs": {r: str(s) for r, s in setup.specs.items()},
+        "router": setup.router,
+        "seed": setup.seed,
+        "slo": dataclasses.asdict(slo),
+        "window_s": float(window_s),  # 60 and 60.0 are one window
+        "floors": dict(floors),
+    }
+    digest.update(json.dumps(facts, sort_keys=True).encode())
+    n = len(requests)
+    for column in (
+        np.fromiter((r.arrival_s for r in requests), dtype=np.float64, count=n),
+        np.fromiter((r.input_length for r in requests), dtype=np.int64, count=n),
+        np.fromiter((r.output_length for r in requests), dtype=np.int64, count=n),
+    ):
+        digest.update(column.tobytes())
+    for r in requests:
+        if r.hash_ids:
+            digest.update(repr(tuple(r.hash_ids)).encode())
+    return digest.hexdigest()[:32]
+
+
+def _load(cache_dir: Path | None, key: str) -> tuple[FeasiblePlan, BestStatic] | None:
+    if cache_dir is None:
+        return None
+    path = cache_dir / f"references-{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        plan = FeasiblePlan([WindowChoice(**w) for w in data["windows"]], data["plan_wall_s"])
+        static = BestStatic(data["best_static"]["replicas"], data["best_static"]["meets_target"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, or written by another version: search again
+    return plan, static
+
+
+def _store(cache_dir: Path | None, key: str, plan: FeasiblePlan, static: BestStatic) -> None:
+    if cache_dir is None:
+        return
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    data = {
+        "windows": [dataclasses.asdict(w) for w in plan.windows],
+        "plan_wall_s": plan.wall_s,
+        "best_static": {"replicas": static.replicas, "meets_target": static.meets_target},
+    }
+    # write then rename: parallel replays of one workload may store the same key at once
+    tmp = cache_dir / f".references-{key}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(cache_dir / f"references-{key}.json")

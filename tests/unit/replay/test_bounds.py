@@ -1,0 +1,116 @@
+"""The fluid bound: every request's own lengths at the profile's best throughput per GPU; no
+policy uses fewer GPU-hours. The summary's reference keys are ratios of the run's own
+GPU-hours; the searches behind them are found once and can be kept on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.profiles import Profile, load_profile, resolve_profile
+from disagg_planner.replay import bounds
+from disagg_planner.replay.bounds import compute_references, fluid_bound_gpu_hours
+from disagg_planner.replay.session import ORACLE_WINDOW_S, prepare, run
+from tests.unit.replay.test_oracle_plan import PROFILE, WORKLOADS, config, plan_for
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    return load_profile(resolve_profile(PROFILE))
+
+
+def one(isl: int, osl: int) -> list[TraceRequest]:
+    return [TraceRequest(arrival_s=0.0, input_length=isl, output_length=osl)]
+
+
+def test_a_lone_request_costs_its_own_work_at_the_profiled_throughput(profile: Profile) -> None:
+    # so tight a TTFT target that no batch of prompts meets it: the prompt's own throughput
+    isl, osl, itl = 3000, 200, 20.0
+    tight = profile.prefill.ttft_ms(100) / 2
+    decode = profile.decode.find_best_throughput_per_gpu(itl, isl + osl / 2)
+    assert decode.feasible
+    expected = (isl / profile.prefill.thpt_per_gpu(isl) + osl / decode.thpt_per_gpu) / 3600
+    got = fluid_bound_gpu_hours(one(isl, osl), profile, ttft_ms=tight, itl_ms=itl)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_short_prompts_are_costed_as_batched_where_the_ttft_target_allows(
+    profile: Profile,
+) -> None:
+    short = one(300, 1)
+    loose = fluid_bound_gpu_hours(short, profile, ttft_ms=5000, itl_ms=20)
+    tight = fluid_bound_gpu_hours(short, profile, ttft_ms=1, itl_ms=20)
+    assert loose < tight
+    # a prompt as long as the batch budget has nothing longer to be batched into
+    budget = profile.manifest.prefill_engine.max_num_batched_tokens  # type: ignore[union-attr]
+    full = one(budget, 1)
+    assert fluid_bound_gpu_hours(full, profile, ttft_ms=5000, itl_ms=20) == pytest.approx(
+        fluid_bound_gpu_hours(full, profile, ttft_ms=1, itl_ms=20), rel=1e-12
+    )
+
+
+def test_the_bound_adds_up_over_requests_and_loosens_with_the_itl_target(
+    profile: Profile,
+) -> None:
+    requests = [
+        TraceRequest(arrival_s=float(i), input_length=500 + 97 * i, output_length=50 + 13 * i)
+        for i in range(50)
+    ]
+    single = sum(fluid_bound_gpu_hours([r], profile, ttft_ms=500, itl_ms=20) for r in requests)
+    assert fluid_bound_gpu_hours(requests, profile, ttft_ms=500, itl_ms=20) == pytest.approx(
+        single, rel=1e-9
+    )
+    assert fluid_bound_gpu_hours(requests, profile, ttft_ms=500, itl_ms=60) < single
+    assert fluid_bound_gpu_hours([], profile, ttft_ms=500, itl_ms=20) == 0.0
+
+
+@pytest.mark.parametrize("name", [*WORKLOADS, "azure"])
+def test_every_policy_uses_at_least_the_fluid_bound(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    trace = request.getfixturevalue("azure_trace") if name == "azure" else None
+    plan = plan_for(name, trace)
+    refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+    fluid = refs.fluid_bound_gpu_hours
+    assert fluid is not None and fluid > 0
+    assert refs.oracle.gpu_hours >= fluid
+    assert refs.best_static_run.gpu_hours >= fluid
+    for policy in ("planner", "dynamo-default", "hpa"):
+        s = run(plan, policy, progress=False).summary
+        assert s["gpu_hours"] >= fluid, policy
+        assert s["fluid_bound_gpu_hours"] == fluid
+        assert s["gpu_hours_ratio_to_fluid_bound"] == pytest.approx(s["gpu_hours"] / fluid)
+        assert s["gpu_hours_ratio_to_oracle"] == pytest.approx(
+            s["gpu_hours"] / refs.oracle.gpu_hours
+        )
+        assert s["gpu_hours_ratio_to_best_static"] == pytest.approx(
+            s["gpu_hours"] / s["best_static"]["gpu_hours"]
+        )
+        assert s["best_static"]["replicas"] == refs.best_static.replicas
+
+
+def test_the_searches_are_kept_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workload = WORKLOADS["step"]
+    plan = prepare(config(ttft_ms=400), workload, startup_delay_s=90)
+    first = compute_references(plan, window_s=ORACLE_WINDOW_S, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("references-*.json"))) == 1
+    monkeypatch.setattr(bounds, "_MEMO", {})
+
+    def no_search(*_a: object, **_k: object) -> None:
+        raise AssertionError("searched again")
+
+    monkeypatch.setattr(bounds, "plan_feasible", no_search)
+    monkeypatch.setattr(bounds, "search_best_static", no_search)
+    again = compute_references(plan, window_s=ORACLE_WINDOW_S, cache_dir=tmp_path)
+    assert compute_references(plan, window_s=60, cache_dir=tmp_path) is again  # 60 s is 60.0
+    assert again.oracle_plan.windows == first.oracle_plan.windows
+    assert again.best_static.replicas == first.best_static.replicas
+    # the runs are not cached: they are metered by the runner's rule of the day
+    assert again.oracle == first.oracle
+    assert again.best_static_run == first.best_static_run
+    # another target is another search
+    other = prepare(config(ttft_ms=300), workload, startup_delay_s=90)
+    with pytest.raises(AssertionError, match="searched again"):
+        compute_references(other, window_s=ORACLE_WINDOW_S, cache_dir=tmp_path)
