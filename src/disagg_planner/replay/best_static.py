@@ -2,10 +2,14 @@
 autoscaler with first.
 
 A static policy keeps the same replicas from time 0 (ready then, as a deployment sized in
-advance is) to the end. The search simulates the whole trace for each candidate, dropping it
-as soon as more requests have missed than the target allows (misses only accumulate, so the
-verdict is exact, and an undersized candidate usually fails at its first peak, long before
-the trace ends). Meeting the target is taken as monotone in each role's replicas:
+advance is) to the end. A candidate *qualifies* when it meets the target over the requests
+some deployment can serve (:class:`disagg_planner.replay.oracle.LoneLimits`: those that miss
+even alone on an idle cluster, and those rejected on arrival, are left out; on most traces
+there are none, and qualifying is meeting the target). The search simulates the whole trace
+for each candidate, dropping it as soon as more requests have missed than that allows (misses
+only accumulate, so the verdict is exact, and an undersized candidate usually fails at its
+first peak, long before the trace ends). Qualifying is taken as monotone in each role's
+replicas:
 
 1. ``upper``, every window's need of the oracle plan at once (each window met the target with
    those counts or fewer), is checked first; while it misses, the role whose target is
@@ -14,8 +18,8 @@ the trace ends). Meeting the target is taken as monotone in each role's replicas
    that meet the target; then, with that prefill, the fewest decode replicas (for an
    aggregated deployment, one binary search on its one role).
 
-Each step keeps a candidate known to meet the target, so the result does (or, when nothing up
-to the limit meets it, is the largest tried, marked ``meets_target=False``). Holding one role
+Each step keeps a candidate known to qualify, so the result does (or, when nothing up to the
+limit does, is the largest tried, marked ``qualifies=False``). Holding one role
 generous while searching the other can miss a cheaper trade between the two; with prefill
 and decode engines of the same GPU count such trades cost the same.
 """
@@ -27,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from disagg_planner.replay.oracle import ClusterFactory, MissTally, Slo
+from disagg_planner.replay.oracle import ClusterFactory, LoneLimits, MissTally, Slo
 from disagg_planner.replay.policies import StaticPolicy
 from disagg_planner.simulator import oracle as probes
 from disagg_planner.simulator.request import RequestLike, RequestRecord
@@ -38,14 +42,14 @@ GROWTH_LIMIT = 4
 @dataclass(frozen=True)
 class StaticTrial:
     replicas: dict[str, int]
-    meets_target: bool
-    misses: int  # all of them when it meets the target; when dropped, those until then
+    qualifies: bool
+    misses: int  # all of them (rejections apart) when it qualifies; when dropped, until then
 
 
 @dataclass(frozen=True)
 class BestStatic:
     replicas: dict[str, int]
-    meets_target: bool
+    qualifies: bool
     trials: list[StaticTrial] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -56,6 +60,7 @@ class _Search:
     build: ClusterFactory
     roles: tuple[str, ...]
     slo: Slo
+    limits: LoneLimits
     trials: dict[tuple[int, ...], StaticTrial] = field(default_factory=dict)
     tallies: dict[tuple[int, ...], MissTally] = field(default_factory=dict)
 
@@ -63,23 +68,23 @@ class _Search:
         known = self.trials.get(counts)
         if known is None:
             known = self.trials[counts] = self._run(counts)
-        return known.meets_target
+        return known.qualifies
 
     def _run(self, counts: tuple[int, ...]) -> StaticTrial:
         replicas = dict(zip(self.roles, counts, strict=True))
         cluster = self.build(replicas)
         cluster.submit(self.requests)
-        allowed = self.slo.allowed_misses(len(self.requests))
-        tally = self.tallies[counts] = MissTally(self.slo)
+        n = len(self.requests)
+        unservable = self.limits.unservable_count(self.requests)
+        tally = self.tallies[counts] = MissTally(self.slo, self.limits)
 
         def over(records: Sequence[RequestRecord]) -> bool:
             tally.add(records)
-            return tally.misses + tally.rejected > allowed
+            return tally.misses > tally.allowance(n, unservable)
 
         # steps of a minute: a check costs a pass over the engines, a drop comes soon enough
         dropped = probes.run_watched(cluster, math.inf, over, step_s=60.0)
-        misses = tally.misses + tally.rejected
-        return StaticTrial(replicas, not dropped, misses)
+        return StaticTrial(replicas, not dropped, tally.misses)
 
     def smallest(self, counts: tuple[int, ...], i: int, low: int) -> tuple[int, ...]:
         """Fewest replicas of role ``i`` (at least ``low``) meeting the target, the other
@@ -105,14 +110,17 @@ def search_best_static(
     upper: Mapping[str, int],
     lower: Mapping[str, int],
     slo: Slo,
+    limits: LoneLimits | None = None,
     growth_limit: int = GROWTH_LIMIT,
 ) -> BestStatic:
-    """The cheapest static replicas meeting ``slo`` (see the module doc). ``build`` makes a
-    cluster ready with the given replicas at time 0; ``upper`` is where the search starts
-    (e.g. the oracle plan's peak), ``lower`` the fewest replicas a role may have."""
+    """The cheapest static replicas qualifying for ``slo`` (see the module doc). ``build``
+    makes a cluster ready with the given replicas at time 0; ``upper`` is where the search
+    starts (e.g. the oracle plan's peak), ``lower`` the fewest replicas a role may have;
+    ``limits`` from :func:`disagg_planner.replay.oracle.lone_limits` (none: every request
+    counts as servable)."""
     wall0 = time.perf_counter()
     roles = tuple(upper)
-    search = _Search(requests, build, roles, slo)
+    search = _Search(requests, build, roles, slo, limits or LoneLimits())
     counts = tuple(max(1, lower.get(r, 1), upper[r]) for r in roles)
     limit = tuple(growth_limit * c for c in counts)
     while not search.meets(counts):
@@ -133,7 +141,7 @@ def search_best_static(
 def _result(search: _Search, counts: tuple[int, ...], wall0: float) -> BestStatic:
     return BestStatic(
         replicas=dict(zip(search.roles, counts, strict=True)),
-        meets_target=search.meets(counts),
+        qualifies=search.meets(counts),
         trials=list(search.trials.values()),
         wall_s=time.perf_counter() - wall0,
     )

@@ -6,6 +6,11 @@ deployment that meets the SLO target, and the fluid bound.
   exactly as any policy's are.
 - **best static** (:mod:`disagg_planner.replay.best_static`): the cheapest fixed replicas
   meeting the target, run as a policy likewise.
+- Both searches hold the target over the requests some deployment can serve: a request that
+  misses even alone on an idle cluster (a prompt whose own prefill outlasts the TTFT target)
+  is left to miss, and counted as ``unservable_requests``; where there is one, the best
+  static deployment may qualify without meeting the target over all requests
+  (``best_static.qualifies`` and ``best_static.meets_target`` say which).
 - **fluid bound** (:func:`fluid_bound_gpu_hours`): the physical floor: every request's own
   prompt and output served at the profile's best throughput per GPU, with no integral
   replicas, no startup, no idle time. No policy can use fewer GPU-hours.
@@ -37,10 +42,12 @@ from disagg_planner.replay.best_static import BestStatic, BestStaticPolicy, sear
 from disagg_planner.replay.oracle import (
     DEFAULT_SLO_TARGET,
     FeasiblePlan,
+    LoneLimits,
     OraclePolicy,
     Slo,
     WindowChoice,
     WindowNeed,
+    lone_limits,
     plan_feasible,
 )
 from disagg_planner.replay.runner import ClusterSetup, run_policy
@@ -54,7 +61,7 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "PLANNER_REPLAY_CACHE"
 # Part of every cache key: bump it when the searches change what they find.
-SEARCH_VERSION = 1
+SEARCH_VERSION = 2
 
 
 # --- the fluid bound ------------------------------------------------------------------------
@@ -122,6 +129,8 @@ class RunFigures:
 @dataclass(frozen=True)
 class References:
     slo: Slo
+    limits: LoneLimits
+    unservable: int  # requests that miss even alone on an idle cluster
     oracle_plan: FeasiblePlan
     oracle_needs: list[WindowNeed]
     oracle: RunFigures
@@ -167,6 +176,8 @@ def compute_references(
         return ready.build([])
 
     t0 = time.perf_counter()
+    limits = lone_limits(plan.requests, build=build, roles=tuple(setup.specs), slo=slo)
+    wall["lone_limits"] = time.perf_counter() - t0
     if cached is not None:
         feasible, static = cached
     else:
@@ -177,10 +188,13 @@ def compute_references(
             window_s=window_s,
             slo=slo,
             floors=floors,
+            limits=limits,
         )
         wall["oracle_plan"] = feasible.wall_s
         peak = {r: max(w.replicas[r] for w in feasible.windows) for r in setup.specs}
-        static = search_best_static(plan.requests, build=build, upper=peak, lower=floors, slo=slo)
+        static = search_best_static(
+            plan.requests, build=build, upper=peak, lower=floors, slo=slo, limits=limits
+        )
         wall["best_static_search"] = static.wall_s
         _store(cache_dir, key, feasible, static)
     needs = feasible.needs(plan.needs)
@@ -204,7 +218,10 @@ def compute_references(
         f"{static_run.gpu_hours:.3f} GPU-h at {static_run.slo_attainment:.2%}",
         ", ".join(f"{k} {v:.1f} s" for k, v in wall.items()),
     )
-    refs = References(slo, feasible, needs, oracle_run, static, static_run, fluid, wall)
+    unservable = limits.unservable_count(plan.requests)
+    refs = References(
+        slo, limits, unservable, feasible, needs, oracle_run, static, static_run, fluid, wall
+    )
     _MEMO[memo_key] = refs
     return refs
 
@@ -226,6 +243,7 @@ def reference_summary(gpu_hours: float, refs: References) -> dict[str, Any]:
     fluid = refs.fluid_bound_gpu_hours
     return {
         "slo_target": refs.slo.target,
+        "unservable_requests": refs.unservable,
         "oracle_gpu_hours": refs.oracle.gpu_hours,
         "oracle_slo_attainment": refs.oracle.slo_attainment,
         "gpu_hours_ratio_to_oracle": _ratio(gpu_hours, refs.oracle.gpu_hours),
@@ -233,7 +251,9 @@ def reference_summary(gpu_hours: float, refs: References) -> dict[str, Any]:
             "replicas": refs.best_static.replicas,
             "gpu_hours": refs.best_static_run.gpu_hours,
             "slo_attainment": refs.best_static_run.slo_attainment,
-            "meets_target": refs.best_static.meets_target,
+            "meets_target": refs.best_static_run.slo_attainment >= refs.slo.target,
+            # the target held over the requests some deployment can serve
+            "qualifies": refs.best_static.qualifies,
         },
         "gpu_hours_ratio_to_best_static": _ratio(gpu_hours, refs.best_static_run.gpu_hours),
         "fluid_bound_gpu_hours": fluid,
@@ -289,7 +309,7 @@ def _load(cache_dir: Path | None, key: str) -> tuple[FeasiblePlan, BestStatic] |
     try:
         data = json.loads(path.read_text())
         plan = FeasiblePlan([WindowChoice(**w) for w in data["windows"]], data["plan_wall_s"])
-        static = BestStatic(data["best_static"]["replicas"], data["best_static"]["meets_target"])
+        static = BestStatic(data["best_static"]["replicas"], data["best_static"]["qualifies"])
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent, or written by another version: search again
     return plan, static
@@ -302,7 +322,7 @@ def _store(cache_dir: Path | None, key: str, plan: FeasiblePlan, static: BestSta
     data = {
         "windows": [dataclasses.asdict(w) for w in plan.windows],
         "plan_wall_s": plan.wall_s,
-        "best_static": {"replicas": static.replicas, "meets_target": static.meets_target},
+        "best_static": {"replicas": static.replicas, "qualifies": static.qualifies},
     }
     # write then rename: parallel replays of one workload may store the same key at once
     tmp = cache_dir / f".references-{key}.{os.getpid()}.tmp"

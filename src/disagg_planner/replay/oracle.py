@@ -15,10 +15,12 @@ on a second copy, to the end of every request arrived so far. The misses it *add
 misses predicted then over every request arrived so far, minus those predicted when the
 previous window was chosen (so a candidate that lets the carried backlog wait longer pays for
 it, and a request already late when the window starts does not count against it). It may add
-at most ``floor((1 - target) * n)`` misses for the window's ``n`` requests, or serve every
-request but those rejected on arrival, which no replica count serves. A candidate is dropped
-as soon as it has added more than that, so most rejected candidates cost a fraction of a
-window. The chosen candidate's cluster at the window's end starts the next window.
+at most ``floor((1 - target) * n)`` misses for the window's ``n`` servable requests, plus its
+unservable ones (:class:`LoneLimits`: a prompt too long to meet the TTFT target, or a context
+too long to meet the ITL target, even alone on an idle cluster, misses at any replica count;
+a request rejected on arrival is not counted at all). A candidate is dropped as soon as it has
+added more than that, so most rejected candidates cost a fraction of a window. The chosen
+candidate's cluster at the window's end starts the next window.
 
 :class:`OraclePolicy` runs the plan in the replay simulator like any policy: at time ``t`` it
 holds the largest need over every window that ``[t, t + startup_delay]`` touches, so a
@@ -37,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.replay.policies import PolicyStep
 from disagg_planner.simulator import oracle as capacity_model
 from disagg_planner.simulator.cluster import Cluster
@@ -58,7 +61,7 @@ class Slo:
     target: float = DEFAULT_SLO_TARGET
 
     def allowed_misses(self, n: int) -> int:
-        """Misses ``n`` requests may have and still meet the target."""
+        """Misses ``n`` (servable) requests may have and still meet the target."""
         return math.floor((1.0 - self.target) * n + 1e-9)
 
     def met(self, record: RequestRecord) -> bool:
@@ -177,15 +180,90 @@ def plan_needs(
     return needs
 
 
+@dataclass(frozen=True)
+class LoneLimits:
+    """The longest prompt that meets the TTFT target and the longest context (prompt plus
+    output) that meets the ITL target when the request is served alone on an idle cluster
+    (``math.inf``: every request of the trace does). A longer request misses at any replica
+    count, so the searches do not chase it: they hold the SLO target over the others."""
+
+    max_isl: float = math.inf
+    max_context: float = math.inf
+
+    def servable(self, isl: int, osl: int) -> bool:
+        return isl <= self.max_isl and isl + osl <= self.max_context
+
+    def unservable_count(self, requests: Iterable[RequestLike]) -> int:
+        return sum(1 for r in requests if not self.servable(r.input_length, r.output_length))
+
+
+def lone_limits(
+    requests: Sequence[RequestLike], *, build: ClusterFactory, roles: Sequence[str], slo: Slo
+) -> LoneLimits:
+    """:class:`LoneLimits` of ``requests``, by simulating single requests: the lone TTFT
+    grows with the prompt and the lone ITL with the context, so a binary search over the
+    trace's lengths finds each limit (the ITL one at the output length of the trace's
+    longest-context request)."""
+    if not requests:
+        return LoneLimits()
+
+    def alone(isl: int, osl: int) -> RequestRecord:
+        cluster = build(dict.fromkeys(roles, 1))
+        cluster.submit([TraceRequest(arrival_s=0.0, input_length=isl, output_length=osl)])
+        cluster.run_until(math.inf)
+        return cluster.records[-1]
+
+    def ttft_ok(isl: int) -> bool:
+        r = alone(isl, 2)
+        return r.ok and r.ttft_ms is not None and r.ttft_ms <= slo.ttft_ms
+
+    max_isl = _largest(ttft_ok, max(r.input_length for r in requests))
+    longest = max(
+        (r for r in requests if r.input_length <= max_isl and r.output_length > 1),
+        key=lambda r: r.input_length + r.output_length,
+        default=None,
+    )
+    if longest is None:
+        return LoneLimits(max_isl=max_isl)
+    osl = longest.output_length
+
+    def itl_ok(context: int) -> bool:
+        r = alone(context - osl, osl)
+        return r.ok and (r.itl_ms is None or r.itl_ms <= slo.itl_ms)
+
+    high = longest.input_length + osl
+    max_context = _largest(itl_ok, high, low=osl + 1)
+    return LoneLimits(max_isl=max_isl, max_context=max_context)
+
+
+def _largest(ok: Callable[[int], bool], high: int, *, low: int = 1) -> float:
+    """The largest ``n`` in ``[low, high]`` with ``ok(n)`` (monotone: true, then false);
+    ``inf`` when ``ok(high)``, ``low - 1`` when not even ``ok(low)``."""
+    if ok(high):
+        return math.inf
+    if not ok(low):
+        return float(low - 1)
+    good, bad = low, high
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return float(good)
+
+
 @dataclass
 class MissTally:
     """Misses among finished requests, by kind; requests rejected on arrival apart."""
 
     slo: Slo
+    limits: LoneLimits = field(default_factory=LoneLimits)
     misses: int = 0  # requests served late (or failed after arrival)
     ttft_misses: int = 0
     itl_misses: int = 0
     rejected: int = 0
+    rejected_unservable: int = 0
 
     def add(self, records: Iterable[RequestRecord]) -> None:
         for r in records:
@@ -193,12 +271,20 @@ class MissTally:
                 continue
             if capacity_model.rejected_on_arrival(r):
                 self.rejected += 1
+                self.rejected_unservable += not self.limits.servable(r.isl, r.osl)
                 continue
             self.misses += 1
             if r.ttft_ms is None or r.ttft_ms > self.slo.ttft_ms:
                 self.ttft_misses += 1
             if r.itl_ms is not None and r.itl_ms > self.slo.itl_ms:
                 self.itl_misses += 1
+
+    def allowance(self, n: int, unservable: int) -> int:
+        """Misses (rejections apart) ``n`` requests with ``unservable`` of them may have:
+        every unservable one served, and the target's share of the servable others. It only
+        shrinks as rejections appear, so a count over it is over it for good."""
+        late = unservable - self.rejected_unservable  # unservable, served, so a miss
+        return late + self.slo.allowed_misses(n - late - self.rejected)
 
 
 @dataclass
@@ -238,6 +324,7 @@ class WindowChoice:
     replicas: dict[str, int]
     added_misses: int
     allowed_misses: int
+    unservable: int  # requests no replica count serves within the targets
     trials: int
     met: bool  # False: no count tried qualified (the window is infeasible, or saturated)
 
@@ -270,6 +357,7 @@ class _Window:
     roles: tuple[str, ...]
     finished_misses: int  # among requests finished before the window starts
     predicted_misses: int  # predicted, when the previous window was chosen
+    limits: LoneLimits
     trials: dict[tuple[int, ...], _Trial] = field(default_factory=dict)
     runs: int = 0
 
@@ -287,14 +375,15 @@ class _Window:
         for role, n in zip(self.roles, counts, strict=True):
             cluster.set_replicas(role, n)
         cluster.submit(self.requests)
-        base_allowed = self.slo.allowed_misses(len(self.requests))
-        tally = MissTally(self.slo)
+        n = len(self.requests)
+        unservable = self.limits.unservable_count(self.requests)
+        tally = MissTally(self.slo, self.limits)
         carried = self.finished_misses - self.predicted_misses
 
         def over(records: Sequence[RequestRecord]) -> bool:
             tally.add(records)
-            # exact: misses only grow, and the allowance only shrinks as rejections appear
-            return stop_early and carried + tally.misses > max(base_allowed - tally.rejected, 0)
+            # exact: misses only grow, and the allowance only shrinks
+            return stop_early and carried + tally.misses > tally.allowance(n, unservable)
 
         stopped = capacity_model.run_watched(cluster, self.end_s, over)
         finished = self.finished_misses + tally.misses
@@ -306,7 +395,7 @@ class _Window:
             counts,
             complete=not stopped,
             added=carried + tally.misses,
-            allowed=max(base_allowed - tally.rejected, 0),
+            allowed=tally.allowance(n, unservable),
             stopped_s=drain.now if stopped else math.inf,
             tally=tally,
             state=None if stopped else cluster,
@@ -379,10 +468,12 @@ def plan_feasible(
     window_s: float,
     slo: Slo,
     floors: Mapping[str, int],
+    limits: LoneLimits | None = None,
 ) -> FeasiblePlan:
     """The oracle's plan: per window, the fewest replicas that meet ``slo`` in simulation
     (see the module doc). ``requests`` sorted by arrival; ``estimate`` from
-    :func:`plan_needs` (one entry per window, the search's starting point)."""
+    :func:`plan_needs` (one entry per window, the search's starting point); ``limits``
+    from :func:`lone_limits` (none: every request counts as servable)."""
     wall0 = time.perf_counter()
     roles = tuple(estimate[0].replicas)
     lower = tuple(max(1, floors.get(r, 0)) for r in roles)
@@ -397,7 +488,9 @@ def plan_feasible(
         last = k == n - 1
         hi = len(arrivals) if last else bisect.bisect_left(arrivals, (k + 1) * window_s)
         end = max((k + 1) * window_s, arrivals[-1] if last else 0.0)
-        window = _Window(base, requests[lo:hi], end, slo, roles, finished, predicted)
+        window = _Window(
+            base, requests[lo:hi], end, slo, roles, finished, predicted, limits or LoneLimits()
+        )
         start = tuple(max(m, guess.replicas[r]) for m, r in zip(lower, roles, strict=True))
         cap = tuple(4 * s + 8 for s in start)
         chosen = _search_window(window, start, lower, cap)
@@ -412,6 +505,7 @@ def plan_feasible(
                 replicas=dict(zip(roles, chosen.counts, strict=True)),
                 added_misses=chosen.added,
                 allowed_misses=chosen.allowed,
+                unservable=(limits or LoneLimits()).unservable_count(window.requests),
                 trials=window.runs,
                 met=chosen.ok,
             )

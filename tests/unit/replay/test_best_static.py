@@ -44,7 +44,7 @@ def test_the_best_static_meets_the_target_and_one_replica_fewer_does_not(
 ) -> None:
     refs = compute_references(step, window_s=ORACLE_WINDOW_S)
     best = refs.best_static
-    assert best.meets_target
+    assert best.qualifies
     assert static_attainment(step, best.replicas) == refs.best_static_run.slo_attainment
     assert refs.best_static_run.slo_attainment >= refs.slo.target
     for role, n in best.replicas.items():
@@ -57,7 +57,7 @@ def test_the_best_static_meets_the_target_and_one_replica_fewer_does_not(
 def test_undersized_candidates_are_dropped_early(step: ReplayPlan) -> None:
     best = compute_references(step, window_s=ORACLE_WINDOW_S).best_static
     allowed = Slo(step.config.ttft_ms, step.config.itl_ms).allowed_misses(len(step.requests))
-    failed = [t for t in best.trials if not t.meets_target]
+    failed = [t for t in best.trials if not t.qualifies]
     assert failed
     # dropped once over the allowance, not run to the end with every miss counted
     assert all(allowed < t.misses < len(step.requests) / 2 for t in failed)
@@ -78,9 +78,9 @@ def test_a_target_nothing_meets_reports_the_largest_tried(step: ReplayPlan) -> N
         slo=impossible,
         growth_limit=2,
     )
-    assert not best.meets_target
+    assert not best.qualifies
     assert best.replicas == {"prefill": 2, "decode": 2}
-    assert all(not t.meets_target for t in best.trials)
+    assert all(not t.qualifies for t in best.trials)
 
 
 def test_cli_runs_best_static(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
