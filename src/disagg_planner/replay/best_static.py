@@ -12,14 +12,17 @@ first peak, long before the trace ends). Qualifying is taken as monotone in each
 replicas:
 
 1. ``upper``, every window's need of the oracle plan at once (each window met the target with
-   those counts or fewer), is checked first; while it misses, the role whose target is
-   missed more grows by a quarter (at least one), up to ``growth_limit`` times ``upper``;
-2. with decode held at that upper count, a binary search finds the fewest prefill replicas
-   that meet the target; then, with that prefill, the fewest decode replicas (for an
-   aggregated deployment, one binary search on its one role).
+   those counts or fewer), is presumed to qualify: with decode held there, a binary search
+   finds the fewest prefill replicas that qualify; then, with that prefill, the fewest
+   decode replicas (for an aggregated deployment, one binary search on its one role);
+2. the result is simulated unless it already was (it is ``upper`` itself only when every
+   smaller count failed); when it does not qualify, the role whose target is missed more
+   grows by a quarter (at least one), up to ``growth_limit`` times ``upper``, and the search
+   starts again from there.
 
-Each step keeps a candidate known to qualify, so the result does (or, when nothing up to the
-limit does, is the largest tried, marked ``qualifies=False``). Holding one role
+The result qualifies (or, when nothing up to the limit does, is the largest tried, marked
+``qualifies=False``). Presuming ``upper`` saves simulating it in full where a smaller count
+qualifies, which is the rule. Holding one role
 generous while searching the other can miss a cheaper trade between the two; with prefill
 and decode engines of the same GPU count such trades cost the same.
 """
@@ -87,8 +90,8 @@ class _Search:
         return StaticTrial(replicas, not dropped, tally.misses)
 
     def smallest(self, counts: tuple[int, ...], i: int, low: int) -> tuple[int, ...]:
-        """Fewest replicas of role ``i`` (at least ``low``) meeting the target, the other
-        roles as in ``counts``, which meets it."""
+        """Fewest replicas of role ``i`` (at least ``low``) that qualify, the other roles as
+        in ``counts``, which is presumed to (and returned unchecked when nothing less does)."""
         bad, good = low - 1, counts[i]
         while good - bad > 1:
             mid = (bad + good) // 2
@@ -123,7 +126,11 @@ def search_best_static(
     search = _Search(requests, build, roles, slo, limits or LoneLimits())
     counts = tuple(max(1, lower.get(r, 1), upper[r]) for r in roles)
     limit = tuple(growth_limit * c for c in counts)
-    while not search.meets(counts):
+    while True:
+        for i, role in enumerate(roles):
+            counts = search.smallest(counts, i, max(1, lower.get(role, 1)))
+        if search.meets(counts):
+            return _result(search, counts, wall0)
         tally = search.tallies[counts]
         grow = 1 if len(roles) == 2 and tally.itl_misses > tally.ttft_misses else 0
         order = [grow] + [i for i in range(len(roles)) if i != grow]
@@ -133,9 +140,6 @@ def search_best_static(
                 break
         else:
             return _result(search, counts, wall0)
-    for i, role in enumerate(roles):
-        counts = search.smallest(counts, i, max(1, lower.get(role, 1)))
-    return _result(search, counts, wall0)
 
 
 def _result(search: _Search, counts: tuple[int, ...], wall0: float) -> BestStatic:

@@ -15,7 +15,9 @@ on a second copy, to the end of every request arrived so far. The misses it *add
 misses predicted then over every request arrived so far, minus those predicted when the
 previous window was chosen (so a candidate that lets the carried backlog wait longer pays for
 it, and a request already late when the window starts does not count against it). It may add
-at most ``floor((1 - target) * n)`` misses for the window's ``n`` servable requests, plus its
+at most ``floor((1 - target) * n)`` misses for the window's ``n`` servable requests, plus the
+misses earlier windows were allowed and did not add (the target holds over the whole trace,
+as a static deployment's does: a burst may spend what a quiet minute saved), plus its
 unservable ones (:class:`LoneLimits`: a prompt too long to meet the TTFT target, or a context
 too long to meet the ITL target, even alone on an idle cluster, misses at any replica count;
 a request rejected on arrival is not counted at all). A candidate is dropped as soon as it has
@@ -358,6 +360,7 @@ class _Window:
     finished_misses: int  # among requests finished before the window starts
     predicted_misses: int  # predicted, when the previous window was chosen
     limits: LoneLimits
+    slack: int  # misses earlier windows were allowed and did not add
     trials: dict[tuple[int, ...], _Trial] = field(default_factory=dict)
     runs: int = 0
 
@@ -379,11 +382,12 @@ class _Window:
         unservable = self.limits.unservable_count(self.requests)
         tally = MissTally(self.slo, self.limits)
         carried = self.finished_misses - self.predicted_misses
+        slack = self.slack
 
         def over(records: Sequence[RequestRecord]) -> bool:
             tally.add(records)
             # exact: misses only grow, and the allowance only shrinks
-            return stop_early and carried + tally.misses > tally.allowance(n, unservable)
+            return stop_early and carried + tally.misses > tally.allowance(n, unservable) + slack
 
         stopped = capacity_model.run_watched(cluster, self.end_s, over)
         finished = self.finished_misses + tally.misses
@@ -395,7 +399,7 @@ class _Window:
             counts,
             complete=not stopped,
             added=carried + tally.misses,
-            allowed=tally.allowance(n, unservable),
+            allowed=tally.allowance(n, unservable) + slack,
             stopped_s=drain.now if stopped else math.inf,
             tally=tally,
             state=None if stopped else cluster,
@@ -481,22 +485,22 @@ def plan_feasible(
     n = len(estimate)
     first = tuple(max(lo, estimate[0].replicas[r]) for lo, r in zip(lower, roles, strict=True))
     base = build(dict(zip(roles, first, strict=True)))
-    finished = predicted = 0
+    finished = predicted = slack = 0
+    limits = limits or LoneLimits()
     choices: list[WindowChoice] = []
     for k, guess in enumerate(estimate):
         lo = bisect.bisect_left(arrivals, k * window_s) if k else 0
         last = k == n - 1
         hi = len(arrivals) if last else bisect.bisect_left(arrivals, (k + 1) * window_s)
         end = max((k + 1) * window_s, arrivals[-1] if last else 0.0)
-        window = _Window(
-            base, requests[lo:hi], end, slo, roles, finished, predicted, limits or LoneLimits()
-        )
+        window = _Window(base, requests[lo:hi], end, slo, roles, finished, predicted, limits, slack)
         start = tuple(max(m, guess.replicas[r]) for m, r in zip(lower, roles, strict=True))
         cap = tuple(4 * s + 8 for s in start)
         chosen = _search_window(window, start, lower, cap)
         assert chosen.state is not None
         base = chosen.state
         finished, predicted = chosen.finished_misses, chosen.predicted_misses
+        slack = max(0, chosen.allowed - chosen.added)
         choices.append(
             WindowChoice(
                 start_s=k * window_s,
@@ -505,7 +509,7 @@ def plan_feasible(
                 replicas=dict(zip(roles, chosen.counts, strict=True)),
                 added_misses=chosen.added,
                 allowed_misses=chosen.allowed,
-                unservable=(limits or LoneLimits()).unservable_count(window.requests),
+                unservable=limits.unservable_count(window.requests),
                 trials=window.runs,
                 met=chosen.ok,
             )

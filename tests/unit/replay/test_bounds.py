@@ -4,6 +4,8 @@ GPU-hours; the searches behind them are found once and can be kept on disk."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.profiles import Profile, load_profile, resolve_profile
 from disagg_planner.replay import bounds
 from disagg_planner.replay.bounds import compute_references, fluid_bound_gpu_hours
-from disagg_planner.replay.session import ORACLE_WINDOW_S, prepare, run
+from disagg_planner.replay.oracle import OraclePolicy
+from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, prepare, run
 from tests.unit.replay.test_oracle_plan import PROFILE, WORKLOADS, config, plan_for
 
 
@@ -114,3 +117,31 @@ def test_the_searches_are_kept_on_disk(tmp_path: Path, monkeypatch: pytest.Monke
     other = prepare(config(ttft_ms=300), workload, startup_delay_s=90)
     with pytest.raises(AssertionError, match="searched again"):
         compute_references(other, window_s=ORACLE_WINDOW_S, cache_dir=tmp_path)
+
+
+def test_where_the_window_plan_costs_more_the_oracle_is_the_best_static(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = plan_for("step")
+    monkeypatch.setattr(bounds, "_MEMO", {})
+    honest = bounds._run
+
+    def dearer_windows(
+        plan: ReplayPlan, policy: object, initial: Mapping[str, int]
+    ) -> bounds.RunFigures:
+        figures = honest(plan, policy, initial)
+        if isinstance(policy, OraclePolicy):
+            return replace(figures, gpu_hours=figures.gpu_hours * 10)
+        return figures
+
+    monkeypatch.setattr(bounds, "_run", dearer_windows)
+    refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+    assert refs.oracle_source == "best-static"
+    assert refs.oracle == refs.best_static_run
+    assert refs.window_plan_run.gpu_hours > refs.best_static_run.gpu_hours
+    assert all(n.replicas == refs.best_static.replicas for n in refs.oracle_needs)
+    # run as a policy, that plan is the static deployment's run
+    monkeypatch.setattr(bounds, "_run", honest)
+    s = run(plan, "oracle", progress=False).summary
+    assert s["gpu_hours"] == refs.best_static_run.gpu_hours
+    assert s["oracle_plan"] == "best-static" and s["gpu_hours_ratio_to_oracle"] == 1.0
