@@ -10,7 +10,8 @@ from typing import Any
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.errors import SpecError
-from disagg_planner.replay.session import WorkloadSpec, prepare, run_many
+from disagg_planner.replay.parallel import available_cores, resolve_jobs, run_policies
+from disagg_planner.replay.session import WorkloadSpec, prepare
 from disagg_planner.replay.summary import summary_table
 
 # With no arguments: a workload generated from facts measured from the first 20 minutes of
@@ -88,14 +89,26 @@ def register(sub: Any) -> None:
         "plan) or best-static (the cheapest fixed replicas meeting the SLO target); repeat to "
         "compare several (outputs go to OUTDIR/<policy>/).",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="Run several --policy values in N parallel processes (default: the number of "
+        f"cores, {available_cores()} here); the outputs do not depend on N.",
+    )
     parser.add_argument("-o", "--output-dir", default="replay-out", help="Output directory.")
     parser.add_argument("--json", action="store_true", help="Print the summaries as JSON.")
-    parser.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="No progress bar (it is drawn on stderr only when that is a terminal).",
+    )
     add_config_arguments(parser)
     parser.set_defaults(handler=_replay)
 
 
 def _replay(args: argparse.Namespace) -> int:
+    jobs = resolve_jobs(args.jobs)  # refused before any work
     flags = config_flags(args)
     no_workload = not (args.trace or args.workload)
     if no_workload:
@@ -129,8 +142,12 @@ def _replay(args: argparse.Namespace) -> int:
         router=args.router,
     )
     out_dir = Path(args.output_dir)
-    results = run_many(
-        plan, args.policy or ["planner"], out_dir=out_dir, progress=not args.no_progress
+    results = run_policies(
+        plan,
+        args.policy or ["planner"],
+        out_dir=out_dir,
+        jobs=jobs,
+        progress=not args.no_progress,
     )
     summaries = [r.summary for r in results]
     if args.json:

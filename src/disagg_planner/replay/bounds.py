@@ -167,7 +167,7 @@ def compute_references(
     setup = plan.setup
     floors = {r: plan.config.min_endpoint_for(r) for r in setup.specs}
     key = _fingerprint(plan.requests, setup, slo, window_s, floors)
-    memo_key = f"{key}:{float(setup.startup_delay_s)}"
+    memo_key = _memo_key(key, setup)
     if memo_key in _MEMO:
         return _MEMO[memo_key]
     if cache_dir is None and os.environ.get(CACHE_ENV):
@@ -253,6 +253,26 @@ def compute_references(
     )
     _MEMO[memo_key] = refs
     return refs
+
+
+def _memo_key(fingerprint: str, setup: ClusterSetup) -> str:
+    return f"{fingerprint}:{float(setup.startup_delay_s)}"
+
+
+def references_key(plan: ReplayPlan, *, window_s: float, target: float = DEFAULT_SLO_TARGET) -> str:
+    """What :func:`compute_references` keys the references of ``plan`` by: two plans with
+    one key have the same references."""
+    slo = Slo(plan.config.ttft_ms, plan.config.itl_ms, target)
+    floors = {r: plan.config.min_endpoint_for(r) for r in plan.setup.specs}
+    fingerprint = _fingerprint(plan.requests, plan.setup, slo, window_s, floors)
+    return _memo_key(fingerprint, plan.setup)
+
+
+def adopt_references(key: str, refs: References) -> None:
+    """Make ``refs``, found for :func:`references_key` ``key`` in another process, what
+    :func:`compute_references` returns for that key in this one (parallel replays find the
+    references once and hand them to the processes running the policies)."""
+    _MEMO[key] = refs
 
 
 def _run(plan: ReplayPlan, policy: Any, initial: Mapping[str, int]) -> RunFigures:

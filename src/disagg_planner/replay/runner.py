@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import math
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,8 +40,6 @@ from disagg_planner.runtime.observation import engine_queues
 from disagg_planner.simulator.cluster import Cluster, Replica
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.request import RequestLike
-
-log = logging.getLogger(__name__)
 
 # How long after the last arrival a replay waits for its backlog to clear; a policy that has
 # not served every request by then has its unfinished requests counted as failed.
@@ -335,30 +330,6 @@ def engine_spec_for_profile(profile: Profile) -> str:
         return spec
     shape = manifest.decode_engine if manifest.decode_engine.tp > 1 else manifest.engine
     return f"sim:{manifest.model}@{manifest.gpu}:tp{shape.tp}"
-
-
-class Progress:
-    """A one-line progress bar on a terminal, or a log line every 10 % elsewhere."""
-
-    def __init__(self, label: str, *, stream: Any = sys.stderr) -> None:
-        self.label = label
-        self.stream = stream
-        self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self._last_decile = -1
-
-    def __call__(self, now_s: float, horizon_s: float) -> None:
-        frac = min(1.0, now_s / horizon_s) if horizon_s > 0 else 1.0
-        if self.tty:
-            bar = "#" * int(frac * 30)
-            self.stream.write(f"\r{self.label:<16} [{bar:<30}] {frac:6.1%}")
-            if frac >= 1.0:
-                self.stream.write("\n")
-            self.stream.flush()
-            return
-        decile = math.floor(frac * 10)
-        if decile != self._last_decile:
-            self._last_decile = decile
-            log.info("%s: %d%% (simulated %.0f s)", self.label, decile * 10, now_s)
 
 
 def write_outputs(

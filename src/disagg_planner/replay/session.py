@@ -4,7 +4,7 @@ simulated cluster, write the outputs. Used by ``planner replay`` and the scoreca
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,6 @@ from disagg_planner.replay.oracle import WindowNeed, initial_replicas, plan_need
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
 from disagg_planner.replay.runner import (
     ClusterSetup,
-    Progress,
     ReplayResult,
     engine_spec_for_profile,
     run_policy,
@@ -205,14 +204,16 @@ def run(
     policy_name: str,
     *,
     out_dir: Path | None = None,
-    progress: bool = True,
+    progress: bool | Callable[[float, float], None] = True,
     write_report: bool = True,
     references: bool = True,
     flap_window_s: float = FLAP_WINDOW_S,
 ) -> ReplayResult:
     """Run one policy of ``plan``; with ``out_dir``, write its files there. With
     ``references``, the summary compares it with the oracle, the best static deployment and
-    the fluid bound (:mod:`disagg_planner.replay.bounds`; found once per plan)."""
+    the fluid bound (:mod:`disagg_planner.replay.bounds`; found once per plan). ``progress``:
+    a bar on a terminal (True), none (False), or what the runner reports its simulated time
+    to (several policies: :func:`disagg_planner.replay.parallel.run_policies`)."""
     from disagg_planner.replay.runner import write_outputs
 
     policy, cfg = make_policy(policy_name, plan)
@@ -239,7 +240,7 @@ def run(
         flap_window_s=flap_window_s,
         advisory=effective.advisory,
         recorder=recorder,
-        progress=Progress(policy_name) if progress else None,
+        progress=_progress_callback(progress, plan),
     )
     if references:
         refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
@@ -256,25 +257,22 @@ def run(
     return result
 
 
-def run_many(
-    plan: ReplayPlan,
-    policies: Sequence[str],
-    *,
-    out_dir: Path | None,
-    progress: bool = True,
-    on_done: Callable[[ReplayResult], None] | None = None,
-) -> list[ReplayResult]:
-    results = []
-    for name in policies:
-        sub = None
-        if out_dir is not None:
-            sub = out_dir if len(policies) == 1 else out_dir / _dirname(name)
-        result = run(plan, name, out_dir=sub, progress=progress)
-        results.append(result)
-        if on_done is not None:
-            on_done(result)
-    return results
+def _progress_callback(
+    progress: bool | Callable[[float, float], None], plan: ReplayPlan
+) -> Callable[[float, float], None] | None:
+    if progress is False:
+        return None
+    if progress is True:
+        # imported here: the parallel runner imports this module
+        from disagg_planner.replay.parallel import RunProgress
 
+        bar = RunProgress(1, max(r.arrival_s for r in plan.requests))
 
-def _dirname(policy: str) -> str:
-    return policy.replace(":", "-").replace(",", "-")
+        def report(now_s: float, span_s: float) -> None:
+            bar.update(0, now_s)
+            if now_s >= span_s:  # the runner's last report
+                bar.finish(0)
+                bar.close()
+
+        return report
+    return progress

@@ -1,0 +1,233 @@
+"""Several policies of one replay, in parallel processes, with one progress bar.
+
+The references every summary compares with (the oracle, the best static deployment, the fluid
+bound: :mod:`disagg_planner.replay.bounds`) are found once, in this process, before any
+policy runs; each worker process is handed them with the plan, so the policies it runs do
+not search again. Every policy runs exactly as :func:`disagg_planner.replay.session.run`
+runs it alone, so its outputs do not depend on ``jobs`` (the simulator is deterministic for
+a seed; only ``wall_s`` differs).
+
+The bar counts simulated seconds over all policies (each policy's span is its last
+arrival), with an ETA from the rate so far; it is drawn on stderr only when that is a
+terminal, and nothing is written otherwise.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from disagg_planner.errors import SpecError
+from disagg_planner.replay.bounds import adopt_references, compute_references, references_key
+from disagg_planner.replay.runner import ReplayResult
+from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, run
+
+BAR_WIDTH = 30
+# A redraw at most this often (s): a policy reports progress at every decision instant.
+REDRAW_S = 0.2
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the OS says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_jobs(jobs: int | None, *, flag: str = "--jobs") -> int:
+    """``jobs`` checked (None: the number of cores)."""
+    if jobs is None:
+        return available_cores()
+    if jobs < 1:
+        raise SpecError(f"{flag} {jobs}: expected a number of parallel processes, 1 or more")
+    return jobs
+
+
+def render_progress(
+    done_s: float, total_s: float, elapsed_s: float, *, finished: int, runs: int
+) -> str:
+    """One line: runs finished, a bar of simulated seconds done over all runs, the share
+    done, the wall time so far and the time left at the rate so far."""
+    frac = min(1.0, done_s / total_s) if total_s > 0 else 1.0
+    bar = "#" * int(frac * BAR_WIDTH)
+    if frac >= 1.0:
+        eta = "0:00"
+    elif done_s > 0 and elapsed_s > 0:
+        eta = _clock(elapsed_s * (total_s - done_s) / done_s)
+    else:
+        eta = "--:--"
+    return (
+        f"replay {finished}/{runs} done [{bar:<{BAR_WIDTH}}] {frac:6.1%} "
+        f"elapsed {_clock(elapsed_s)} ETA {eta}"
+    )
+
+
+def _clock(seconds: float) -> str:
+    whole = int(max(0.0, seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class RunProgress:
+    """The progress of ``runs`` simulations of ``span_s`` simulated seconds each."""
+
+    def __init__(
+        self,
+        runs: int,
+        span_s: float,
+        *,
+        stream: TextIO | None = None,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        # a terminal only: in a log or a pipe, carriage returns are noise
+        self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.runs = runs
+        self.span_s = span_s
+        self.clock = clock
+        self.started = clock()
+        self.done_s = [0.0] * runs
+        self.finished = 0
+        self._drawn_at = -math.inf
+
+    def note(self, text: str) -> None:
+        """A line above the bar (on a terminal only)."""
+        if self.enabled:
+            self.stream.write(f"\r\x1b[K{text}\n")
+            self.stream.flush()
+            self._drawn_at = -math.inf
+
+    def update(self, run: int, now_s: float) -> None:
+        self.done_s[run] = min(self.span_s, max(self.done_s[run], now_s))
+        self._draw()
+
+    def finish(self, run: int) -> None:
+        self.done_s[run] = self.span_s
+        self.finished += 1
+        self._draw(force=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._draw(force=True)
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def callback(self, run: int) -> Callable[[float, float], None]:
+        """What :func:`disagg_planner.replay.runner.run_policy` reports run ``run`` to."""
+        return lambda now_s, _span_s: self.update(run, now_s)
+
+    def _draw(self, *, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = self.clock()
+        if not force and now - self._drawn_at < REDRAW_S:
+            return
+        self._drawn_at = now
+        line = render_progress(
+            sum(self.done_s),
+            self.span_s * self.runs,
+            now - self.started,
+            finished=self.finished,
+            runs=self.runs,
+        )
+        self.stream.write(f"\r{line}")
+        self.stream.flush()
+
+
+def output_dir_for(out_dir: Path, policy: str, policies: Sequence[str]) -> Path:
+    """Where one policy's files go: ``out_dir`` itself for a single policy."""
+    if len(policies) == 1:
+        return out_dir
+    return out_dir / policy.replace(":", "-").replace(",", "-")
+
+
+def run_policies(
+    plan: ReplayPlan,
+    policies: Sequence[str],
+    *,
+    out_dir: Path | None,
+    jobs: int | None = 1,
+    progress: bool = True,
+    stream: TextIO | None = None,
+) -> list[ReplayResult]:
+    """Run ``policies`` on ``plan`` in up to ``jobs`` processes (None: one per core), in
+    the order given; with ``out_dir``, each writes its files there (see
+    :func:`output_dir_for`). ``progress``: the bar (on a terminal)."""
+    workers = min(resolve_jobs(jobs), len(policies))
+    span = max(r.arrival_s for r in plan.requests)
+    bar = RunProgress(len(policies), span, stream=stream, enabled=progress)
+    bar.note("finding the references (oracle plan, best static deployment, fluid bound)")
+    refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+    dirs = [None if out_dir is None else output_dir_for(out_dir, p, policies) for p in policies]
+    if workers == 1:
+        results = []
+        for i, name in enumerate(policies):
+            results.append(run(plan, name, out_dir=dirs[i], progress=bar.callback(i)))
+            bar.finish(i)
+        bar.close()
+        return results
+    context = multiprocessing.get_context()
+    reports = context.SimpleQueue()
+    key = references_key(plan, window_s=ORACLE_WINDOW_S)
+    pending: dict[concurrent.futures.Future[ReplayResult], int] = {}
+    by_index: dict[int, ReplayResult] = {}
+    with concurrent.futures.ProcessPoolExecutor(
+        workers,
+        mp_context=context,
+        initializer=_install,
+        initargs=(plan, key, refs, reports),
+    ) as pool:
+        for i, name in enumerate(policies):
+            pending[pool.submit(_run_in_worker, i, name, dirs[i])] = i
+        while pending:
+            done, _ = concurrent.futures.wait(pending, timeout=REDRAW_S)
+            _drain(reports, bar)
+            for future in done:
+                i = pending.pop(future)
+                by_index[i] = future.result()
+                bar.finish(i)
+    bar.close()
+    return [by_index[i] for i in range(len(policies))]
+
+
+def _drain(reports: Any, bar: RunProgress) -> None:
+    latest: dict[int, float] = {}
+    while not reports.empty():
+        run_index, now_s = reports.get()
+        latest[run_index] = now_s
+    for run_index, now_s in latest.items():
+        bar.update(run_index, now_s)
+
+
+# --- in the worker processes ---------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _install(plan: ReplayPlan, key: str, refs: Any, reports: Any) -> None:
+    adopt_references(key, refs)
+    _WORKER.update(plan=plan, reports=reports)
+
+
+def _run_in_worker(index: int, name: str, out_dir: Path | None) -> ReplayResult:
+    reports = _WORKER["reports"]
+    step = 0.005 * max(r.arrival_s for r in _WORKER["plan"].requests)
+    last = [-math.inf]
+
+    def report(now_s: float, _span_s: float) -> None:
+        # every half per cent: the parent redraws a few times a second at most anyway
+        if now_s - last[0] >= step:
+            last[0] = now_s
+            reports.put((index, now_s))
+
+    return run(_WORKER["plan"], name, out_dir=out_dir, progress=report)
