@@ -1,0 +1,107 @@
+"""The scorecard's table and its per-workload check of issue 16's conditions: the oracle meets
+the SLO target wherever best-static does and costs no more; every policy uses at least the
+fluid bound. Each says held or VIOLATED, with the figures it compared."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import pickle
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from disagg_planner.replay.session import WorkloadSpec
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "scorecard.py"
+
+
+@pytest.fixture(scope="module")
+def scorecard() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("scorecard_under_test", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rows(scorecard: ModuleType) -> list[dict[str, Any]]:
+    scenario = scorecard.Scenario(
+        "small step",
+        WorkloadSpec(workload="step:rates=4/20/4,at=200/400,duration=600,isl=2000,osl=200"),
+        400,
+        20,
+        "a short burst",
+    )
+    # handed between processes as the scorecard does
+    found = pickle.loads(pickle.dumps(scorecard._references((scenario, 60.0))))
+    return [
+        scorecard._run_one((scenario, p, {}, 60.0, found))
+        for p in ("static-peak", "planner", "best-static", "oracle")
+    ]
+
+
+def test_the_table_has_every_ratio(scorecard: ModuleType, rows: list[dict[str, Any]]) -> None:
+    table = scorecard.markdown(rows).splitlines()
+    assert "| x oracle | x best-static | x fluid | actions | flaps |" in table[0]
+    fluid = rows[0]["fluid_bound_gpu_hours"]
+    for s, line in zip(rows, table[2:], strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[5] == f"{s['gpu_hours']:.2f}"
+        assert cells[6] == f"{s['gpu_hours'] / s['oracle_gpu_hours']:.2f}"
+        assert cells[7] == f"{s['gpu_hours'] / s['best_static']['gpu_hours']:.2f}"
+        assert cells[8] == f"{s['gpu_hours'] / fluid:.2f}"
+
+
+def test_the_conditions_hold_on_a_burst(scorecard: ModuleType, rows: list[dict[str, Any]]) -> None:
+    (line,) = scorecard.conditions(rows)
+    assert line.startswith("- **small step**")
+    assert line.count("held") == 3 and "VIOLATED" not in line
+    oracle = next(s for s in rows if s["label"] == "oracle")
+    best = next(s for s in rows if s["label"] == "best-static")
+    assert best["slo_attainment"]["both"] >= best["slo_target"]
+    assert oracle["slo_attainment"]["both"] >= oracle["slo_target"]
+    assert oracle["gpu_hours"] <= best["gpu_hours"]
+
+
+def test_a_violation_is_reported_with_its_figures(
+    scorecard: ModuleType, rows: list[dict[str, Any]]
+) -> None:
+    worse = copy.deepcopy(rows)
+    static = worse[0]["best_static"]
+    worse[0]["oracle_gpu_hours"] = static["gpu_hours"] * 1.5
+    worse[0]["oracle_slo_attainment"] = 0.9
+    worse[1]["gpu_hours"] = worse[0]["fluid_bound_gpu_hours"] / 2
+    (line,) = scorecard.conditions(worse)
+    assert line.count("VIOLATED") == 3
+    assert "oracle 90.00% >= 99.00%" in line
+    assert f"oracle {static['gpu_hours'] * 1.5:.3f} <= best-static" in line
+    assert f"below it: {worse[1]['policy']}" in line
+
+
+def test_where_best_static_meets_the_target_only_over_the_servable(
+    scorecard: ModuleType, rows: list[dict[str, Any]]
+) -> None:
+    servable = copy.deepcopy(rows)
+    n = servable[0]["requests"]
+    servable[0]["unservable_requests"] = n // 20
+    servable[0]["best_static"] |= {"meets_target": False, "slo_attainment": 0.95}
+    servable[0]["oracle_slo_attainment"] = 0.945
+    (line,) = scorecard.conditions(servable)
+    bar = 0.99 * (n - n // 20) / n
+    assert f"held: oracle 94.50% >= {bar:.2%}" in line
+    assert f"over the {n - n // 20} servable of {n}" in line
+
+
+def test_fewer_than_one_job_is_refused(
+    scorecard: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        scorecard.main(["--jobs", "0"])
+    assert exit_.value.code == 2
+    assert "--jobs 0: expected a number of parallel processes" in capsys.readouterr().err

@@ -1,0 +1,129 @@
+"""Several policies in parallel processes give the outputs they give one after the other; the
+progress bar is drawn only on a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from disagg_planner.cli.main import main
+from disagg_planner.errors import SpecError
+from disagg_planner.replay.parallel import (
+    BAR_WIDTH,
+    RunProgress,
+    available_cores,
+    render_progress,
+    resolve_jobs,
+)
+
+WORKLOAD = "step:rates=3/12,at=120,duration=300,isl=2000,osl=200"
+POLICIES = ("planner", "hpa", "static:1,1", "oracle")
+
+
+def replay(out: Path, jobs: int) -> int:
+    argv = [
+        "replay",
+        "--workload",
+        WORKLOAD,
+        "--profile",
+        "h200_sxm/vllm/llama-3.1-8b-fp8/tp1",
+        "--ttft",
+        "300",
+        "--itl",
+        "20",
+        "--jobs",
+        str(jobs),
+        "-o",
+        str(out),
+    ]
+    for policy in POLICIES:
+        argv += ["--policy", policy]
+    return main(argv)
+
+
+def test_parallel_policies_write_what_sequential_ones_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert replay(tmp_path / "one", 1) == 0
+    sequential = capsys.readouterr()
+    assert replay(tmp_path / "two", 2) == 0
+    parallel = capsys.readouterr()
+    for policy in ("planner", "hpa", "static-1-1", "oracle"):
+        one = json.loads((tmp_path / "one" / policy / "summary.json").read_text())
+        two = json.loads((tmp_path / "two" / policy / "summary.json").read_text())
+        assert one.pop("wall_s") > 0 and two.pop("wall_s") > 0
+        assert one == two, policy
+        for name in ("requests.csv", "timeline.csv"):
+            first = (tmp_path / "one" / policy / name).read_bytes()
+            assert first == (tmp_path / "two" / policy / name).read_bytes(), (policy, name)
+    # the table lists the policies in the order given, with the same figures
+    assert sequential.out == parallel.out.replace(str(tmp_path / "two"), str(tmp_path / "one"))
+    # stderr is not a terminal here: no progress bar
+    assert "ETA" not in sequential.err + parallel.err
+
+
+@pytest.mark.parametrize("jobs", [0, -2])
+def test_fewer_than_one_job_is_refused(
+    jobs: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert replay(tmp_path, jobs) != 0
+    err = capsys.readouterr().err
+    assert f"--jobs {jobs}" in err and "1 or more" in err
+    assert not any(tmp_path.iterdir())  # refused before any work
+    with pytest.raises(SpecError, match="--jobs 0"):
+        resolve_jobs(0)
+
+
+def test_the_default_is_one_process_per_core() -> None:
+    assert resolve_jobs(None) == available_cores() >= 1
+    assert resolve_jobs(3) == 3
+
+
+def test_the_line_shows_the_share_done_and_the_time_left_at_the_rate_so_far() -> None:
+    start = render_progress(0.0, 600.0, 0.0, finished=0, runs=2)
+    assert "0/2 done" in start and "0.0%" in start and "ETA --:--" in start
+    half = render_progress(300.0, 600.0, 40.0, finished=1, runs=2)
+    assert f"[{'#' * (BAR_WIDTH // 2):<{BAR_WIDTH}}]" in half
+    assert "50.0%" in half and "elapsed 0:40" in half and "ETA 0:40" in half
+    late = render_progress(100.0, 4000.0, 100.0, finished=0, runs=4)
+    assert "ETA 1:05:00" in late  # 3900 s at 1 simulated s per wall s
+    done = render_progress(600.0, 600.0, 75.0, finished=2, runs=2)
+    assert "2/2 done" in done and "100.0%" in done and "ETA 0:00" in done
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def drive(bar: RunProgress, clock: list[float]) -> None:
+    bar.note("finding the references")
+    for t in (0.0, 0.05, 0.1, 0.5):
+        clock[0] = t
+        bar.update(0, 100.0 * t)
+    bar.finish(0)
+    bar.update(1, 60.0)
+    bar.finish(1)
+    bar.close()
+
+
+def test_the_bar_is_drawn_on_a_terminal_only() -> None:
+    clock = [0.0]
+    quiet = io.StringIO()
+    drive(RunProgress(2, 100.0, stream=quiet, clock=lambda: clock[0]), clock)
+    assert quiet.getvalue() == ""
+    off = Terminal()
+    drive(RunProgress(2, 100.0, stream=off, enabled=False, clock=lambda: clock[0]), clock)
+    assert off.getvalue() == ""
+    terminal = Terminal()
+    drive(RunProgress(2, 100.0, stream=terminal, clock=lambda: clock[0]), clock)
+    text = terminal.getvalue()
+    assert text.startswith("\r\x1b[Kfinding the references\n")
+    assert text.endswith("\n")
+    lines = [line for line in text.split("\r") if line.startswith("replay")]
+    # redrawn at most every REDRAW_S, and at every finished run
+    assert len(lines) < 8
+    assert "2/2 done" in lines[-1] and "100.0%" in lines[-1]
