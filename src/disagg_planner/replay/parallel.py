@@ -52,16 +52,24 @@ def resolve_jobs(jobs: int | None, *, flag: str = "--jobs") -> int:
 
 
 def render_progress(
-    done_s: float, total_s: float, elapsed_s: float, *, finished: int, runs: int
+    done_s: float,
+    total_s: float,
+    elapsed_s: float,
+    *,
+    finished: int,
+    runs: int,
+    simulating_s: float | None = None,
 ) -> str:
     """One line: runs finished, a bar of simulated seconds done over all runs, the share
-    done, the wall time so far and the time left at the rate so far."""
+    done, the wall time so far and the time left at the rate so far (over
+    ``simulating_s``, the wall time since the simulations began, when given)."""
     frac = min(1.0, done_s / total_s) if total_s > 0 else 1.0
     bar = "#" * int(frac * BAR_WIDTH)
+    busy = elapsed_s if simulating_s is None else simulating_s
     if frac >= 1.0:
         eta = "0:00"
-    elif done_s > 0 and elapsed_s > 0:
-        eta = _clock(elapsed_s * (total_s - done_s) / done_s)
+    elif done_s > 0 and busy > 0:
+        eta = _clock(busy * (total_s - done_s) / done_s)
     else:
         eta = "--:--"
     return (
@@ -96,6 +104,7 @@ class RunProgress:
         self.span_s = span_s
         self.clock = clock
         self.started = clock()
+        self.simulating_from: float | None = None  # the first report of a simulation
         self.done_s = [0.0] * runs
         self.finished = 0
         self._drawn_at = -math.inf
@@ -108,6 +117,9 @@ class RunProgress:
             self._drawn_at = -math.inf
 
     def update(self, run: int, now_s: float) -> None:
+        if self.simulating_from is None:
+            # the rate is that of the simulations: finding the references took time before
+            self.simulating_from = self.clock()
         self.done_s[run] = min(self.span_s, max(self.done_s[run], now_s))
         self._draw()
 
@@ -139,6 +151,7 @@ class RunProgress:
             now - self.started,
             finished=self.finished,
             runs=self.runs,
+            simulating_s=None if self.simulating_from is None else now - self.simulating_from,
         )
         self.stream.write(f"\r{line}")
         self.stream.flush()

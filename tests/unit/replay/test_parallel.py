@@ -90,6 +90,9 @@ def test_the_line_shows_the_share_done_and_the_time_left_at_the_rate_so_far() ->
     assert "50.0%" in half and "elapsed 0:40" in half and "ETA 0:40" in half
     late = render_progress(100.0, 4000.0, 100.0, finished=0, runs=4)
     assert "ETA 1:05:00" in late  # 3900 s at 1 simulated s per wall s
+    # the rate is that of the simulations, not of the search before them
+    searched = render_progress(300.0, 600.0, 100.0, finished=1, runs=2, simulating_s=40.0)
+    assert "elapsed 1:40" in searched and "ETA 0:40" in searched
     done = render_progress(600.0, 600.0, 75.0, finished=2, runs=2)
     assert "2/2 done" in done and "100.0%" in done and "ETA 0:00" in done
 
