@@ -27,7 +27,7 @@ from typing import Any, TextIO
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.bounds import adopt_references, compute_references, references_key
 from disagg_planner.replay.runner import ReplayResult
-from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, run
+from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, make_policy, run
 
 BAR_WIDTH = 30
 # A redraw at most this often (s): a policy reports progress at every decision instant.
@@ -177,6 +177,9 @@ def run_policies(
     the order given; with ``out_dir``, each writes its files there (see
     :func:`output_dir_for`). ``progress``: the bar (on a terminal)."""
     workers = min(resolve_jobs(jobs), len(policies))
+    for name in policies:
+        if name not in ("oracle", "best-static"):  # those two are the references' searches
+            make_policy(name, plan)  # a bad name refused before minutes of searching
     span = max(r.arrival_s for r in plan.requests)
     bar = RunProgress(len(policies), span, stream=stream, enabled=progress)
     bar.note("finding the references (oracle plan, best static deployment, fluid bound)")

@@ -130,3 +130,19 @@ def test_the_bar_is_drawn_on_a_terminal_only() -> None:
     # redrawn at most every REDRAW_S, and at every finished run
     assert len(lines) < 8
     assert "2/2 done" in lines[-1] and "100.0%" in lines[-1]
+
+
+def test_a_bad_policy_name_is_refused_before_the_searches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from disagg_planner.replay import parallel
+
+    def no_search(*_a: object, **_k: object) -> None:
+        raise AssertionError("searched first")
+
+    monkeypatch.setattr(parallel, "compute_references", no_search)
+    profile = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
+    argv = ["replay", "--workload", WORKLOAD, "--profile", profile, "-o", str(tmp_path)]
+    code = main([*argv, "--policy", "planner", "--policy", "bogus"])
+    assert code != 0
+    assert "unknown policy 'bogus'" in capsys.readouterr().err
