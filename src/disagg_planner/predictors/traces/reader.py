@@ -16,7 +16,8 @@ A bad row raises :class:`TraceError` naming the file and line, or, with
 
 A trace argument ``servegen:DIR[,key=value...]`` is not a file of requests but ServeGen's
 per-window client descriptions: the requests are generated from them (``servegen.py``) and
-come out through the same iterator, counters and errors.
+come out through the same iterator, counters and errors; their times count from the
+``start=`` of the span, not from its first request (idle windows there are part of the load).
 """
 
 from __future__ import annotations
@@ -208,7 +209,12 @@ class TraceReader(Iterator[TraceRequest]):
                 yield path, line, row
 
     def _generate(self) -> Iterator[TraceRequest]:
-        origin = self._earliest() if self.format == "dynamo" else None
+        origin: float | None = None
+        if self.format == "dynamo":
+            origin = self._earliest()
+        elif self._servegen is not None:
+            # Generated times already count from start=: idle windows there are traffic too.
+            origin = 0.0
         for path, line, row in self._all_rows():
             if row is None:
                 continue

@@ -18,6 +18,9 @@ A trace argument ``servegen:DIR[,key=value...]`` replays that model's traffic:
   arrival rate of what is replayed (after ``speedup``) is R requests per second;
 - ``seed=N``: the seed of every draw (default 0); the same options give the same requests.
 
+Arrival times count from ``start`` (divided by ``speedup``), so windows where the chosen
+clients are idle keep their place in the day.
+
 Each window's request count is its rate x 600 s x K, rounded at random to a whole number
 (exact in expectation); the arrivals are that many draws of the fitted law, rescaled to fill
 the window (the fitted scale is not in seconds), so burstiness within a window is the fitted
