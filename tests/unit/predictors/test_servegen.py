@@ -56,7 +56,7 @@ def test_window_counts_follow_the_described_rates(servegen_m_large: Path) -> Non
     # Each window's count is its expectation rounded at random: off by less than one each.
     assert abs(len(got) - expected) < len(windows)
     arrivals = [r.arrival_s for r in got]
-    assert arrivals == sorted(arrivals) and 0 <= arrivals[0] and arrivals[-1] < 6 * 3600
+    assert arrivals == sorted(arrivals) and arrivals[0] >= 0 and arrivals[-1] < 6 * 3600
     # Time counts from start=, idle windows included (the client is idle at 1d).
     assert rates[DAY] == 0 and arrivals[0] > 600
     per_window = [sum(1 for t in arrivals if i * 600 <= t < (i + 1) * 600) for i in range(36)]
@@ -221,7 +221,7 @@ def test_bad_options_are_named(tmp_path: Path, options: str, message: str) -> No
 
 def test_a_folder_without_the_prefix_or_lengths(tmp_path: Path) -> None:
     folder = folder_with(tmp_path, [GOOD_ROW], None)
-    with pytest.raises(TraceError, match="ServeGen client descriptions .* pass servegen:"):
+    with pytest.raises(TraceError, match=r"ServeGen client descriptions .* pass servegen:"):
         read_trace(folder)
     with pytest.raises(TraceError, match="no client in this folder has a chunk-<client>-dataset"):
         read_trace(f"servegen:{folder}")
