@@ -172,11 +172,17 @@ def _positive(text: str, field: str, what: str = "a number") -> float:
 
 
 def _range(text: str, field: str, *, seconds: bool) -> tuple[float, float]:
-    """``A-B`` (or one value ``A`` for A-A): durations when ``seconds``, else numbers > 0."""
+    """``A-B`` (or one value ``A`` for A-A) with 0 < A <= B: durations when ``seconds``."""
     parts = text.split("-")
     if len(parts) > 2:
         raise WorkloadError(f"{field}={text!r}: expected LOW-HIGH, e.g. {field}=1m-5m")
-    values = [parse_duration(p, field=field) if seconds else _positive(p, field) for p in parts]
+    try:
+        values = [parse_seconds(p) if seconds else float(p) for p in parts]
+    except ValueError:
+        values = [math.nan]
+    if not all(math.isfinite(v) for v in values):
+        what = "durations, e.g. 1m-5m" if seconds else "numbers, e.g. 5-10"
+        raise WorkloadError(f"{field}={text!r}: expected LOW-HIGH {what}")
     lo, hi = values[0], values[-1]
     if lo <= 0 or hi < lo:
         raise WorkloadError(f"{field}={text!r}: expected 0 < LOW <= HIGH")
