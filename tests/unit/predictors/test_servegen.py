@@ -227,3 +227,34 @@ def test_a_folder_without_the_prefix_or_lengths(tmp_path: Path) -> None:
         read_trace(f"servegen:{folder}")
     with pytest.raises(TraceError, match="no such directory"):
         read_trace(f"servegen:{folder / 'nowhere'}")
+
+
+def test_the_pool_mixes_per_request_by_the_members_requests(tmp_path: Path) -> None:
+    # Clients 1 and 2 have lengths (100 and 900 tokens), client 2 sending three times the
+    # requests of client 1; client 3 has none: each of its requests draws from the pool.
+    def client(name: str, rate: float, isl: int | None) -> None:
+        (tmp_path / f"chunk-{name}-trace.csv").write_text(f"0,{rate},1.0,Gamma,1.0,0.5\n")
+        if isl is not None:
+            pmfs = {"input_tokens": f"{{{isl}: 1.0}}", "output_tokens": "{5: 1.0}"}
+            (tmp_path / f"chunk-{name}-dataset.json").write_text(json.dumps({"0": pmfs}))
+
+    client("1", 1.0, 100)
+    client("2", 3.0, 900)
+    client("3", 4.0, None)
+    got = requests(f"servegen:{tmp_path},clients=3")
+    assert len(got) == 2400
+    share = sum(1 for r in got if r.input_length == 900) / len(got)
+    assert {r.input_length for r in got} == {100, 900}
+    assert share == pytest.approx(0.75, abs=0.03)
+
+
+def test_an_empty_block_takes_the_pool(tmp_path: Path) -> None:
+    # Real files have them (m-large chunk-104 at 0 s: "{}"): the client's own PMF is empty
+    # there, so its requests take the pool's lengths.
+    for name, isl in (("1", "{}"), ("2", "{900: 1.0}")):
+        (tmp_path / f"chunk-{name}-trace.csv").write_text("0,1.0,1.0,Gamma,1.0,0.5\n")
+        pmfs = {"input_tokens": isl, "output_tokens": "{5: 1.0}"}
+        (tmp_path / f"chunk-{name}-dataset.json").write_text(json.dumps({"0": pmfs}))
+    reader = read_trace(f"servegen:{tmp_path},clients=1")
+    assert {r.input_length for r in reader} == {900}
+    assert tmp_path / "chunk-2-dataset.json" in reader.files

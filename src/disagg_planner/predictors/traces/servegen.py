@@ -25,8 +25,9 @@ Each window's request count is its rate x 600 s x K, rounded at random to a whol
 (exact in expectation); the arrivals are that many draws of the fitted law, rescaled to fill
 the window (the fitted scale is not in seconds), so burstiness within a window is the fitted
 one. Lengths come from the client's PMF of the 6-hour block the window falls in; a client
-without a length file uses the pooled PMF of the folder's other clients (mixed in proportion
-to their requests in that block). Each client draws from its own random stream, so choosing a
+without a length file (or with an empty PMF, ``{}``, for that block) uses the pooled PMF of
+the folder's clients that have one, mixed per request in proportion to their requests in
+that block. Each client draws from its own random stream, so choosing a
 subset of clients does not change the requests of the others.
 
 A bad row of a ``trace.csv`` names the file, line and field (with ``skip_bad_rows`` it is
@@ -55,6 +56,7 @@ from disagg_planner.predictors.traces.errors import TraceError
 SERVEGEN = "servegen"
 SERVEGEN_PREFIX = "servegen:"
 WINDOW_S = 600.0
+LENGTH_BLOCK_S = 21600.0  # the length files' blocks: 6 hours
 DISTRIBUTIONS = ("Gamma", "Weibull")
 OPTIONS = ("clients", "start", "span", "speedup", "scale", "rate", "seed")
 _TRACE_NAME = re.compile(r"^chunk-(\d+)-trace\.csv$")
@@ -236,16 +238,19 @@ class LengthPmf:
         return self.values[min(i, len(self.values) - 1)]
 
 
-def parse_pmf(text: Any, where: str) -> LengthPmf:
-    """A ``{tokens: probability}`` dict literal in a string; ValueError saying what is wrong."""
+def parse_pmf(text: Any, where: str) -> LengthPmf | None:
+    """A ``{tokens: probability}`` dict literal in a string (None for ``{}``); ValueError
+    saying what is wrong."""
     if not isinstance(text, str):
         raise ValueError(f"{where}: expected a string holding a dict literal, got {text!r:.60}")
     try:
         pmf = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         raise ValueError(f"{where}: not a Python dict literal: {text[:60]!r}") from None
-    if not isinstance(pmf, dict) or not pmf:
-        raise ValueError(f"{where}: expected a non-empty {{tokens: probability}} dict")
+    if not isinstance(pmf, dict):
+        raise ValueError(f"{where}: expected a {{tokens: probability}} dict")
+    if not pmf:
+        return None
     values: list[int] = []
     cumulative: list[float] = []
     total = 0.0
@@ -271,7 +276,7 @@ class LengthFile:
     path: Path
     raw: dict[int, Any]
     starts: list[int]
-    parsed: dict[int, tuple[LengthPmf, LengthPmf]] = field(default_factory=dict)
+    parsed: dict[int, tuple[LengthPmf, LengthPmf] | None] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> LengthFile:
@@ -310,7 +315,9 @@ class LengthFile:
             )
         return self.starts[i]
 
-    def pmfs(self, block: int) -> tuple[LengthPmf, LengthPmf]:
+    def pmfs(self, block: int) -> tuple[LengthPmf, LengthPmf] | None:
+        """The block's (input, output) PMFs; None where the file gives an empty one (``{}``:
+        the client sent nothing then), so the pool stands in."""
         if block not in self.parsed:
             entry = self.raw[block]
             try:
@@ -320,7 +327,7 @@ class LengthFile:
                 )
             except ValueError as exc:
                 raise TraceError(str(exc), path=self.path) from None
-            self.parsed[block] = (pair[0], pair[1])
+            self.parsed[block] = None if pair[0] is None or pair[1] is None else (pair[0], pair[1])
         return self.parsed[block]
 
 
@@ -372,22 +379,18 @@ class ServeGenSource:
         self.files = [c.trace for c in self.clients] + [
             c.lengths.path for c in self.clients if c.lengths is not None
         ]
-        # The pool for clients without a length file: every other client with one.
-        self._pool: list[Client] = []
+        # The pool, for clients without a length file or with an empty block: every client
+        # of the folder with a length file. Built when first needed (it reads their files),
+        # at once when a chosen client has no length file, so that a folder without any fails
+        # before the first request.
+        self._found = found
+        self._bad = bad
+        self._pool: list[Client] | None = None
+        self._pool_cache: dict[
+            tuple[int, ...], tuple[list[tuple[LengthPmf, LengthPmf]], list[float]]
+        ] = {}
         if any(c.lengths is None for c in self.clients):
-            chosen = {c.name: c for c in self.clients}
-            for name, trace in found.items():
-                if (folder / f"chunk-{name}-dataset.json").is_file():
-                    self._pool.append(chosen.get(name) or self._client(name, trace, bad))
-            if not self._pool:
-                raise TraceError(
-                    "no client in this folder has a chunk-<client>-dataset.json, so the "
-                    "clients without one have no length distribution",
-                    path=folder,
-                )
-            self.files += [
-                c.lengths.path for c in self._pool if c.lengths and c not in self.clients
-            ]
+            self._pool_members()
         last = max((max(c.windows, default=0.0) for c in self.clients), default=0.0) + WINDOW_S
         self.start_s = options.start_s
         self.end_s = last if options.span_s is None else options.start_s + options.span_s
@@ -432,18 +435,50 @@ class ServeGenSource:
         replayed_s = (self.end_s - self.start_s) / self.options.speedup
         return self.options.rate * replayed_s / expected
 
-    def _pooled(self, block_start: float, rng: random.Random) -> tuple[LengthPmf, LengthPmf]:
-        """The PMFs of a pool member drawn in proportion to its requests in the block."""
-        weights = []
-        for member in self._pool:
-            assert member.lengths is not None
-            block = member.lengths.block_of(block_start)
-            weights.append(member.block_requests(block, block + 21600.0))
-        if sum(weights) <= 0:
-            weights = [1.0] * len(self._pool)
-        member = rng.choices(self._pool, weights=weights)[0]
-        assert member.lengths is not None
-        return member.lengths.pmfs(member.lengths.block_of(block_start))
+    def _pool_members(self) -> list[Client]:
+        if self._pool is None:
+            chosen = {c.name: c for c in self.clients}
+            folder = self.options.folder
+            pool = [
+                chosen.get(name) or self._client(name, trace, self._bad)
+                for name, trace in self._found.items()
+                if (folder / f"chunk-{name}-dataset.json").is_file()
+            ]
+            if not pool:
+                raise TraceError(
+                    "no client in this folder has a chunk-<client>-dataset.json, so the "
+                    "clients without one have no length distribution",
+                    path=folder,
+                )
+            self.files += [c.lengths.path for c in pool if c.lengths and c.name not in chosen]
+            self._pool = pool
+        return self._pool
+
+    def _pool_at(
+        self, window_start: float
+    ) -> tuple[list[tuple[LengthPmf, LengthPmf]], list[float]]:
+        """The pool members' PMFs for the blocks ``window_start`` falls in, and their weights:
+        each member's requests in its block (equal weights if none has any). Members whose
+        block is empty are left out."""
+        members = [m for m in self._pool_members() if m.lengths is not None]
+        blocks = tuple(m.lengths.block_of(window_start) for m in members if m.lengths)
+        if blocks not in self._pool_cache:
+            pmfs, weights = [], []
+            for member, block in zip(members, blocks, strict=True):
+                assert member.lengths is not None
+                pair = member.lengths.pmfs(block)
+                if pair is not None:
+                    pmfs.append(pair)
+                    weights.append(member.block_requests(block, block + LENGTH_BLOCK_S))
+            if not pmfs:
+                raise TraceError(
+                    f"no client has a length distribution for the window at {window_start:g} s",
+                    path=self.options.folder,
+                )
+            if sum(weights) <= 0:
+                weights = [1.0] * len(pmfs)
+            self._pool_cache[blocks] = (pmfs, weights)
+        return self._pool_cache[blocks]
 
     def _window_requests(self, client: Client, window: Window) -> list[tuple[float, int, int]]:
         rng = client.arrivals
@@ -460,14 +495,21 @@ class ServeGenSource:
         total = math.fsum(gaps)
         if not total > 0:  # every draw underflowed: spread evenly
             gaps, total = [1.0] * (count + 1), float(count + 1)
+        sizes = client.sizes
+        own = None
         if client.lengths is not None:
-            isl, osl = client.lengths.pmfs(client.lengths.block_of(window.start_s))
+            own = client.lengths.pmfs(client.lengths.block_of(window.start_s))
+        weights = None
+        if own is not None:
+            pmfs = [own]
         else:
-            isl, osl = self._pooled(window.start_s, client.sizes)
+            # The pooled PMF is a mixture: each request draws its member, then its lengths.
+            pmfs, weights = self._pool_at(window.start_s)
         out = []
         for t in itertools.accumulate(gaps[:count]):
             at = window.start_s + WINDOW_S * t / total
-            out.append((at, isl.sample(client.sizes), osl.sample(client.sizes)))
+            isl, osl = pmfs[0] if weights is None else sizes.choices(pmfs, weights=weights)[0]
+            out.append((at, isl.sample(sizes), osl.sample(sizes)))
         return out
 
     def iterate(self) -> Iterator[tuple[float, int, int]]:
