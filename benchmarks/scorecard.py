@@ -44,7 +44,7 @@ from disagg_planner.replay.bounds import (
 )
 from disagg_planner.replay.parallel import resolve_jobs
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, WorkloadSpec, prepare, run
-from tests.traces import AZURE_CONV, MOONCAKE_CONV, SharedTrace, for_script
+from tests.traces import AZURE_CONV, MOONCAKE_CONV, SharedTrace, for_script, servegen_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
@@ -100,6 +100,51 @@ SCENARIOS = (
         500,
         20,
         "a burst: 8 req/s, 40 req/s from 600 s to 1200 s, then 8 again",
+    ),
+    Scenario(
+        "servegen m-large day",
+        WorkloadSpec(
+            trace=f"servegen:{servegen_folder('m-large')},start=1d,span=1d,speedup=24,rate=15"
+        ),
+        500,
+        20,
+        "ServeGen m-large (its ten largest clients, generated from their per-window rates, "
+        "fitted inter-arrival laws and length PMFs), day 2 compressed to one hour at a mean "
+        "of 15 req/s (peak about 3x the mean, minimum 0.4x)",
+    ),
+    Scenario(
+        "on/off bursts",
+        WorkloadSpec(workload="onoff:rate=4,duration=1h,isl=2000,osl=200"),
+        500,
+        20,
+        "Markov-modulated Poisson: 4 req/s, busy spells of 1-5 min at 5-10x (20-40 req/s) "
+        "after quiet spells of 10 min on average; ISL/OSL 2000/200, 1 h",
+    ),
+    Scenario(
+        "heavy-tailed prompts",
+        WorkloadSpec(workload="heavytail:rate=3,duration=1800,context=131072,osl=200"),
+        5000,
+        20,
+        "3 req/s, lognormal ISL with median 4096 and p99 at the model's 131072-token context "
+        "(about 1% of prompts longer than the engine accepts), OSL 200, 30 min; TTFT target "
+        "5 s, as for Mooncake",
+    ),
+    Scenario(
+        "diurnal ramp 3-30 req/s",
+        WorkloadSpec(
+            workload="diurnal:min=3,max=30,period=1h,peak=30m,duration=1h,isl=2000,osl=200"
+        ),
+        500,
+        20,
+        "a day's shape in one hour: 3 req/s rising slowly to 30 at 30 min and back, ISL/OSL "
+        "2000/200",
+    ),
+    Scenario(
+        "sinusoid 5-45 req/s, 1800 s",
+        WorkloadSpec(workload="sinusoid:min=5,max=45,period=1800,duration=1h,isl=3000,osl=300"),
+        500,
+        20,
+        "the test load with a slower period: 5 to 45 req/s, period 1800 s, ISL/OSL 3000/300, 1 h",
     ),
 )
 

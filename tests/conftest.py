@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
-from tests.traces import AZURE_CONV, MOONCAKE_CONV, TRACE_DIR_ENV, SharedTrace, TraceMissing
+from tests.traces import (
+    AZURE_CONV,
+    MOONCAKE_CONV,
+    SERVEGEN_M_LARGE,
+    TRACE_DIR_ENV,
+    SharedTrace,
+    TraceMissing,
+)
 from tests.traces import head as trace_head
 from tests.traces import locate as locate_trace
 
@@ -56,6 +63,12 @@ def azure_trace() -> Path:
 @pytest.fixture(scope="session")
 def mooncake_trace() -> Path:
     return real_trace(MOONCAKE_CONV)
+
+
+@pytest.fixture(scope="session")
+def servegen_m_large() -> Path:
+    """The folder of ServeGen's m-large client descriptions (ten clients, 14 days)."""
+    return real_trace(SERVEGEN_M_LARGE).parent
 
 
 @pytest.fixture(scope="session")

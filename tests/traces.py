@@ -37,6 +37,13 @@ MOONCAKE_CONV = SharedTrace(
     "https://github.com/kvcache-ai/Mooncake",
     "FAST25-release/traces/conversation_trace.jsonl",
 )
+# ServeGen's client descriptions: a folder per model (copy all of data/language/m-large/);
+# its largest client's file stands for the folder.
+SERVEGEN_M_LARGE = SharedTrace(
+    "servegen/m-large/chunk-61-trace.csv",
+    "https://github.com/alibaba/ServeGen",
+    "data/language/m-large/chunk-61-trace.csv",
+)
 
 
 class TraceMissing(FileNotFoundError):
@@ -55,6 +62,12 @@ def locate(trace: SharedTrace) -> Path:
             f"{path}, or point {TRACE_DIR_ENV} at the folder that holds {trace.name}"
         )
     return path
+
+
+def servegen_folder(model: str) -> Path:
+    """Where the ServeGen folder of ``model`` (``m-large``, ``m-mid``, ``m-small``) is looked
+    for; the ServeGen reader says so when it is missing."""
+    return trace_dir() / "servegen" / model
 
 
 def head(source: Path, lines: int, dest: Path) -> Path:

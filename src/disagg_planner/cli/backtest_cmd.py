@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
+from disagg_planner.cli.arguments import add_skip_bad_rows, positive_seconds
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.errors import TraceError, register_foreign_error
@@ -48,7 +48,8 @@ def register(sub: Any) -> None:
         "--trace",
         required=True,
         metavar="FILE",
-        help="Trace file, glob or directory (Mooncake/Dynamo JSONL, Azure/BurstGPT CSV, .gz).",
+        help="Trace file, glob or directory (Mooncake/Dynamo JSONL, Azure/BurstGPT CSV, .gz), "
+        "or servegen:DIR[,options] (ServeGen client descriptions; see README).",
     )
     parser.add_argument(
         "--trace-format",
@@ -56,14 +57,10 @@ def register(sub: Any) -> None:
         default=None,
         help="Trace format (default: detected from the first line of each file).",
     )
-    parser.add_argument(
-        "--skip-bad-rows",
-        action="store_true",
-        help="Count and skip malformed rows instead of stopping at the first one.",
-    )
+    add_skip_bad_rows(parser)
     parser.add_argument(
         "--interval",
-        type=_seconds,
+        type=positive_seconds,
         metavar="S",
         default=None,
         help="Interval length in seconds (default: the config's throughput interval, 180).",
@@ -99,16 +96,6 @@ def _predictor_choice(text: str) -> str:
             f"{text!r}: expected all or some of {', '.join(PREDICTOR_NAMES)}"
         )
     return text
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
-    return value
 
 
 def _predictor_names(requested: list[str]) -> list[str]:

@@ -21,6 +21,8 @@ from disagg_planner.cli.profile_sweep import add_sweep_arguments, run_sweep
 from disagg_planner.errors import ProfileError, SpecError, register_foreign_error
 from disagg_planner.profiles import Profile, list_bundled, load_profile, resolve_profile
 from disagg_planner.profiles.registry import bundled_profiles_root
+from disagg_planner.simulator import engine_spec as engine_specs
+from disagg_planner.simulator.profiling import bundled_path
 
 register_foreign_error("disagg_planner.profiles.errors", "ProfileError", ProfileError)
 
@@ -255,6 +257,26 @@ def _plot(args: argparse.Namespace) -> int:
     out = write_profile_html(profile, args.output, include_plotlyjs="cdn" if args.cdn else True)
     print(f"wrote {out}")
     return 0
+
+
+def bundled_profile_of(engine: str) -> str | None:
+    """The name of the bundled profile of ``engine`` (``sim:MODEL@GPU[:tpN]``), if there is
+    one: bundled profiles live at ``<gpu>/<backend>/<model>/<parallelism>``, the path the
+    profile sweep writes for that engine."""
+    name = bundled_path("", engine_specs.parse(engine)).as_posix()
+    return name if name in {n for n, _ in list_bundled()} else None
+
+
+def missing_engine_profile(engine: str) -> SpecError:
+    """What to do when ``engine`` is simulated with the throughput loop on and no profile of
+    it is given or bundled."""
+    return SpecError(
+        f"--engine {engine}: the throughput loop sizes from a profile of this engine, and none "
+        "is bundled; make one with `planner profile --engine "
+        f"{engine} -o DIR` and pass --profile-results-dir DIR, or pass --profile NAME "
+        "(planner profile list), or replay without throughput scaling "
+        "(--no-enable-throughput-scaling --enable-load-scaling)"
+    )
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -7,12 +7,20 @@ import json
 from pathlib import Path
 from typing import Any
 
+from disagg_planner.cli.arguments import (
+    add_force,
+    add_skip_bad_rows,
+    check_output_dir,
+    positive_seconds,
+)
+from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_profile
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.parallel import available_cores, resolve_jobs, run_policies
 from disagg_planner.replay.session import WorkloadSpec, prepare
 from disagg_planner.replay.summary import summary_table
+from disagg_planner.simulator.workloads import KINDS
 
 # With no arguments: a workload generated from facts measured from the first 20 minutes of
 # the Azure 2023 conversation trace (per-minute counts, ISL/OSL distribution: no third-party
@@ -39,17 +47,28 @@ def register(sub: Any) -> None:
         "summary.json, requests.csv, timeline.csv and report.html to -o.",
     )
     src = parser.add_argument_group("workload")
-    src.add_argument("--trace", metavar="FILE", help="Request trace (file, glob, dir, .gz).")
-    src.add_argument("--trace-format", help="mooncake|azure|burstgpt|dynamo (default: detect).")
+    src.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="Request trace (file, glob, dir, .gz), or servegen:DIR[,clients=..,start=..,"
+        "span=..,speedup=..,rate=..] (see README).",
+    )
+    src.add_argument(
+        "--trace-format", help="mooncake|azure|burstgpt|dynamo|servegen (default: detect)."
+    )
     src.add_argument(
         "--workload",
         metavar="SPEC",
-        help="Synthetic workload, e.g. 'sinusoid:min=5,max=45,period=600,duration=1800,"
-        "isl=3000,osl=300'.",
+        help=f"Synthetic workload KIND:key=value,... with KIND one of {', '.join(KINDS)} "
+        "(keys: README, Workloads and traces), e.g. 'sinusoid:min=5,max=45,period=600,"
+        "duration=1800,isl=3000,osl=300' or 'onoff:rate=4,duration=1h,isl=2000,osl=200'.",
     )
     src.add_argument("--speedup", type=float, help="Compress time by X.")
     src.add_argument("--scale-load", type=float, help="Clone each request K times (jittered).")
-    src.add_argument("--duration", type=float, help="Keep arrivals before this time (s).")
+    src.add_argument(
+        "--duration", type=positive_seconds, help="Keep arrivals before this time (600, 10m)."
+    )
+    add_skip_bad_rows(src)
     src.add_argument(
         "--clone-jitter",
         type=float,
@@ -97,6 +116,7 @@ def register(sub: Any) -> None:
         f"cores, {available_cores()} here); the outputs do not depend on N.",
     )
     parser.add_argument("-o", "--output-dir", default="replay-out", help="Output directory.")
+    add_force(parser)
     parser.add_argument("--json", action="store_true", help="Print the summaries as JSON.")
     parser.add_argument(
         "--no-progress",
@@ -109,6 +129,7 @@ def register(sub: Any) -> None:
 
 def _replay(args: argparse.Namespace) -> int:
     jobs = resolve_jobs(args.jobs)  # refused before any work
+    check_output_dir(Path(args.output_dir), force=args.force)
     flags = config_flags(args)
     no_workload = not (args.trace or args.workload)
     if no_workload:
@@ -116,8 +137,13 @@ def _replay(args: argparse.Namespace) -> int:
     # Replay has no deployment to read engine sizes from and no GPU budget unless asked.
     flags.setdefault("max_gpu_budget", -1)
     config = load_config(config_arg=args.config, flags=flags).config
-    if config.profile is None and "profile_results_dir" not in flags and args.engine is None:
-        config = config.model_copy(update={"profile": DEFAULT_PROFILE})
+    if config.profile is None and "profile_results_dir" not in flags:
+        # No profile given: the engine's bundled one (the default engine's without --engine).
+        profile = DEFAULT_PROFILE if args.engine is None else bundled_profile_of(args.engine)
+        if profile is not None:
+            config = config.model_copy(update={"profile": profile})
+        elif config.throughput_scaling_active:
+            raise missing_engine_profile(args.engine)
     speed, scale, duration = (
         (DEFAULT_SPEEDUP, DEFAULT_SCALE_LOAD, DEFAULT_DURATION_S)
         if no_workload
@@ -132,6 +158,7 @@ def _replay(args: argparse.Namespace) -> int:
         duration_s=args.duration if args.duration is not None else duration,
         seed=args.seed,
         clone_jitter_s=args.clone_jitter,
+        skip_bad_rows=args.skip_bad_rows,
     )
     plan = prepare(
         config,

@@ -48,6 +48,7 @@ class WorkloadSpec:
     # Clones of one request (scale_load) arrive spread over this many seconds, as independent
     # users would; a 1 s spread turns every request into a synchronised burst of K.
     clone_jitter_s: float = 30.0
+    skip_bad_rows: bool = False  # count and skip malformed trace rows (--skip-bad-rows)
 
 
 def load_requests(spec: WorkloadSpec) -> list[RequestLike]:
@@ -58,7 +59,9 @@ def load_requests(spec: WorkloadSpec) -> list[RequestLike]:
     if spec.workload:
         source = parse_workload(spec.workload, seed=spec.seed)
     elif spec.trace:
-        source = read_trace(spec.trace, trace_format=spec.trace_format)
+        source = read_trace(
+            spec.trace, trace_format=spec.trace_format, skip_bad_rows=spec.skip_bad_rows
+        )
     else:
         # No third-party file ships with the package: the default is generated from facts
         # measured from the Azure 2023 conversation trace (replay/default_workload.json).

@@ -6,20 +6,29 @@ Spec grammar (``parse_workload``), ``KIND:key=value,key=value``::
     step:rates=A/B[/C...],at=T[/T2...],duration=D,isl=I,osl=O
     sinusoid:min=A,max=B,period=P,duration=D,isl=I,osl=O[,phase=S]
     diurnal:min=A,max=B,duration=D,isl=I,osl=O[,period=24h][,peak=14h][,sharpness=2]
+    onoff:rate=R,duration=D,isl=I,osl=O[,busy=1m-5m][,factor=5-10][,quiet=10m]
+    heavytail:rate=R,duration=D,context=C,osl=O[,median=C/32][,p99=C]
     trace:path=FILE[,format=NAME][,speedup=X][,scale=K]
 
 Rates are requests per second; durations accept ``s``, ``m``, ``h`` and ``d`` suffixes.
-Arrivals are a (non-homogeneous) Poisson process: ``step`` switches rate at each ``at``;
-``sinusoid`` is ``min + (max-min) * (1 - cos(2 pi (t + phase) / period)) / 2`` (starting at
-the minimum, Dynamo's planner test uses 5 to 45 req/s over 600 s with ISL/OSL 3000/300);
+Arrivals are a (non-homogeneous) Poisson process: ``step`` switches rate at each ``at``
+(up and down: ``rates=8/40/8``); ``sinusoid`` is
+``min + (max-min) * (1 - cos(2 pi (t + phase) / period)) / 2`` (starting at the minimum,
+Dynamo's planner test uses 5 to 45 req/s over 600 s with ISL/OSL 3000/300);
 ``diurnal`` is ``min + (max-min) * ((1 + cos(2 pi (t - peak) / period)) / 2) ** sharpness``
-(a daily peak with a long night trough). Token lengths are a constant or a named
+(a daily peak with a long night trough; ``period=duration`` makes one slow ramp up and down).
+``onoff`` is a two-state Markov-modulated Poisson process: quiet spells at ``rate`` lasting
+Exp(mean ``quiet``), busy spells lasting U(``busy``) at ``rate`` x U(``factor``), drawn afresh
+for each spell. ``heavytail`` is Poisson at ``rate`` with lognormal prompt lengths of median
+``median`` and 99th percentile ``p99`` (default: the model's ``context``, so about 1% of
+prompts are longer than the engine accepts). Token lengths are a constant or a named
 distribution: ``const:V``, ``uniform:A:B``, ``normal:MEAN:STD``, ``lognormal:MEDIAN:SIGMA``,
 ``exponential:MEAN`` (rounded, at least 1). Every generator is deterministic given ``seed``.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import random
@@ -27,26 +36,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from disagg_planner.predictors.traces import TraceRequest, read_trace
+from disagg_planner.predictors.traces.durations import parse_seconds
 from disagg_planner.simulator.errors import WorkloadError
 from disagg_planner.simulator.request import RequestLike
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
 
 def parse_duration(text: str, *, field: str = "duration") -> float:
-    """``"600"``, ``"600s"``, ``"10m"``, ``"1.5h"``, ``"1d"`` -> seconds."""
-    t = text.strip().lower()
-    scale = 1.0
-    if t and t[-1] in _UNITS:
-        scale = _UNITS[t[-1]]
-        t = t[:-1]
+    """``"600"``, ``"600s"``, ``"10m"``, ``"1.5h"``, ``"1d"`` -> seconds (>= 0)."""
     try:
-        value = float(t) * scale
-    except ValueError:
-        raise WorkloadError(f"{field}={text!r}: expected seconds, e.g. 600, 10m, 1h") from None
-    if not math.isfinite(value) or value < 0:
-        raise WorkloadError(f"{field}={text!r}: must be finite and >= 0")
-    return value
+        return parse_seconds(text)
+    except ValueError as exc:
+        raise WorkloadError(f"{field}={text!r}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def synthetic(
         )
 
 
-def _fields(kind: str, body: str, spec: str) -> dict[str, str]:
+def _fields(body: str, spec: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in body.split(","))):
         if "=" not in part:
@@ -161,21 +161,57 @@ def _rate(text: str, field: str) -> float:
     return value
 
 
+def _positive(text: str, field: str, what: str = "a number") -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise WorkloadError(f"{field}={text!r}: expected {what} > 0")
+    return value
+
+
+def _range(text: str, field: str, *, seconds: bool) -> tuple[float, float]:
+    """``A-B`` (or one value ``A`` for A-A) with 0 < A <= B: durations when ``seconds``."""
+    parts = text.split("-")
+    if len(parts) > 2:
+        raise WorkloadError(f"{field}={text!r}: expected LOW-HIGH, e.g. {field}=1m-5m")
+    try:
+        values = [parse_seconds(p) if seconds else float(p) for p in parts]
+    except ValueError:
+        values = [math.nan]
+    if not all(math.isfinite(v) for v in values):
+        what = "durations, e.g. 1m-5m" if seconds else "numbers, e.g. 5-10"
+        raise WorkloadError(f"{field}={text!r}: expected LOW-HIGH {what}")
+    lo, hi = values[0], values[-1]
+    if lo <= 0 or hi < lo:
+        raise WorkloadError(f"{field}={text!r}: expected 0 < LOW <= HIGH")
+    return lo, hi
+
+
+KINDS = ("poisson", "step", "sinusoid", "diurnal", "onoff", "heavytail", "trace")
+# The 99th percentile of the standard normal: a lognormal's p99 is
+# median * exp(Z99 * sigma).
+Z99 = 2.3263478740408408
+
+
 def parse_workload(spec: str, *, seed: int = 0) -> Iterator[RequestLike]:
     """The request stream a workload spec describes (see the module doc)."""
     if ":" not in spec:
         raise WorkloadError(
-            f"workload {spec!r}: expected KIND:key=value,... with KIND one of "
-            "poisson, step, sinusoid, diurnal, trace"
+            f"workload {spec!r}: expected KIND:key=value,... with KIND one of {', '.join(KINDS)}"
         )
     kind, body = spec.split(":", 1)
     kind = kind.strip().lower()
-    fields = _fields(kind, body, spec)
+    if kind not in KINDS:
+        # The kind first: a spec of an unknown kind is not missing a duration.
+        raise WorkloadError(f"workload {spec!r}: unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    fields = _fields(body, spec)
     if kind == "trace":
         path = _need(fields, "path", spec)
         fmt = fields.pop("format", None)
-        x = float(fields.pop("speedup", "1"))
-        k = float(fields.pop("scale", "1"))
+        x = _positive(fields.pop("speedup", "1"), "speedup")
+        k = _positive(fields.pop("scale", "1"), "scale")
         _reject_unknown(fields, spec)
         stream: Iterable[RequestLike] = read_trace(path, trace_format=fmt)
         if x != 1:
@@ -184,10 +220,15 @@ def parse_workload(spec: str, *, seed: int = 0) -> Iterator[RequestLike]:
             stream = scale_load(stream, k, seed=seed)
         return iter(stream)
     duration = parse_duration(_need(fields, "duration", spec))
-    isl = parse_length(_need(fields, "isl", spec), field="isl")
+    if duration <= 0:
+        raise WorkloadError(f"workload {spec!r}: duration={duration:g}: expected a duration > 0")
+    if kind == "heavytail":
+        isl = _heavy_tailed_isl(fields, spec)
+    else:
+        isl = parse_length(_need(fields, "isl", spec), field="isl")
     osl = parse_length(_need(fields, "osl", spec), field="osl")
     rate_fn: Callable[[float], float]
-    if kind == "poisson":
+    if kind in ("poisson", "heavytail"):
         r = _rate(_need(fields, "rate", spec), "rate")
         rate_fn, rate_max = (lambda t: r), r
     elif kind == "step":
@@ -199,13 +240,25 @@ def parse_workload(spec: str, *, seed: int = 0) -> Iterator[RequestLike]:
             )
 
         def rate_fn(t: float) -> float:
-            i = 0
-            while i < len(ats) and t >= ats[i]:
-                i += 1
-            return rates[i]
+            return rates[bisect.bisect_right(ats, t)]
 
         rate_max = max(rates)
-    elif kind in ("sinusoid", "diurnal"):
+    elif kind == "onoff":
+        spells = onoff_spells(
+            quiet_rate=_rate(_need(fields, "rate", spec), "rate"),
+            duration_s=duration,
+            busy_s=_range(fields.pop("busy", "1m-5m"), "busy", seconds=True),
+            factor=_range(fields.pop("factor", "5-10"), "factor", seconds=False),
+            quiet_mean_s=_mean_quiet(fields.pop("quiet", "10m")),
+            seed=seed,
+        )
+        starts = [s.start_s for s in spells]
+
+        def rate_fn(t: float) -> float:
+            return spells[bisect.bisect_right(starts, t) - 1].rate
+
+        rate_max = max(s.rate for s in spells)
+    else:  # sinusoid, diurnal
         lo = _rate(_need(fields, "min", spec), "min")
         hi = _rate(_need(fields, "max", spec), "max")
         if hi < lo:
@@ -220,7 +273,7 @@ def parse_workload(spec: str, *, seed: int = 0) -> Iterator[RequestLike]:
         else:
             period = parse_duration(fields.pop("period", "24h"), field="period")
             peak = parse_duration(fields.pop("peak", "14h"), field="peak")
-            sharp = float(fields.pop("sharpness", "2"))
+            sharp = _positive(fields.pop("sharpness", "2"), "sharpness")
 
             def rate_fn(t: float) -> float:
                 wave = (1 + math.cos(2 * math.pi * (t - peak) / period)) / 2
@@ -229,13 +282,71 @@ def parse_workload(spec: str, *, seed: int = 0) -> Iterator[RequestLike]:
         if period <= 0:
             raise WorkloadError(f"workload {spec!r}: period must be > 0")
         rate_max = hi
-    else:
-        raise WorkloadError(
-            f"workload {spec!r}: unknown kind {kind!r}; "
-            "known: poisson, step, sinusoid, diurnal, trace"
-        )
     _reject_unknown(fields, spec)
     return synthetic(rate_fn, rate_max=rate_max, duration_s=duration, isl=isl, osl=osl, seed=seed)
+
+
+def _heavy_tailed_isl(fields: dict[str, str], spec: str) -> LengthDist:
+    """``heavytail``'s prompt lengths: lognormal with the given median and a p99 at ``p99=``
+    (default: the model's ``context=``)."""
+    if "isl" in fields:
+        raise WorkloadError(
+            f"workload {spec!r}: heavytail sets the prompt lengths from context=, median= and "
+            "p99=; give no isl= (or use poisson with isl=lognormal:MEDIAN:SIGMA)"
+        )
+    context = _positive(_need(fields, "context", spec), "context", "the model's context in tokens")
+    median = _positive(fields.pop("median", str(context / 32)), "median", "tokens")
+    p99 = _positive(fields.pop("p99", str(context)), "p99", "tokens")
+    if not median < p99:
+        raise WorkloadError(
+            f"workload {spec!r}: median={median:g} must be below p99={p99:g} (a tail above the "
+            "median)"
+        )
+    return LengthDist("lognormal", median, math.log(p99 / median) / Z99)
+
+
+def _mean_quiet(text: str) -> float:
+    mean = parse_duration(text, field="quiet")
+    if mean <= 0:
+        raise WorkloadError(f"quiet={text!r}: expected a mean quiet spell > 0, e.g. quiet=10m")
+    return mean
+
+
+@dataclass(frozen=True, slots=True)
+class Spell:
+    """A stretch of constant arrival rate of an ``onoff`` workload."""
+
+    start_s: float
+    end_s: float
+    rate: float
+    busy: bool
+
+
+def onoff_spells(
+    *,
+    quiet_rate: float,
+    duration_s: float,
+    busy_s: tuple[float, float],
+    factor: tuple[float, float],
+    quiet_mean_s: float,
+    seed: int,
+) -> list[Spell]:
+    """The spells of a two-state Markov-modulated Poisson process, from a quiet one at t=0:
+    quiet spells last Exp(``quiet_mean_s``) (memoryless: a burst may start at any moment),
+    busy spells U(``busy_s``) at ``quiet_rate`` x U(``factor``), drawn afresh for each."""
+    rng = random.Random(f"onoff:{seed}")
+    spells: list[Spell] = []
+    t, busy = 0.0, False
+    while t < duration_s:
+        if busy:
+            length = rng.uniform(*busy_s)
+            rate = quiet_rate * rng.uniform(*factor)
+        else:
+            length, rate = rng.expovariate(1.0 / quiet_mean_s), quiet_rate
+        end = min(t + length, duration_s)
+        spells.append(Spell(t, end, rate, busy))
+        t, busy = end, not busy
+    return spells
 
 
 def _reject_unknown(fields: dict[str, str], spec: str) -> None:

@@ -1,5 +1,6 @@
-"""Request-trace readers (Mooncake, Azure 2023/2024, BurstGPT, Dynamo request trace v1) and
-interval bucketing; used by predictor warm-up and backtests, and by the simulator."""
+"""Request-trace readers (Mooncake, Azure 2023/2024, BurstGPT, Dynamo request trace v1, and
+requests generated from ServeGen client descriptions) and interval bucketing; used by predictor
+warm-up and backtests, and by the simulator."""
 
 from disagg_planner.predictors.traces.bucket import (
     DEFAULT_ISL_BOUNDS,

@@ -34,7 +34,9 @@ from datetime import date
 from functools import lru_cache
 from typing import Any, TextIO
 
-FORMATS: tuple[str, ...] = ("mooncake", "azure", "burstgpt", "dynamo")
+# ``servegen`` is generated from per-window client descriptions (servegen.py), not parsed
+# row by row here.
+FORMATS: tuple[str, ...] = ("mooncake", "azure", "burstgpt", "dynamo", "servegen")
 DYNAMO_SCHEMA = "dynamo.request.trace.v1"
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -13,6 +13,11 @@ row, so traces larger than memory are fine.
 A bad row raises :class:`TraceError` naming the file and line, or, with
 ``skip_bad_rows=True``, is counted in ``bad_rows`` (the first few messages are kept in
 ``bad_examples`` and a warning is logged at the end).
+
+A trace argument ``servegen:DIR[,key=value...]`` is not a file of requests but ServeGen's
+per-window client descriptions: the requests are generated from them (``servegen.py``) and
+come out through the same iterator, counters and errors; their times count from the
+``start=`` of the span, not from its first request (idle windows there are part of the load).
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ from typing import TextIO
 from disagg_planner.predictors.traces.errors import TraceError
 from disagg_planner.predictors.traces.formats import FORMATS, BadRow, Row, detect_format, iter_rows
 from disagg_planner.predictors.traces.records import TraceRequest
+from disagg_planner.predictors.traces.servegen import (
+    SERVEGEN,
+    SERVEGEN_PREFIX,
+    ServeGenSource,
+    is_servegen,
+    looks_like_servegen,
+    parse_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +146,30 @@ class TraceReader(Iterator[TraceRequest]):
         trace_format: str | None = None,
         skip_bad_rows: bool = False,
     ) -> None:
-        self.files = resolve_trace_files(path)
         if trace_format is not None and trace_format not in FORMATS:
             raise TraceError(
                 f"trace format {trace_format!r} is not known; expected one of {', '.join(FORMATS)}"
             )
-        self.format = trace_format or detect_trace_format(self.files)
         self.skip_bad_rows = skip_bad_rows
         self.requests = 0
         self.bad_rows = 0
         self.bad_examples: list[str] = []
+        self._servegen: ServeGenSource | None = None
+        if is_servegen(path, trace_format):
+            # Generated from per-window descriptions (servegen.py), not read row by row.
+            self._servegen = ServeGenSource(parse_options(str(path)), self._bad)
+            self.files = self._servegen.files
+            self.format = SERVEGEN
+        else:
+            if looks_like_servegen(Path(str(path)).expanduser()):
+                raise TraceError(
+                    "a folder of ServeGen client descriptions (chunk-<client>-trace.csv), not "
+                    f"a request trace: pass {SERVEGEN_PREFIX}{path}[,clients=...,start=...,"
+                    "span=...,speedup=...,rate=...]",
+                    path=path,
+                )
+            self.files = resolve_trace_files(path)
+            self.format = trace_format or detect_trace_format(self.files)
         self._rows = self._generate()
 
     def __next__(self) -> TraceRequest:
@@ -171,33 +198,47 @@ class TraceReader(Iterator[TraceRequest]):
                     earliest = row.time_s
         return earliest if math.isfinite(earliest) else None
 
-    def _generate(self) -> Iterator[TraceRequest]:
-        origin = self._earliest() if self.format == "dynamo" else None
+    def _all_rows(self) -> Iterator[tuple[Path, int, Row | BadRow | None]]:
+        if self._servegen is not None:
+            folder = self._servegen.options.folder
+            for at, isl, osl in self._servegen.iterate():
+                yield folder, 0, Row(time_s=at, input_length=isl, output_length=osl)
+            return
         for path in self.files:
             for line, row in self._rows_of(path):
-                if row is None:
-                    continue
-                if isinstance(row, BadRow):
-                    self._bad(path, line, str(row))
-                    continue
-                if origin is None:
-                    origin = row.time_s
-                arrival = row.time_s - origin
-                if arrival < 0:
-                    self._bad(
-                        path,
-                        line,
-                        f"arrival {arrival:.3f} s before the first request: expected rows "
-                        "sorted by time",
-                    )
-                    continue
-                self.requests += 1
-                yield TraceRequest(
-                    arrival_s=arrival,
-                    input_length=row.input_length,
-                    output_length=row.output_length,
-                    hash_ids=row.hash_ids,
+                yield path, line, row
+
+    def _generate(self) -> Iterator[TraceRequest]:
+        origin: float | None = None
+        if self.format == "dynamo":
+            origin = self._earliest()
+        elif self._servegen is not None:
+            # Generated times already count from start=: idle windows there are traffic too.
+            origin = 0.0
+        for path, line, row in self._all_rows():
+            if row is None:
+                continue
+            if isinstance(row, BadRow):
+                self._bad(path, line, str(row))
+                continue
+            if origin is None:
+                origin = row.time_s
+            arrival = row.time_s - origin
+            if arrival < 0:
+                self._bad(
+                    path,
+                    line,
+                    f"arrival {arrival:.3f} s before the first request: expected rows "
+                    "sorted by time",
                 )
+                continue
+            self.requests += 1
+            yield TraceRequest(
+                arrival_s=arrival,
+                input_length=row.input_length,
+                output_length=row.output_length,
+                hash_ids=row.hash_ids,
+            )
         if self.bad_rows:
             log.warning(
                 "trace %s: skipped %d bad row(s), first: %s",
@@ -213,7 +254,9 @@ def read_trace(
     """Stream the requests of the trace at ``path`` (file, glob or directory).
 
     ``trace_format`` is one of ``mooncake``, ``azure``, ``burstgpt``, ``dynamo``, or None to
-    detect it from each file's first line. The returned iterator also reports ``format``,
+    detect it from each file's first line; ``servegen:DIR[,key=value...]`` (or
+    ``trace_format="servegen"``) generates requests from ServeGen client descriptions
+    (``servegen.py``). The returned iterator also reports ``format``,
     ``files``, ``requests`` and ``bad_rows``.
     """
     return TraceReader(path, trace_format=trace_format, skip_bad_rows=skip_bad_rows)

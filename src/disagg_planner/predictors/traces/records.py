@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class TraceRequest:
     """One request of a trace.
 
-    ``arrival_s``: seconds since the first request of the trace (>= 0). ``input_length`` and
+    ``arrival_s``: seconds since the first request of the trace (>= 0; for ServeGen, since the
+    replayed span's start). ``input_length`` and
     ``output_length``: tokens. ``hash_ids``: prefix-block hashes where the format has them
     (Mooncake: one id per 512-token block; Dynamo: sequence hashes), else None.
     """
