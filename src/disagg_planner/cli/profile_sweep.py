@@ -59,18 +59,18 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--granularity-decode",
         type=_positive_int,
-        default=10,
+        default=16,
         metavar="N",
         help="Number of context lengths in the decode sweep, spaced geometrically from "
-        "--min-context to the engine's context (default 10).",
+        "--min-context to the engine's context (default %(default)s).",
     )
     group.add_argument(
         "--granularity-concurrency",
         type=_positive_int,
-        default=10,
+        default=20,
         metavar="N",
         help="Number of concurrencies per decode context, spaced geometrically from 1 to "
-        "what fills --max-kv-usage of the KV cache (default 10).",
+        "what fills --max-kv-usage of the KV cache (default %(default)s).",
     )
     group.add_argument(
         "--min-context",

@@ -53,8 +53,8 @@ from disagg_planner.simulator.errors import ProfilingError
 from disagg_planner.simulator.request import RequestRecord
 
 DEFAULT_GRANULARITY_PREFILL = 24
-DEFAULT_GRANULARITY_DECODE = 10
-DEFAULT_GRANULARITY_CONCURRENCY = 10
+DEFAULT_GRANULARITY_DECODE = 16
+DEFAULT_GRANULARITY_CONCURRENCY = 20
 DEFAULT_MIN_CONTEXT = 256
 DEFAULT_MAX_KV_USAGE = 0.95
 # An endpoint does not say its context; this is what is assumed without --max-context-length.
