@@ -55,20 +55,23 @@ def engine_itl_ms(model: EngineModel, running: float, context: float) -> float:
 
 
 def engine_best_thpt(model: EngineModel, itl_ms: float, context: float, kv_tokens: int) -> float:
-    """The engine's best tokens/s/GPU with ITL <= target: the largest whole batch meeting
-    it, no more than the KV cache holds (the sweep's KV-usage ceiling) or max_num_seqs."""
-    dp = model.spec.dp
-    cap = min(int(kv_tokens // context) // dp, model.spec.max_num_seqs)
-    lo, hi = 0, cap
-    while lo < hi:  # the step time rises with the batch
-        mid = (lo + hi + 1) // 2
-        if model.decode_step_time_s(mid, context) * 1000.0 <= itl_ms:
+    """The engine's best tokens/s/GPU with ITL <= target: the largest mean running batch
+    (at least one request) meeting it, no more than the KV cache holds up to the sweep's
+    KV-usage ceiling or max_num_seqs allows. A steady state's batch is a mean, so it is not
+    rounded to whole requests (at a few long requests that alone is several percent)."""
+    cap = min(kv_tokens / context, model.spec.max_num_seqs * model.spec.dp)
+    if cap < 1 or engine_itl_ms(model, 1.0, context) > itl_ms:
+        return 0.0
+    lo, hi = 1.0, cap
+    if engine_itl_ms(model, hi, context) <= itl_ms:
+        lo = hi
+    for _ in range(60):  # the step time rises with the batch
+        mid = (lo + hi) / 2
+        if engine_itl_ms(model, mid, context) <= itl_ms:
             lo = mid
         else:
-            hi = mid - 1
-    if lo == 0:
-        return 0.0
-    return lo * dp / model.decode_step_time_s(lo, context) / model.spec.gpus
+            hi = mid
+    return lo / (engine_itl_ms(model, lo, context) / 1000.0) / model.spec.gpus
 
 
 def test_prefill_matches_the_engine_at_and_between_samples(
