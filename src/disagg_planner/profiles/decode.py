@@ -31,9 +31,10 @@ Unlike Dynamo:
 
 The fit is the form of a decode step in a roofline engine model: with ``B`` requests of
 context ``c`` decoding (``B = kv_usage * max_kv_tokens / c``), ``ITL = t0 + t_seq * B +
-t_kv * B * c`` -- weights read and step overhead, per-request work (GEMM rows past the
-memory-bound knee, sampling), and attention reading the KV cache -- with non-negative
-coefficients fitted by least squares to the samples. Throughput follows from its definition,
+t_kv * B * c + t_knee * max(0, B - B_knee)`` -- weights read and step overhead, per-request
+work (sampling, activations), attention reading the KV cache, and the GEMM rows once the
+batch is past the knee where the GEMMs turn compute-bound -- with non-negative coefficients
+fitted by least squares to the samples (the knee chosen among the sampled batches). Throughput follows from its definition,
 ``B / ITL / GPUs``, with the GPUs per engine recovered from the samples. Beyond a row's sweep
 the extrapolated ITL is the fit shifted to meet the interpolated ITL at the row's last node
 inside the hull; beyond the sampled contexts, shifted to meet the edge row at the same KV usage.
@@ -135,23 +136,37 @@ class DecodeBestMany:
 
 @dataclass(frozen=True)
 class DecodeCostFit:
-    """``ITL_ms = base_ms + per_seq_ms * B + per_kv_token_ms * B * context`` fitted to the
-    samples, and ``gpus`` with ``thpt_per_gpu = B / ITL / gpus`` (see the module doc)."""
+    """``ITL_ms = base_ms + per_seq_ms * B + per_kv_token_ms * B * context
+    + per_seq_above_knee_ms * max(0, B - knee_batch)`` fitted to the samples, and ``gpus``
+    with ``thpt_per_gpu = B / ITL / gpus`` (see the module doc). The knee is where the GEMMs
+    turn from reading the weights (memory-bound, flat in ``B``) to compute-bound (each request
+    adds its rows); it is chosen among the sampled batches by the least residual, 0 when no
+    knee fits better."""
 
     base_ms: float
     per_seq_ms: float
     per_kv_token_ms: float
     gpus: float
     max_kv_tokens: int
+    knee_batch: float = 0.0
+    per_seq_above_knee_ms: float = 0.0
 
     @classmethod
     def of(cls, data: DecodeData) -> DecodeCostFit:
         batch = data.kv_usage * data.max_kv_tokens / data.context_length
         kv_tokens = data.kv_usage * data.max_kv_tokens
-        design = np.column_stack([np.ones_like(batch), batch, kv_tokens])
         # Relative least squares: every sample counts alike, short ITLs as much as long.
         weights = 1.0 / data.itl_ms
-        coef, _residual = nnls(design * weights[:, None], data.itl_ms * weights)
+        target = data.itl_ms * weights
+        linear = np.column_stack([np.ones_like(batch), batch, kv_tokens])
+        coef, residual = nnls(linear * weights[:, None], target)
+        knee, coef = 0.0, np.append(coef, 0.0)
+        inner = np.unique(batch)[1:-1]  # a knee at an end is no knee
+        for candidate in inner:
+            design = np.column_stack([linear, np.maximum(batch - candidate, 0.0)])
+            c, r = nnls(design * weights[:, None], target)
+            if c[3] > 0 and r < residual * (1 - 1e-9):
+                residual, knee, coef = r, float(candidate), c
         gpus = float(np.median(batch * 1000.0 / (data.itl_ms * data.thpt_per_gpu)))
         return cls(
             base_ms=float(coef[0]),
@@ -159,6 +174,8 @@ class DecodeCostFit:
             per_kv_token_ms=float(coef[2]),
             gpus=gpus,
             max_kv_tokens=data.max_kv_tokens,
+            knee_batch=knee,
+            per_seq_above_knee_ms=float(coef[3]),
         )
 
     def batch(self, kv_usage: FloatArray, context_length: FloatArray) -> FloatArray:
@@ -167,7 +184,10 @@ class DecodeCostFit:
     def itl_ms(self, kv_usage: FloatArray, context_length: FloatArray) -> FloatArray:
         b = self.batch(kv_usage, context_length)
         return np.asarray(
-            self.base_ms + self.per_seq_ms * b + self.per_kv_token_ms * b * context_length,
+            self.base_ms
+            + self.per_seq_ms * b
+            + self.per_kv_token_ms * b * context_length
+            + self.per_seq_above_knee_ms * np.maximum(b - self.knee_batch, 0.0),
             dtype=np.float64,
         )
 
@@ -422,6 +442,11 @@ class DecodeInterpolator:
         return (
             f"{where}: extrapolated from the decode cost fit ITL = {f.base_ms:.3g} ms + "
             f"{f.per_seq_ms:.3g} ms x requests + {f.per_kv_token_ms:.3g} ms x KV tokens"
+            + (
+                f" + {f.per_seq_above_knee_ms:.3g} ms x requests above {f.knee_batch:.0f}"
+                if f.per_seq_above_knee_ms > 0
+                else ""
+            )
         )
 
     # --- capacity under an ITL target ------------------------------------------------------

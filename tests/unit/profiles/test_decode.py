@@ -249,7 +249,7 @@ def test_reproduces_its_sample_points_and_stays_within_them(dec: DecodeInterpola
     d = dec.data
     itl, thpt = dec.surfaces_many(d.kv_usage, d.context_length)
     np.testing.assert_allclose(itl, d.itl_ms, rtol=1e-9)
-    np.testing.assert_allclose(thpt, d.thpt_per_gpu, rtol=1e-6)
+    np.testing.assert_allclose(thpt, d.thpt_per_gpu, rtol=1e-5)
     # No overshoot: inside the samples' hull every node's ratio to the cost fit lies within
     # the samples' ratios; everywhere the surfaces are finite and not negative.
     _, _, grid_itl, grid_thpt = dec.grid
