@@ -34,10 +34,11 @@ context ``c`` decoding (``B = kv_usage * max_kv_tokens / c``), ``ITL = t0 + t_se
 t_kv * B * c + t_knee * max(0, B - B_knee)`` -- weights read and step overhead, per-request
 work (sampling, activations), attention reading the KV cache, and the GEMM rows once the
 batch is past the knee where the GEMMs turn compute-bound -- with non-negative coefficients
-fitted by least squares to the samples (the knee chosen among the sampled batches). Throughput follows from its definition,
-``B / ITL / GPUs``, with the GPUs per engine recovered from the samples. Beyond a row's sweep
-the extrapolated ITL is the fit shifted to meet the interpolated ITL at the row's last node
-inside the hull; beyond the sampled contexts, shifted to meet the edge row at the same KV usage.
+fitted by least squares to the samples (the knee chosen among the sampled batches).
+Throughput follows from its definition, ``B / ITL / GPUs``, with the GPUs per engine
+recovered from the samples. Beyond a row's sweep the extrapolated values are the fit scaled
+by the ratio (sample / fit) at the row's last node inside the hull; beyond the sampled
+contexts, by the edge row's ratio at the same KV usage.
 
 The grid spans KV usage 0-1 and the sampled contexts; a KV usage outside 0-1 is clamped and
 flagged (no engine holds more than its cache).
