@@ -146,7 +146,8 @@ def _show(args: argparse.Namespace) -> int:
             "isl": _plain(isl),
             "ttft_ms": point.ttft_ms,
             "thpt_per_gpu": point.thpt_per_gpu,
-            "clamped": point.clamped,
+            "extrapolated": point.extrapolated,
+            "note": point.note,
         }
     if itl is not None and context is not None:
         best = profile.decode.find_best_throughput_per_gpu(itl, context)
@@ -157,6 +158,8 @@ def _show(args: argparse.Namespace) -> int:
             "itl_ms": best.itl_ms,
             "kv_usage": best.kv_usage,
             "feasible": best.feasible,
+            "extrapolated": best.extrapolated,
+            "note": best.note,
         }
     answer["max_kv_tokens"] = profile.max_kv_tokens
     if args.json:
@@ -164,13 +167,8 @@ def _show(args: argparse.Namespace) -> int:
     elif isl is None and itl is None:
         print(_summary(profile))
     else:
-        print(_answer_text(profile, answer, decode_clamped=_decode_clamped(profile, context)))
+        print(_answer_text(profile, answer))
     return 0
-
-
-def _decode_clamped(profile: Profile, context: float | None) -> bool:
-    lo, hi = profile.decode.context_range
-    return context is not None and not lo <= context <= hi
 
 
 def _header(profile: Profile) -> list[str]:
@@ -181,12 +179,11 @@ def _header(profile: Profile) -> list[str]:
     return lines
 
 
-def _answer_text(profile: Profile, answer: dict[str, Any], *, decode_clamped: bool) -> str:
+def _answer_text(profile: Profile, answer: dict[str, Any]) -> str:
     lines = _header(profile)
     if "prefill" in answer:
         p = answer["prefill"]
-        lo, hi = profile.prefill.isl_range
-        note = f" (ISL outside the profiled {lo:g}-{hi:g}; clamped)" if p["clamped"] else ""
+        note = f" (extrapolated: {p['note']})" if p["extrapolated"] else ""
         lines.append(
             f"prefill        ISL {p['isl']:g}: TTFT {p['ttft_ms']:.2f} ms, "
             f"{p['thpt_per_gpu']:.0f} tokens/s/GPU{note}"
@@ -204,9 +201,8 @@ def _answer_text(profile: Profile, answer: dict[str, Any], *, decode_clamped: bo
                 f"infeasible: the lowest ITL at this context is {d['itl_ms']:.2f} ms "
                 f"(KV usage {d['kv_usage']:.3f})"
             )
-        if decode_clamped:
-            lo, hi = profile.decode.context_range
-            text += f" (context outside the profiled {lo:g}-{hi:g}; clamped)"
+        if d["extrapolated"]:
+            text += f" (extrapolated: {d['note']})"
         lines.append(f"decode         {where}: {text}")
     return "\n".join(lines)
 

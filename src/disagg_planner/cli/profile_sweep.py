@@ -52,29 +52,53 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--granularity-prefill",
         type=_positive_int,
-        default=16,
+        default=24,
         metavar="N",
-        help="Number of ISLs in the prefill sweep (default 16, Dynamo's).",
+        help="Number of ISLs in the prefill sweep, spaced geometrically (default 24).",
     )
     group.add_argument(
         "--granularity-decode",
         type=_positive_int,
-        default=6,
+        default=16,
         metavar="N",
-        help="Number of ISLs and of concurrencies in the decode sweep (default 6, Dynamo's).",
+        help="Number of context lengths in the decode sweep, spaced geometrically from "
+        "--min-context to the engine's context (default %(default)s).",
+    )
+    group.add_argument(
+        "--granularity-concurrency",
+        type=_positive_int,
+        default=20,
+        metavar="N",
+        help="Number of concurrencies per decode context, spaced geometrically from 1 to "
+        "what fills --max-kv-usage of the KV cache (default %(default)s).",
+    )
+    group.add_argument(
+        "--min-context",
+        type=_positive_int,
+        default=256,
+        metavar="TOKENS",
+        help="Shortest decode context length swept (default 256).",
+    )
+    group.add_argument(
+        "--max-kv-usage",
+        type=float,
+        default=0.95,
+        metavar="FRACTION",
+        help="KV-cache usage the decode sweep reaches at every context (default 0.95), "
+        "unless the engine's max_num_seqs stops it first (reported).",
     )
     group.add_argument(
         "--max-context-length",
         type=_positive_int,
         metavar="TOKENS",
-        help="Largest ISL swept (default: the engine's context, at most 16384).",
+        help="Largest ISL swept (default: the engine's context; 16384 for an endpoint).",
     )
     group.add_argument(
         "--decode-osl",
         type=_positive_int,
-        default=500,
         metavar="TOKENS",
-        help="Output length of the decode sweep's requests (default 500).",
+        help="Longest output of the decode sweep's requests (default: a tenth of the "
+        "context at each context swept).",
     )
     group.add_argument("--model", metavar="NAME", help="Model name to request (endpoint only).")
     group.add_argument(
@@ -128,6 +152,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     config = profiling.SweepConfig(
         granularity_prefill=args.granularity_prefill,
         granularity_decode=args.granularity_decode,
+        granularity_concurrency=args.granularity_concurrency,
+        min_context=args.min_context,
+        max_kv_usage=args.max_kv_usage,
         max_context_length=args.max_context_length,
         decode_osl=args.decode_osl,
     )
@@ -158,6 +185,12 @@ def run_sweep(args: argparse.Namespace) -> int:
         raise SpecError(f"--engine {engine!r}: expected sim:MODEL@GPU[:tpN]... or http://HOST:PORT")
     result = profiling.run_sweep(sweep_target, config, progress=log.info)
     path = result.write(Path(output), manifest=manifest)
+    for cut in result.details.get("cut_by_max_num_seqs", []):
+        print(
+            f"warning: max_num_seqs cuts the decode sweep short of KV usage "
+            f"{config.max_kv_usage:g}: {cut}",
+            file=sys.stderr,
+        )
     print(
         f"wrote {path}: {len(result.prefill_isl)} prefill and {len(result.decode_itl_ms)} "
         f"decode points, max_kv_tokens {result.max_kv_tokens}",
@@ -175,9 +208,15 @@ def _tool_args(args: argparse.Namespace, *, engine: str, output: str) -> list[st
         str(args.granularity_prefill),
         "--granularity-decode",
         str(args.granularity_decode),
+        "--granularity-concurrency",
+        str(args.granularity_concurrency),
     ]
+    if args.min_context != 256:
+        out += ["--min-context", str(args.min_context)]
+    if args.max_kv_usage != 0.95:
+        out += ["--max-kv-usage", f"{args.max_kv_usage:g}"]
     if args.max_context_length:
         out += ["--max-context-length", str(args.max_context_length)]
-    if args.decode_osl != 500:
+    if args.decode_osl is not None:
         out += ["--decode-osl", str(args.decode_osl)]
     return [*out, "-o", output]

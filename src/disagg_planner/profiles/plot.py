@@ -58,7 +58,8 @@ def profile_figure(profile: Profile) -> Any:
 
     dec = profile.decode
     kv = np.linspace(0.0, 1.0, _SURFACE_POINTS)
-    ctx = np.linspace(0.0, dec.context_range[1], _SURFACE_POINTS)
+    # Profiles sample contexts geometrically (256 to the model's context).
+    ctx = np.geomspace(*dec.context_range, _SURFACE_POINTS)
     itl, thpt = dec.surfaces_many(kv[None, :], ctx[:, None])
     d = dec.data
     for col, (label, surface, samples) in enumerate(

@@ -6,8 +6,14 @@ prefill engine (``ttft_ms``, ms) and the prefill throughput that gives per GPU
 spline through the samples, as Dynamo's ``interp1d(kind="cubic")``, when there are at least 4
 samples, else piecewise linear. Should a cubic dip to zero or below anywhere in the profiled
 range (wild data overshooting), that curve falls back to piecewise linear, which stays between
-neighbouring samples. Outside the profiled range the ISL is clamped to the nearest end and the
-result says so (``clamped``), because extrapolating a spline is not trustworthy.
+neighbouring samples.
+
+Outside the profiled range a spline is not trustworthy, so the answer is **extrapolated** from
+a fit of the prefill's cost, and says so (``extrapolated``, with a ``note``): ``TTFT = t0 +
+t_token * ISL + t_pair * ISL^2`` -- fixed cost, GEMMs linear in the tokens, attention over
+the pairs of tokens -- with non-negative coefficients fitted by least squares (relative) to
+the samples, scaled to meet the curve at the nearest end of the range; throughput follows
+from its definition, ``ISL / TTFT / GPUs``, with the GPUs taken from the samples at that end.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 from scipy.interpolate import PPoly, make_interp_spline
+from scipy.optimize import nnls
 
 from disagg_planner.profiles.storage import FloatArray, PrefillData, prefill_data
 
-__all__ = ["PrefillInterpolator", "PrefillPoint"]
+__all__ = ["PrefillCostFit", "PrefillInterpolator", "PrefillPoint"]
 
 CurveKind = Literal["cubic", "linear"]
 
@@ -32,14 +39,43 @@ _MIN_CUBIC_POINTS = 4
 class PrefillPoint:
     """Prefill answer at one ISL.
 
-    ``isl`` is the ISL asked about; when ``clamped`` is true it lay outside the profiled
-    range and ``ttft_ms``/``thpt_per_gpu`` are the values at the nearest end of that range.
+    ``isl`` is the ISL asked about; when ``extrapolated`` is true it lay outside the profiled
+    range and ``ttft_ms``/``thpt_per_gpu`` come from the cost fit (``note`` says so).
     """
 
     isl: float
     ttft_ms: float
     thpt_per_gpu: float
-    clamped: bool
+    extrapolated: bool
+    note: str | None = None
+
+    @property
+    def clamped(self) -> bool:
+        """The former name of :attr:`extrapolated` (outside the profiled range)."""
+        return self.extrapolated
+
+
+@dataclass(frozen=True)
+class PrefillCostFit:
+    """``TTFT_ms = base_ms + per_token_ms * ISL + per_pair_ms * ISL^2`` fitted to the samples
+    (see the module doc)."""
+
+    base_ms: float
+    per_token_ms: float
+    per_pair_ms: float
+
+    @classmethod
+    def of(cls, data: PrefillData) -> PrefillCostFit:
+        isl = data.isl
+        design = np.column_stack([np.ones_like(isl), isl, isl**2])
+        weights = 1.0 / data.ttft_ms  # relative: short prompts count as much as long ones
+        coef, _residual = nnls(design * weights[:, None], data.ttft_ms * weights)
+        return cls(base_ms=float(coef[0]), per_token_ms=float(coef[1]), per_pair_ms=float(coef[2]))
+
+    def ttft_ms(self, isl: FloatArray) -> FloatArray:
+        return np.asarray(
+            self.base_ms + self.per_token_ms * isl + self.per_pair_ms * isl**2, dtype=np.float64
+        )
 
 
 class _Curve:
@@ -75,14 +111,23 @@ class PrefillInterpolator:
     ...     isl=[1000, 2000, 4000], ttft_ms=[25.0, 50.0, 110.0], thpt_per_gpu=[40e3, 40e3, 36e3])
     >>> p.ttft_ms(2000), p.thpt_per_gpu(3000)
     (50.0, 38000.0)
-    >>> p.lookup(8000).clamped
+    >>> p.lookup(8000).extrapolated
     True
     """
 
     def __init__(self, data: PrefillData) -> None:
         self.data = data
+        self.fit = PrefillCostFit.of(data)
         self._ttft = _Curve(data.isl, data.ttft_ms)
         self._thpt = _Curve(data.isl, data.thpt_per_gpu)
+        # Where the fit takes over: its scale to meet the curve at each end, and the
+        # tokens/s/GPU per token/ms there (1000 / GPUs for a sweep).
+        ends = np.array([data.isl[0], data.isl[-1]])
+        self._end_ttft = np.array([data.ttft_ms[0], data.ttft_ms[-1]])
+        self._end_scale = self._end_ttft / np.maximum(self.fit.ttft_ms(ends), 1e-12)
+        self._end_rate = np.array([data.thpt_per_gpu[0], data.thpt_per_gpu[-1]]) * (
+            self._end_ttft / ends
+        )
 
     @classmethod
     def from_arrays(
@@ -112,31 +157,62 @@ class PrefillInterpolator:
         return {"ttft_ms": self._ttft.kind, "thpt_per_gpu": self._thpt.kind}
 
     def ttft_ms(self, isl: float) -> float:
-        """TTFT in ms of one request of ``isl`` tokens (ISL clamped to the profiled range)."""
-        return float(self._ttft(_finite_array(isl, "isl")))
+        """TTFT in ms of one request of ``isl`` tokens (extrapolated outside the range)."""
+        return float(self._both(_finite_array(isl, "isl"))[0])
 
     def thpt_per_gpu(self, isl: float) -> float:
-        """Prefill throughput in tokens/s/GPU at ``isl`` (ISL clamped to the profiled range)."""
-        return float(self._thpt(_finite_array(isl, "isl")))
+        """Prefill throughput in tokens/s/GPU at ``isl`` (extrapolated outside the range)."""
+        return float(self._both(_finite_array(isl, "isl"))[1])
 
     def lookup(self, isl: float) -> PrefillPoint:
-        """Both curves at ``isl`` and whether ``isl`` had to be clamped."""
+        """Both curves at ``isl`` and whether it lay outside the profiled range."""
         lo, hi = self.isl_range
-        x = _finite_array(isl, "isl")
+        ttft, thpt = self._both(_finite_array(isl, "isl"))
+        extrapolated = not (lo <= float(isl) <= hi)
+        note = None
+        if extrapolated:
+            f = self.fit
+            note = (
+                f"ISL {float(isl):g} is outside the profiled {lo:g}-{hi:g}: extrapolated from "
+                f"the prefill cost fit TTFT = {f.base_ms:.3g} ms + {f.per_token_ms:.3g} ms x "
+                f"tokens + {f.per_pair_ms:.3g} ms x tokens^2, scaled to the nearest sample"
+            )
         return PrefillPoint(
             isl=float(isl),
-            ttft_ms=float(self._ttft(x)),
-            thpt_per_gpu=float(self._thpt(x)),
-            clamped=not (lo <= float(isl) <= hi),
+            ttft_ms=float(ttft),
+            thpt_per_gpu=float(thpt),
+            extrapolated=extrapolated,
+            note=note,
         )
+
+    def extrapolated_many(self, isl: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Whether each ISL lies outside the profiled range."""
+        x = _finite_array(isl, "isl")
+        lo, hi = self.isl_range
+        return np.asarray((x < lo) | (x > hi))
 
     def ttft_ms_many(self, isl: npt.ArrayLike) -> FloatArray:
         """Vectorised :meth:`ttft_ms` (same shape as ``isl``)."""
-        return self._ttft(_finite_array(isl, "isl"))
+        return self._both(_finite_array(isl, "isl"))[0]
 
     def thpt_per_gpu_many(self, isl: npt.ArrayLike) -> FloatArray:
         """Vectorised :meth:`thpt_per_gpu` (same shape as ``isl``)."""
-        return self._thpt(_finite_array(isl, "isl"))
+        return self._both(_finite_array(isl, "isl"))[1]
+
+    def _both(self, x: FloatArray) -> tuple[FloatArray, FloatArray]:
+        ttft = np.asarray(self._ttft(x), dtype=np.float64)
+        thpt = np.asarray(self._thpt(x), dtype=np.float64)
+        lo, hi = self.isl_range
+        beyond = (x < lo) | (x > hi)
+        if np.any(beyond):
+            xb = np.maximum(np.asarray(x, dtype=np.float64)[beyond], 1.0)
+            end = (xb > hi).astype(np.intp)
+            t = self.fit.ttft_ms(xb) * self._end_scale[end]
+            ttft = np.array(ttft, dtype=np.float64, copy=True)
+            thpt = np.array(thpt, dtype=np.float64, copy=True)
+            ttft[beyond] = t
+            thpt[beyond] = xb * self._end_rate[end] / t
+        return ttft, thpt
 
 
 def _finite_array(values: npt.ArrayLike, name: str) -> FloatArray:

@@ -1,15 +1,24 @@
 """Profiling sweeps in the manner of Dynamo's pre-deployment profiler, against the simulated
-engine or a real OpenAI-compatible endpoint.
+engine or a real OpenAI-compatible endpoint, dense enough to cover the SLA range.
 
-- **Prefill**: ``granularity_prefill`` ISLs evenly spaced from ``min_isl`` to the maximum
-  context; at each, requests with one output token are sent one at a time (one per
-  data-parallel rank at once), giving TTFT and ``thpt_per_gpu = ISL / TTFT / GPUs-per-rank``.
-- **Decode**: ``granularity_decode`` ISLs evenly spaced from ``min_isl`` to
-  ``max context - decode_osl``; at each, ``granularity_decode`` concurrencies evenly spaced
-  from 1 to what the KV cache holds (and ``max_num_seqs`` allows) at that context. A closed
-  loop keeps that many requests in flight; each point records the mean ITL,
-  ``context_length = ISL + OSL/2``, ``kv_usage = concurrency * context_length / max_kv_tokens``
-  and ``thpt_per_gpu = concurrency / ITL / GPUs``.
+- **Prefill**: ``granularity_prefill`` ISLs spaced geometrically from ``min_isl`` to the
+  engine's context (the model's, 128k for Llama 3.1), so short prompts, where most traffic
+  and the TTFT targets are, get as many samples as long ones; at each, requests with one
+  output token are sent one at a time (one per data-parallel rank at once), giving TTFT and
+  ``thpt_per_gpu = ISL / TTFT / GPUs-per-rank``.
+- **Decode**: ``granularity_decode`` context lengths spaced geometrically from
+  ``min_context`` (256) to the engine's context; at each, ``granularity_concurrency``
+  concurrencies spaced geometrically from 1 to what keeps the KV cache at
+  ``max_kv_usage`` (0.95) -- or less where ``max_num_seqs`` stops it, which the sweep
+  reports. A closed loop keeps that many requests in flight; each point records the mean ITL
+  of the requests that ran wholly in the steady state, ``context_length = ISL + OSL/2``,
+  ``kv_usage = concurrency * context_length / max_kv_tokens`` and
+  ``thpt_per_gpu = concurrency / ITL / GPUs``. The OSL is a tenth of the context (or
+  ``decode_osl`` if shorter): a request's KV grows to ``ISL + OSL`` while its mean context is
+  ``ISL + OSL/2``, so only an OSL short against the context lets the mean KV usage reach 0.95
+  without preemption, and one proportional to the context keeps the share of a request's
+  life spent in prefill and KV transfer (out of the decode batch) about the same at 256 and
+  at 128k tokens.
 
 The result is written in Dynamo's NPZ layout with ``disagg_planner.profiles.write_profile`` plus a
 ``profile.yaml`` manifest (``source: modelled`` for the simulator, ``measured`` for an
@@ -36,41 +45,58 @@ import numpy as np
 
 from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.profiles import EngineShape, ProfileManifest, write_profile
+from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec, coerce
 from disagg_planner.simulator.errors import ProfilingError
 from disagg_planner.simulator.request import RequestRecord
 
-DEFAULT_GRANULARITY_PREFILL = 16
-DEFAULT_GRANULARITY_DECODE = 6
+DEFAULT_GRANULARITY_PREFILL = 24
+DEFAULT_GRANULARITY_DECODE = 16
+DEFAULT_GRANULARITY_CONCURRENCY = 20
+DEFAULT_MIN_CONTEXT = 256
+DEFAULT_MAX_KV_USAGE = 0.95
+# An endpoint does not say its context; this is what is assumed without --max-context-length.
 DEFAULT_MAX_CONTEXT = 16384
+# The decode OSL is at most this share of the context (see the module doc).
+_OSL_SHARE_OF_CONTEXT = 0.1
 
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """What to sweep. ``max_context_length`` None: the engine's, capped at 16,384 tokens."""
+    """What to sweep. ``max_context_length`` None: the engine's context."""
 
     granularity_prefill: int = DEFAULT_GRANULARITY_PREFILL
     granularity_decode: int = DEFAULT_GRANULARITY_DECODE
+    granularity_concurrency: int = DEFAULT_GRANULARITY_CONCURRENCY
     max_context_length: int | None = None
     min_isl: int = 100
-    decode_osl: int = 500
-    prefill_repeats: int = 1
+    min_context: int = DEFAULT_MIN_CONTEXT
+    max_kv_usage: float = DEFAULT_MAX_KV_USAGE
+    decode_osl: int | None = None
     decode_rounds: float = 2.0  # measured requests per concurrency slot, after one warm-up wave
 
     def __post_init__(self) -> None:
-        if self.granularity_prefill < 2 or self.granularity_decode < 2:
+        if min(self.granularity_prefill, self.granularity_decode, self.granularity_concurrency) < 2:
             raise ProfilingError(
                 f"granularity must be >= 2 (prefill {self.granularity_prefill}, "
-                f"decode {self.granularity_decode})"
+                f"decode {self.granularity_decode}, concurrency {self.granularity_concurrency})"
             )
-        if self.min_isl < 1 or self.decode_osl < 2:
+        if self.min_isl < 1 or (self.decode_osl or 2) < 2 or self.min_context < 4:
             raise ProfilingError(
-                f"min_isl={self.min_isl} must be >= 1 and decode_osl={self.decode_osl} >= 2"
+                f"min_isl={self.min_isl} must be >= 1, decode_osl={self.decode_osl} >= 2 and "
+                f"min_context={self.min_context} >= 4"
             )
-        if self.prefill_repeats < 1 or self.decode_rounds <= 0:
-            raise ProfilingError("prefill_repeats must be >= 1 and decode_rounds > 0")
+        if not 0.0 < self.max_kv_usage <= 1.0:
+            raise ProfilingError(f"max_kv_usage={self.max_kv_usage} must be in (0, 1]")
+        if self.decode_rounds <= 0:
+            raise ProfilingError("decode_rounds must be > 0")
+
+    def decode_osl_at(self, context: float) -> int:
+        """Output length of the decode requests at ``context`` (see the module doc)."""
+        share = round(_OSL_SHARE_OF_CONTEXT * context)
+        return max(2, share if self.decode_osl is None else min(self.decode_osl, share))
 
 
 @dataclass(frozen=True)
@@ -102,6 +128,18 @@ class SweepResult:
         )
 
 
+@dataclass(frozen=True)
+class DecodeMeasurement:
+    """One decode point: the mean ITL and how many requests were decoding on average.
+
+    ``running`` is below the closed loop's concurrency by the requests between two decode
+    phases (in prefill or KV transfer); a target that cannot see it reports the concurrency.
+    """
+
+    itl_ms: float
+    running: float
+
+
 class SweepTarget(Protocol):
     """An engine to profile."""
 
@@ -114,14 +152,25 @@ class SweepTarget(Protocol):
     def prefill_ttft_ms(self, isl: int, *, concurrent: int) -> float:
         """Mean TTFT of ``concurrent`` simultaneous requests of ``isl`` tokens, one output."""
 
-    def decode_itl_ms(self, isl: int, osl: int, *, concurrency: int, measured: int) -> float:
+    def decode_point(
+        self, isl: int, osl: int, *, concurrency: int, measured: int
+    ) -> DecodeMeasurement:
         """Mean ITL while ``concurrency`` requests stay in flight (closed loop)."""
 
 
-def _grid(lo: int, hi: int, n: int) -> list[int]:
+def _geometric_grid(lo: int, hi: int, n: int) -> list[int]:
+    """About ``n`` distinct integers from ``lo`` to ``hi`` (both included), evenly spaced on a
+    log scale; where rounding would repeat an integer the next one is taken instead."""
     if hi <= lo:
         return [lo]
-    return sorted({round(x) for x in np.linspace(lo, hi, n)})
+    out: list[int] = []
+    for x in np.geomspace(lo, hi, n):
+        v = max(round(float(x)), out[-1] + 1 if out else lo)
+        if v <= hi:
+            out.append(v)
+    if out[-1] != hi:
+        out.append(hi)
+    return out
 
 
 def run_sweep(
@@ -132,38 +181,58 @@ def run_sweep(
 ) -> SweepResult:
     """Sweep ``target`` (see the module doc)."""
     say = progress or (lambda _msg: None)
-    max_ctx = config.max_context_length or min(target.max_context, DEFAULT_MAX_CONTEXT)
-    max_ctx = min(max_ctx, target.max_context)
-    if max_ctx <= config.min_isl + config.decode_osl:
+    max_ctx = min(config.max_context_length or target.max_context, target.max_context)
+    if max_ctx <= max(config.min_isl, config.min_context):
         raise ProfilingError(
-            f"max context {max_ctx} is too short for min_isl {config.min_isl} plus "
-            f"decode_osl {config.decode_osl}"
+            f"max context {max_ctx} must exceed min_isl {config.min_isl} and min_context "
+            f"{config.min_context}"
         )
     per_rank_gpus = target.gpus / target.dp
     p_isl, p_ttft, p_thpt = [], [], []
-    for isl in _grid(config.min_isl, max_ctx - 1, config.granularity_prefill):
+    for isl in _geometric_grid(config.min_isl, max_ctx - 1, config.granularity_prefill):
         ttft = target.prefill_ttft_ms(isl, concurrent=target.dp)
         p_isl.append(float(isl))
         p_ttft.append(ttft)
         p_thpt.append(isl / (ttft / 1000.0) / per_rank_gpus)
         say(f"prefill ISL {isl}: TTFT {ttft:.1f} ms")
-    osl = config.decode_osl
     d_kv, d_ctx, d_itl, d_thpt = [], [], [], []
-    for isl in _grid(config.min_isl, max_ctx - osl, config.granularity_decode):
+    cut_by_max_num_seqs: list[str] = []
+    top_context = max_ctx - config.decode_osl_at(max_ctx) // 2
+    for context_target in _geometric_grid(
+        config.min_context, top_context, config.granularity_decode
+    ):
+        osl = config.decode_osl_at(context_target)
+        isl = max(1, min(context_target - osl // 2, max_ctx - osl))
         context = isl + osl / 2.0
-        cap = int(target.max_kv_tokens // (isl + osl))
-        if target.max_num_seqs is not None:
-            cap = min(cap, target.max_num_seqs)
+        # At most max_kv_usage of the cache by mean context, and never more than the cache
+        # holds at the requests' final length (no preemption).
+        cap = min(
+            int(config.max_kv_usage * target.max_kv_tokens // context),
+            int(target.max_kv_tokens // (isl + osl)),
+        )
+        if target.max_num_seqs is not None and target.max_num_seqs < cap:
+            cap = target.max_num_seqs
+            cut_by_max_num_seqs.append(
+                f"context {context:g} stops at KV usage {cap * context / target.max_kv_tokens:.2f}"
+            )
         if cap < 1:
             continue
-        for conc in _grid(1, cap, config.granularity_decode):
+        for conc in _geometric_grid(1, cap, config.granularity_concurrency):
             measured = max(2, math.ceil(conc * config.decode_rounds))
-            itl = target.decode_itl_ms(isl, osl, concurrency=conc, measured=measured)
-            d_kv.append(min(1.0, conc * context / target.max_kv_tokens))
+            point = target.decode_point(isl, osl, concurrency=conc, measured=measured)
+            d_kv.append(min(1.0, point.running * context / target.max_kv_tokens))
             d_ctx.append(context)
-            d_itl.append(itl)
-            d_thpt.append(conc / (itl / 1000.0) / target.gpus)
-            say(f"decode ISL {isl} concurrency {conc}: ITL {itl:.2f} ms")
+            d_itl.append(point.itl_ms)
+            d_thpt.append(point.running / (point.itl_ms / 1000.0) / target.gpus)
+            say(
+                f"decode ISL {isl} OSL {osl} concurrency {conc} ({point.running:.1f} "
+                f"decoding): ITL {point.itl_ms:.2f} ms"
+            )
+    if cut_by_max_num_seqs:
+        say(
+            f"max_num_seqs {target.max_num_seqs} cuts the decode sweep short of KV usage "
+            f"{config.max_kv_usage:g}: " + "; ".join(cut_by_max_num_seqs)
+        )
     if len(d_kv) < 3:
         raise ProfilingError(
             f"only {len(d_kv)} decode points fit the KV cache ({target.max_kv_tokens} tokens); "
@@ -178,7 +247,11 @@ def run_sweep(
         decode_itl_ms=d_itl,
         decode_thpt_per_gpu=d_thpt,
         max_kv_tokens=int(target.max_kv_tokens),
-        details={"max_context_length": max_ctx, "decode_osl": osl},
+        details={
+            "max_context_length": max_ctx,
+            "decode_osl": config.decode_osl,
+            "cut_by_max_num_seqs": cut_by_max_num_seqs,
+        },
     )
 
 
@@ -214,31 +287,47 @@ class SimulatedEngine:
             raise ProfilingError(f"simulated prefill at ISL {isl} produced no first token")
         return float(np.mean(ttfts))
 
-    def decode_itl_ms(self, isl: int, osl: int, *, concurrency: int, measured: int) -> float:
+    def decode_point(
+        self, isl: int, osl: int, *, concurrency: int, measured: int
+    ) -> DecodeMeasurement:
         # Enough prefill replicas to keep the decode engine at ``concurrency``.
         t_prefill = self.model.prefill_time_s(isl)
         t_decode = osl * self.model.decode_step_time_s(
             max(1, concurrency // self.dp), isl + osl / 2
         )
         prefill_replicas = max(1, math.ceil(2 * concurrency * t_prefill / max(t_decode, 1e-6)))
-        full: list[RequestRecord] = []
-        target = concurrency + measured  # first wave plus the measured requests
+        refills: list[RequestRecord] = []
+        # (time, duration, decoding requests) of every decode iteration.
+        steps: list[tuple[float, float, int]] = []
+        # A warm-up wave, the measured requests, then one more wave so that the measured ones
+        # finish before the batch drains (requests ending in the drain run with a shrinking
+        # batch and would read several percent fast).
+        target = 2 * concurrency + measured
         issued = concurrency
+        last_submit_s = 0.0
 
         def on_record(rec: RequestRecord) -> None:
-            nonlocal issued
-            if rec.osl == osl:
-                full.append(rec)
+            nonlocal issued, last_submit_s
+            if rec.arrival_s > 0.0 and rec.osl == osl:
+                refills.append(rec)
             if issued < target:
                 issued += 1
+                last_submit_s = cluster.now
                 cluster.submit(
                     [TraceRequest(arrival_s=cluster.now, input_length=isl, output_length=osl)]
+                )
+
+        def on_fpm(fpm: ForwardPassMetrics) -> None:
+            if fpm.worker_id.startswith("decode") and fpm.wall_time > 0:
+                steps.append(
+                    (cluster.now, fpm.wall_time, fpm.scheduled_requests.num_decode_requests)
                 )
 
         cluster = Cluster(
             engines={"prefill": self.spec, "decode": self.spec},
             replicas={"prefill": prefill_replicas, "decode": 1},
             on_record=on_record,
+            on_fpm=on_fpm,
             seed=self.seed,
         )
         # The first wave has staggered lengths so that completions (and refills) spread out
@@ -252,11 +341,21 @@ class SimulatedEngine:
             for i in range(concurrency)
         )
         cluster.run_until(math.inf)
-        window = full[-measured:] if len(full) >= measured else full
-        itls = [r.itl_ms for r in window if r.itl_ms is not None]
-        if not itls:
+        if not refills:
             raise ProfilingError(f"simulated decode at ISL {isl} x {concurrency} gave no ITL")
-        return float(np.mean(itls))
+        # The steady state: from the first refill's finish (the warm-up wave is mixed in by
+        # then) to the last submission (after it the batch drains).
+        start_s = refills[0].finish_s
+        window = [(d, b) for t, d, b in steps if start_s < t <= last_submit_s and b > 0]
+        if not window:
+            window = [(d, b) for _t, d, b in steps if b > 0]
+        # The engine's own view: the mean step time and the mean batch of a step (requests
+        # between prefill and decode are not in it), so that ``running / ITL`` is the tokens
+        # per second the engine made and a step time linear in batch and KV is reproduced
+        # exactly. The client-side ITL would add each request's KV-transfer wait to its
+        # first decode step, several percent at short outputs.
+        itl_ms = 1000.0 * sum(d for d, _b in window) / len(window)
+        return DecodeMeasurement(itl_ms=itl_ms, running=sum(b for _d, b in window) / len(window))
 
 
 def simulated_manifest(spec: EngineSpec, *, tool: str) -> ProfileManifest:
@@ -488,7 +587,11 @@ class HttpEndpoint:
         self._concurrent(max(1, concurrent), one)
         return 1000.0 * float(np.mean([r.ttft_s for r in results]))
 
-    def decode_itl_ms(self, isl: int, osl: int, *, concurrency: int, measured: int) -> float:
+    def decode_point(
+        self, isl: int, osl: int, *, concurrency: int, measured: int
+    ) -> DecodeMeasurement:
+        # The client cannot see when a request is between prefill and decode, so the
+        # closed loop's concurrency stands for the running batch (as Dynamo's profiler does).
         remaining = [concurrency + measured]  # one warm-up request per worker, then measured
         itls: list[float] = []
 
@@ -508,7 +611,7 @@ class HttpEndpoint:
         self._concurrent(concurrency, worker)
         if not itls:
             raise ProfilingError(f"{self.url}: no ITL measured at ISL {isl} x {concurrency}")
-        return 1000.0 * float(np.mean(itls))
+        return DecodeMeasurement(itl_ms=1000.0 * float(np.mean(itls)), running=float(concurrency))
 
 
 def endpoint_manifest(

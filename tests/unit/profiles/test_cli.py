@@ -13,7 +13,7 @@ from disagg_planner.profiles import load_profile
 from tests.unit.profiles.engine_model import Engine, write_dynamo_layout
 from tests.unit.profiles.test_registry import MANIFEST, write_engine_profile
 
-PREFILL_KEYS = {"isl", "ttft_ms", "thpt_per_gpu", "clamped"}
+PREFILL_KEYS = {"isl", "ttft_ms", "thpt_per_gpu", "extrapolated", "note"}
 DECODE_KEYS = {
     "context_length",
     "itl_target_ms",
@@ -21,6 +21,8 @@ DECODE_KEYS = {
     "itl_ms",
     "kv_usage",
     "feasible",
+    "extrapolated",
+    "note",
 }
 
 
@@ -61,7 +63,8 @@ def test_show_json_on_a_dynamo_layout_profile(
         "isl": 3000,
         "ttft_ms": profile.prefill.ttft_ms(3000),
         "thpt_per_gpu": profile.prefill.thpt_per_gpu(3000),
-        "clamped": False,
+        "extrapolated": False,
+        "note": None,
     }
     best = profile.decode.find_best_throughput_per_gpu(10, 3075)
     assert answer["decode"] == {
@@ -71,6 +74,8 @@ def test_show_json_on_a_dynamo_layout_profile(
         "itl_ms": best.itl_ms,
         "kv_usage": best.kv_usage,
         "feasible": True,
+        "extrapolated": False,
+        "note": None,
     }
     assert answer["max_kv_tokens"] == 200_000
 
@@ -81,7 +86,10 @@ def test_show_json_parts_follow_the_query(
     _, out, _ = run(capsys, "profile", "show", str(dynamo_dir), "--isl", "50000", "--json")
     answer = json.loads(out)
     assert list(answer) == ["prefill", "max_kv_tokens"]
-    assert answer["prefill"]["clamped"] is True
+    assert answer["prefill"]["extrapolated"] is True
+    assert "outside the profiled 100-16000" in answer["prefill"]["note"]
+    # Extrapolated from the cost fit, not the profile's last value.
+    assert answer["prefill"]["ttft_ms"] > 3 * load_profile(dynamo_dir).prefill.ttft_ms(16000)
 
     _, out, _ = run(
         capsys,
@@ -124,7 +132,7 @@ def test_show_text_answer_and_summary_table(
     assert lines[1] == "max_kv_tokens  200000"
     assert lines[2].startswith("prefill        ISL 3000: TTFT 83.")
     assert "infeasible: the lowest ITL at this context is" in lines[3]
-    assert "(context outside the profiled 512-16384; clamped)" in lines[3]
+    assert "(extrapolated: context 99999 is outside the profiled 512-16384" in lines[3]
 
     code, out, _ = run(capsys, "profile", "show", str(dynamo_dir))
     assert code == 0

@@ -46,7 +46,12 @@ def test_best_throughput_is_close_to_the_engines_truth(
 ) -> None:
     best = DECODE.find_best_throughput_per_gpu(target, context)
     truth = ENGINE.best_decode_thpt(target, context)
-    assert best.feasible and not best.clamped
+    assert best.feasible
+    # Only an answer past the KV usage the sweep reached there is extrapolated, and says so.
+    covered = DECODE.profiled_kv_usage(context)
+    assert covered is not None
+    assert best.extrapolated == (best.kv_usage > covered[1])
+    assert (best.note is not None) == best.extrapolated
     assert best.itl_ms <= target + 1e-9
     assert best.thpt_per_gpu == pytest.approx(truth, rel=0.10), why
     # The answer is a point of the surface: querying it gives the same numbers.
@@ -69,7 +74,8 @@ def test_exact_on_a_linear_surface_without_grid_snapping() -> None:
     )
     best = dec.find_best_throughput_per_gpu(15.0, 3075.0)
     assert best.kv_usage == pytest.approx(0.5, abs=1e-6)
-    assert best.thpt_per_gpu == pytest.approx(1000 + 2000 - 30.75, rel=1e-6)
+    # (to 0.2%: what is interpolated is the ratio to the cost fit, over log context)
+    assert best.thpt_per_gpu == pytest.approx(1000 + 2000 - 30.75, rel=2e-3)
     assert best.itl_ms == pytest.approx(15.0)
 
 
@@ -77,21 +83,76 @@ def test_infeasible_target_is_explicit() -> None:
     best = DECODE.find_best_throughput_per_gpu(3.0, 4096)
     assert not best.feasible
     assert best.thpt_per_gpu == 0.0
-    # It reports the lowest ITL there is at that context, which misses the target.
-    lowest = DECODE.grid[2][list(DECODE.grid[1]).index(4096.0)].min()
+    # It reports the lowest ITL there is at that context with at least one request running,
+    # which misses the target.
+    xs, ys, itl, _thpt = DECODE.grid
+    one_request = 4096.0 / DECODE.max_kv_tokens
+    row = itl[list(ys).index(4096.0)]
+    lowest = min(row[xs >= one_request].min(), DECODE.itl_ms(one_request, 4096))
     assert best.itl_ms == pytest.approx(lowest)
+    assert best.kv_usage >= one_request
     assert best.itl_ms > 3.0
     assert DECODE.itl_ms(best.kv_usage, 4096) == pytest.approx(best.itl_ms)
 
 
-def test_context_outside_the_profile_is_clamped_and_flagged() -> None:
-    far = DECODE.find_best_throughput_per_gpu(10.0, 50_000)
-    edge = DECODE.find_best_throughput_per_gpu(10.0, 16384)
-    assert far.clamped and not edge.clamped
-    assert far.thpt_per_gpu == pytest.approx(edge.thpt_per_gpu)
-    assert DECODE.find_best_throughput_per_gpu(10.0, 100).clamped
-    assert DECODE.lookup(1.5, 4096).clamped
-    assert not DECODE.lookup(0.5, 4096).clamped
+def test_cost_fit_recovers_a_linear_engine() -> None:
+    fit = DECODE.fit
+    assert fit.base_ms == pytest.approx(ENGINE.itl_base_ms, rel=1e-3)
+    assert fit.per_seq_ms == pytest.approx(ENGINE.itl_per_seq_ms, rel=1e-3)
+    assert fit.per_kv_token_ms == pytest.approx(ENGINE.itl_per_kv_token_ms, rel=1e-3)
+    assert fit.gpus == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("context", [100.0, 300.0, 30_000.0, 50_000.0])
+def test_context_outside_the_profile_is_extrapolated_and_flagged(context: float) -> None:
+    far = DECODE.find_best_throughput_per_gpu(10.0, context)
+    assert far.extrapolated and far.note is not None
+    assert "outside the profiled 512-16384" in far.note
+    # Not the edge's answer: the engine's cost carried on past the sampled contexts.
+    assert far.thpt_per_gpu == pytest.approx(ENGINE.best_decode_thpt(10.0, context), rel=0.02)
+    assert not DECODE.find_best_throughput_per_gpu(10.0, 16384).extrapolated
+    point = DECODE.lookup(0.3, context)
+    assert point.extrapolated
+    truth = ENGINE.decode_itl_ms(np.array(0.3), np.array(context))
+    assert point.itl_ms == pytest.approx(float(truth), rel=0.02)
+
+
+def test_kv_usage_outside_0_1_is_flagged() -> None:
+    assert DECODE.lookup(1.5, 4096).extrapolated
+    assert "outside 0-1" in (DECODE.lookup(1.5, 4096).note or "")
+    assert not DECODE.lookup(0.5, 4096).extrapolated
+
+
+def cut_short_row() -> DecodeInterpolator:
+    """The old bundled profile's shape: a short context whose sweep max_num_seqs stopped at
+    KV usage 0.05, next to a long one that reached 0.95."""
+    rows = [(350.0, np.linspace(0.005, 0.05, 5)), (3507.0, np.linspace(0.02, 0.95, 6))]
+    kv = np.concatenate([k for _c, k in rows])
+    ctx = np.concatenate([np.full(k.size, c) for c, k in rows])
+    return DecodeInterpolator.from_arrays(
+        kv_usage=kv,
+        context_length=ctx,
+        itl_ms=ENGINE.decode_itl_ms(kv, ctx),
+        thpt_per_gpu=ENGINE.decode_thpt(kv, ctx),
+        max_kv_tokens=ENGINE.max_kv_tokens,
+    )
+
+
+def test_kv_usage_beyond_a_short_sweep_is_not_clamped_to_the_neighbouring_row() -> None:
+    dec = cut_short_row()
+    answers = [dec.find_best_throughput_per_gpu(t, 3150.0) for t in (7.0, 9.0, 12.0, 20.0)]
+    thpts = [a.thpt_per_gpu for a in answers]
+    assert len(set(thpts)) == 4 and thpts == sorted(thpts)
+    for target, answer in zip((7.0, 9.0, 12.0, 20.0), answers, strict=True):
+        assert answer.thpt_per_gpu == pytest.approx(
+            ENGINE.best_decode_thpt(target, 3150.0), rel=0.05
+        )
+    # Beyond the 350-token row's sweep the ITL keeps rising with the batch.
+    at_row = dec.lookup(0.3, 350.0)
+    assert at_row.extrapolated and at_row.note is not None and "0.005-0.050" in at_row.note
+    assert at_row.itl_ms == pytest.approx(
+        float(ENGINE.decode_itl_ms(np.array(0.3), np.array(350.0))), rel=0.02
+    )
 
 
 def test_many_contexts_at_once_equal_one_by_one() -> None:
@@ -103,7 +164,7 @@ def test_many_contexts_at_once_equal_one_by_one() -> None:
         assert many.thpt_per_gpu[idx] == one.thpt_per_gpu
         assert many.kv_usage[idx] == one.kv_usage
         assert many.feasible[idx] == one.feasible
-        assert many.clamped[idx] == one.clamped
+        assert many.extrapolated[idx] == one.extrapolated
 
 
 def test_concurrency_uses_dynamos_kv_usage_formula() -> None:
@@ -117,8 +178,9 @@ def test_concurrency_uses_dynamos_kv_usage_formula() -> None:
     )
 
 
-def test_scattered_points_without_rows_use_hull_and_nearest() -> None:
-    # One point per context length: no rows, so Dynamo's convex hull + nearest semantics.
+def test_scattered_points_without_rows_extrapolate_outside_the_hull() -> None:
+    # One point per context length: outside their hull the cost fit answers (ITL linear in
+    # the KV tokens here, which the fit's form holds exactly).
     kv = np.array([0.1, 0.9, 0.5, 0.2, 0.8])
     ctx = np.array([1000.0, 2000.0, 3000.0, 4000.0, 5000.0])
     dec = DecodeInterpolator.from_arrays(
@@ -129,8 +191,9 @@ def test_scattered_points_without_rows_use_hull_and_nearest() -> None:
         max_kv_tokens=10_000,
     )
     np.testing.assert_allclose(dec.surfaces_many(kv, ctx)[0], 5 + 10 * kv)
-    # Far outside the hull: the nearest sample (context distance dominates raw coordinates).
-    assert dec.itl_ms(0.95, 5000) == pytest.approx(5 + 10 * 0.8)
+    far = dec.lookup(0.95, 5000)
+    assert far.extrapolated
+    assert far.itl_ms == pytest.approx(5 + 10 * 0.95, rel=1e-3)
 
 
 def test_bad_queries_and_settings() -> None:
@@ -186,13 +249,18 @@ def test_reproduces_its_sample_points_and_stays_within_them(dec: DecodeInterpola
     d = dec.data
     itl, thpt = dec.surfaces_many(d.kv_usage, d.context_length)
     np.testing.assert_allclose(itl, d.itl_ms, rtol=1e-9)
-    np.testing.assert_allclose(thpt, d.thpt_per_gpu, rtol=1e-9)
-    # No overshoot anywhere on the grid: every value lies within the samples' range.
+    np.testing.assert_allclose(thpt, d.thpt_per_gpu, rtol=1e-5)
+    # No overshoot: inside the samples' hull every node's ratio to the cost fit lies within
+    # the samples' ratios; everywhere the surfaces are finite and not negative.
     _, _, grid_itl, grid_thpt = dec.grid
-    assert d.itl_ms.min() * (1 - 1e-9) <= grid_itl.min()
-    assert grid_itl.max() <= d.itl_ms.max() * (1 + 1e-9)
-    assert d.thpt_per_gpu.min() * (1 - 1e-9) <= grid_thpt.min()
-    assert grid_thpt.max() <= d.thpt_per_gpu.max() * (1 + 1e-9)
+    assert np.all(np.isfinite(grid_itl)) and np.all(grid_itl >= 0)
+    assert np.all(np.isfinite(grid_thpt)) and np.all(grid_thpt >= 0)
+    gx, gy = np.meshgrid(dec.grid[0], dec.grid[1])
+    inside = ~dec.extrapolated_many(gx, gy)
+    sample_ratio = d.itl_ms / dec.fit.itl_ms(d.kv_usage, d.context_length)
+    node_ratio = grid_itl[inside] / dec.fit.itl_ms(gx[inside], gy[inside])
+    assert sample_ratio.min() * (1 - 1e-9) <= node_ratio.min()
+    assert node_ratio.max() <= sample_ratio.max() * (1 + 1e-9)
 
 
 @settings(max_examples=40, deadline=None)

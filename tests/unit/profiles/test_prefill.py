@@ -53,18 +53,30 @@ def test_cubic_that_dips_below_zero_falls_back_to_linear() -> None:
     assert np.min(p.thpt_per_gpu_many(np.linspace(100, 500, 401))) > 0
 
 
-def test_outside_the_range_clamps_and_says_so() -> None:
+def test_outside_the_range_extrapolates_from_the_cost_fit_and_says_so() -> None:
     p = make(PREFILL_ISL, ENGINE.ttft_ms(PREFILL_ISL), ENGINE.prefill_thpt(PREFILL_ISL))
-    above = p.lookup(50_000)
-    assert above.clamped and above.isl == 50_000
-    assert above.ttft_ms == pytest.approx(p.ttft_ms(16000))
-    assert above.thpt_per_gpu == pytest.approx(p.thpt_per_gpu(16000))
-    below = p.lookup(10)
-    assert below.clamped and below.ttft_ms == pytest.approx(p.ttft_ms(100))
+    # The analytic engine's TTFT is quadratic in the ISL, the fit's form: it is recovered.
+    assert p.fit.base_ms == pytest.approx(ENGINE.ttft_base_ms, rel=1e-3)
+    assert p.fit.per_token_ms == pytest.approx(ENGINE.ttft_per_token_ms, rel=1e-3)
+    assert p.fit.per_pair_ms == pytest.approx(ENGINE.ttft_quadratic_ms, rel=1e-3)
+    for isl in (10.0, 50_000.0, 131_072.0):
+        point = p.lookup(isl)
+        assert point.extrapolated and point.isl == isl
+        assert point.note is not None and "outside the profiled 100-16000" in point.note
+        # Not the end's value: the quadratic cost carried on.
+        truth_ttft = float(ENGINE.ttft_ms(np.array(isl)))
+        assert point.ttft_ms == pytest.approx(truth_ttft, rel=1e-3)
+        assert point.thpt_per_gpu == pytest.approx(
+            float(ENGINE.prefill_thpt(np.array(isl))), rel=1e-3
+        )
+    assert p.lookup(50_000).ttft_ms > p.ttft_ms(16000) * 3
+    np.testing.assert_array_equal(p.extrapolated_many([10, 3000, 50_000]), [True, False, True])
     inside = p.lookup(3000)
-    assert not inside.clamped
-    assert p.lookup(100).clamped is False and p.lookup(16000).clamped is False
+    assert not inside.extrapolated and inside.note is None
+    assert p.lookup(100).extrapolated is False and p.lookup(16000).extrapolated is False
     assert p.isl_range == (100.0, 16000.0)
+    # Continuous where the fit takes over.
+    assert p.ttft_ms(16000 * (1 + 1e-9)) == pytest.approx(p.ttft_ms(16000), rel=1e-6)
 
 
 def test_non_finite_query_is_rejected() -> None:

@@ -285,7 +285,8 @@ MALFORMED: list[tuple[str, Mutation, str, str]] = [
     ),
     (
         "collinear decode points",
-        _decode_points([0.1, 0.2, 0.3], [100.0, 200.0, 300.0]),
+        # (on one line in the interpolator's coordinates: KV usage and log context)
+        _decode_points([0.1, 0.2, 0.3], [100.0, 200.0, 400.0]),
         DECODE_NPZ,
         "y_context_length: the decode points lie on one line",
     ),

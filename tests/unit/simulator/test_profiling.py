@@ -37,6 +37,8 @@ def test_simulated_sweep_writes_a_loadable_modelled_profile(tmp_path, capsys):
             "5",
             "--granularity-decode",
             "3",
+            "--granularity-concurrency",
+            "3",
             "--max-context-length",
             "4096",
             "--decode-osl",
@@ -46,10 +48,17 @@ def test_simulated_sweep_writes_a_loadable_modelled_profile(tmp_path, capsys):
         ]
     )
     assert run_sweep(args) == 0
-    assert "5 prefill and 9 decode points" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "5 prefill and 9 decode points" in printed.out
+    # The default max_num_seqs (256) holds far less than 0.95 of the KV cache at 256 tokens.
+    assert "warning: max_num_seqs cuts the decode sweep short of KV usage 0.95" in printed.err
     profile = load_profile(out)
     pre, dec = profile.prefill.data, profile.decode.data
-    assert list(pre.isl) == [100, 1099, 2098, 3096, 4095]
+    # ISLs spaced geometrically from 100 to the context: short prompts are sampled densely.
+    assert pre.isl[0] == 100 and pre.isl[-1] == 4095 and pre.isl.size == 5
+    np.testing.assert_allclose(pre.isl[1:] / pre.isl[:-1], (4095 / 100) ** 0.25, rtol=0.01)
+    contexts = np.unique(dec.context_length)
+    assert contexts.size == 3 and contexts[0] == 256 and contexts[-1] > 4000
     assert np.all(np.diff(pre.ttft_ms) > 0)
     np.testing.assert_allclose(pre.thpt_per_gpu, pre.isl / (pre.ttft_ms / 1000), rtol=1e-9)
     assert profile.max_kv_tokens > 1_000_000
@@ -72,10 +81,17 @@ def test_simulated_sweep_writes_a_loadable_modelled_profile(tmp_path, capsys):
 
 def test_simulated_decode_point_matches_the_engine_model():
     engine = SimulatedEngine("sim:llama-3.1-8b-fp8@h200_sxm:tp1")
-    itl = engine.decode_itl_ms(3000, 150, concurrency=64, measured=128)
-    step = engine.model.decode_step_time_s(64, 3075) * 1000
-    # Steady state at 64 in flight: mostly pure decode steps, a few 1-token admissions.
-    assert itl == pytest.approx(step, rel=0.1)
+    point = engine.decode_point(3000, 150, concurrency=64, measured=128)
+    # Some of the 64 in flight are in prefill or KV transfer, not in the decode batch.
+    assert 50 < point.running < 64
+    lo, hi = int(point.running), int(point.running) + 1
+    w = point.running - lo
+    step = 1000 * (
+        engine.model.decode_step_time_s(lo, 3075) * (1 - w)
+        + engine.model.decode_step_time_s(hi, 3075) * w
+    )
+    # Steady state: mostly pure decode steps, a few 1-token admissions.
+    assert point.itl_ms == pytest.approx(step, rel=0.02)
 
 
 def test_bundled_path_layout():
@@ -179,6 +195,8 @@ def test_endpoint_sweep_measures_ttft_and_itl_from_the_stream(tmp_path, fake_ser
             "3",
             "--granularity-decode",
             "3",
+            "--granularity-concurrency",
+            "2",
             "--max-context-length",
             "300",
             "--decode-osl",
@@ -193,7 +211,7 @@ def test_endpoint_sweep_measures_ttft_and_itl_from_the_stream(tmp_path, fake_ser
     profile = load_profile(out)
     assert profile.max_kv_tokens == 640  # 40 blocks x 16 from /metrics
     pre = profile.prefill.data
-    assert list(pre.isl) == [100, 200, 299]
+    assert list(pre.isl) == [100, 173, 299]
     expected_ttft = 2 + 0.005 * pre.isl
     # the server cannot answer sooner than its model says; how much later depends on how
     # busy this machine is, so the upper bound only rules out a wrong unit or a stuck stream
@@ -210,7 +228,7 @@ def test_endpoint_sweep_measures_ttft_and_itl_from_the_stream(tmp_path, fake_ser
     prefill_prompts = [
         p for p, b in zip(engine.prompts, engine.bodies, strict=True) if b["max_tokens"] == 1
     ]
-    assert sorted({len(p) for p in prefill_prompts}) == [100, 200, 299]
+    assert sorted({len(p) for p in prefill_prompts}) == [100, 173, 299]
     assert all(b["ignore_eos"] and b["stream"] for b in engine.bodies)
     assert len({tuple(p[:16]) for p in engine.prompts}) == len(engine.prompts)
 
@@ -254,5 +272,7 @@ def test_sweep_config_validation():
     with pytest.raises(ProfilingError, match="granularity must be >= 2"):
         SweepConfig(granularity_prefill=1)
     engine = SimulatedEngine("sim:llama-3.1-8b-fp8@h200_sxm:tp1")
-    with pytest.raises(ProfilingError, match="too short"):
-        sweep(engine, SweepConfig(max_context_length=300, decode_osl=250))
+    with pytest.raises(ProfilingError, match="max context 200 must exceed"):
+        sweep(engine, SweepConfig(max_context_length=200))
+    with pytest.raises(ProfilingError, match=r"max_kv_usage=1\.5"):
+        SweepConfig(max_kv_usage=1.5)
