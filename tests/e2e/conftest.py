@@ -158,7 +158,7 @@ class Live:
         )
 
 
-def _policy(deployment: SimulatedDeployment) -> dict[str, Any]:
+def _policy() -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
@@ -184,8 +184,7 @@ def _policy(deployment: SimulatedDeployment) -> dict[str, Any]:
             "max_gpu_budget": -1,
             "fpm_staleness_seconds": 3.0,
             "fpm_warmup_iterations": 2,
-            "prefill_fpm_endpoints": deployment.fpm_endpoints("prefill"),
-            "decode_fpm_endpoints": deployment.fpm_endpoints("decode"),
+            # no FPM endpoints: the operator discovers the engines' publishers
         },
     }
 
@@ -267,7 +266,7 @@ def live(tmp_path: Path) -> Iterator[Live]:
         )
         operator.start()
         started.append(operator)
-        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, _policy(deployment))
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, _policy())
         yield Live(
             kmock=kmock,
             api=api,

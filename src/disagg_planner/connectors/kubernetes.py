@@ -260,6 +260,12 @@ class KubernetesConnector:
         return self._model_name
 
     @property
+    def api_client(self) -> k8s_client.ApiClient:
+        """The API client this connector talks through (FPM discovery reads the same
+        cluster as the same identity)."""
+        return self._api_client
+
+    @property
     def role_services(self) -> Mapping[str, str]:
         """Role -> the DGD service carrying it, as of the last read (empty before any): what
         FPM discovery needs to tell a worker's role from its pod."""
