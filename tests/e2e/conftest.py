@@ -139,11 +139,14 @@ class Live:
         return [r for r in self.kmock.requests()[since:] if r["token"] == OPERATOR_TOKEN]
 
     def replica_writes(self, since: int = 0) -> list[dict[str, Any]]:
-        """The operator's writes of DGD replicas (merge patches of the DGD)."""
+        """The operator's writes of DGD replicas (merge patches of the DGD's services; a
+        patch of the planner's state annotation alone is not one)."""
         return [
             r
             for r in self.operator_requests(since)
-            if r["plural"] == DGD_PLURAL and r["method"] == "PATCH"
+            if r["plural"] == DGD_PLURAL
+            and r["method"] == "PATCH"
+            and "spec" in (r["data"] or {})
         ]
 
     def ready(self) -> bool:

@@ -76,6 +76,8 @@ _HOLD_TO_THROUGHPUT_REASON = {
     "manual_override": ThroughputReason.MANUAL_OVERRIDE_HOLD,
     "advisory": ThroughputReason.ADVISORY,
     "awaiting_acknowledgement": ThroughputReason.SCALING_IN_PROGRESS,
+    # a change made before a restart, read back on adoption, still converging
+    "awaiting_convergence": ThroughputReason.SCALING_IN_PROGRESS,
 }
 _SCALING_REASONS = {ThroughputReason.SCALE.value, ThroughputReason.GPU_BUDGET_RECONCILE.value}
 
