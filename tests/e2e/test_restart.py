@@ -92,7 +92,8 @@ class Stack:
         try:
             return poll(probe, timeout_s=timeout_s, what=what, interval_s=0.1)
         except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n--- operator log ---\n{self.operator.log_tail(30)}")
+            tail = self.operator.log_tail(30)
+            raise AssertionError(f"{exc}\n--- operator log ---\n{tail}") from None
 
 
 @pytest.fixture
