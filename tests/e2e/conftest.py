@@ -144,9 +144,7 @@ class Live:
         return [
             r
             for r in self.operator_requests(since)
-            if r["plural"] == DGD_PLURAL
-            and r["method"] == "PATCH"
-            and "spec" in (r["data"] or {})
+            if r["plural"] == DGD_PLURAL and r["method"] == "PATCH" and "spec" in (r["data"] or {})
         ]
 
     def ready(self) -> bool:
