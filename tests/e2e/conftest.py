@@ -139,11 +139,12 @@ class Live:
         return [r for r in self.kmock.requests()[since:] if r["token"] == OPERATOR_TOKEN]
 
     def replica_writes(self, since: int = 0) -> list[dict[str, Any]]:
-        """The operator's writes of DGD replicas (merge patches of the DGD)."""
+        """The operator's writes of DGD replicas (merge patches of the DGD's services; a
+        patch of the planner's state annotation alone is not one)."""
         return [
             r
             for r in self.operator_requests(since)
-            if r["plural"] == DGD_PLURAL and r["method"] == "PATCH"
+            if r["plural"] == DGD_PLURAL and r["method"] == "PATCH" and "spec" in (r["data"] or {})
         ]
 
     def ready(self) -> bool:
@@ -158,7 +159,7 @@ class Live:
         )
 
 
-def _policy(deployment: SimulatedDeployment) -> dict[str, Any]:
+def _policy() -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
@@ -184,8 +185,7 @@ def _policy(deployment: SimulatedDeployment) -> dict[str, Any]:
             "max_gpu_budget": -1,
             "fpm_staleness_seconds": 3.0,
             "fpm_warmup_iterations": 2,
-            "prefill_fpm_endpoints": deployment.fpm_endpoints("prefill"),
-            "decode_fpm_endpoints": deployment.fpm_endpoints("decode"),
+            # no FPM endpoints: the operator discovers the engines' publishers
         },
     }
 
@@ -267,7 +267,7 @@ def live(tmp_path: Path) -> Iterator[Live]:
         )
         operator.start()
         started.append(operator)
-        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, _policy(deployment))
+        custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, _policy())
         yield Live(
             kmock=kmock,
             api=api,

@@ -37,6 +37,7 @@ import zmq
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from disagg_planner.observe.fpm_discovery import FPM_TOPIC
 from disagg_planner.signals.fpm import (
     ForwardPassMetrics,
     QueuedRequestMetrics,
@@ -45,8 +46,11 @@ from disagg_planner.signals.fpm import (
 )
 from disagg_planner.simulator.cluster import Cluster, ReplicaState
 from tests.integration.conftest import poll
+from tests.kube_dynamo import DWM_PLURAL
 
 REPO = Path(__file__).resolve().parents[2]
+# The processes run this checkout's package (src layout) and tests, whatever is installed.
+PYTHONPATH = os.pathsep.join((str(REPO / "src"), str(REPO)))
 DGD_GROUP, DGD_VERSION, DGD_PLURAL = "nvidia.com", "v1alpha1", "dynamographdeployments"
 HEARTBEAT_S = 1.0
 STEP_S = 0.02
@@ -76,7 +80,7 @@ class KmockProcess:
                     str(self.request_log),
                 ],
                 cwd=REPO,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
+                env={**os.environ, "PYTHONPATH": PYTHONPATH},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -274,6 +278,20 @@ class SimulatedDeployment:
         with self._lock:
             self.cluster.set_replicas(role, n)
 
+    def workers(self) -> dict[str, tuple[str, bool, str]]:
+        """Every worker that holds its GPUs (starting, ready or draining): worker id ->
+        (role, ready, its FPM publisher's endpoint), as its pod and worker metadata say."""
+        out: dict[str, tuple[str, bool, str]] = {}
+        with self._lock:
+            for replica in self.cluster.replicas:
+                if replica.state is ReplicaState.STOPPED:
+                    continue
+                slot = self._slot_of(replica.role, replica.worker_id)
+                if slot is not None:
+                    ready = replica.state is ReplicaState.READY
+                    out[replica.worker_id] = (replica.role, ready, slot.endpoint)
+        return out
+
     def counts(self, role: str) -> tuple[int, int]:
         """(desired, ready) replicas of ``role``."""
         with self._lock:
@@ -369,6 +387,7 @@ class DynamoOperatorSim:
         poll_s: float = 0.2,
     ) -> None:
         self._api = k8s_client.CustomObjectsApi(api)
+        self._core = k8s_client.CoreV1Api(api)
         self._deployment = deployment
         self.namespace = namespace
         self.name = name
@@ -378,6 +397,7 @@ class DynamoOperatorSim:
         self.errors: list[str] = []
         self._desired: dict[str, int] = {}
         self._reported: dict[str, Any] | None = None
+        self._pods: dict[str, bool] = {}  # pod name -> ready, as last written
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dynamo-operator", daemon=True)
 
@@ -411,6 +431,7 @@ class DynamoOperatorSim:
                 self._desired[role] = wanted
                 self.history.append((time.monotonic(), role, wanted))
                 self._deployment.set_replicas(role, wanted)
+        self._sync_workers()
         reported: dict[str, Any] = {}
         for name, service in services.items():
             wanted = int(service.get("replicas", 1))
@@ -441,11 +462,95 @@ class DynamoOperatorSim:
             )
             self._reported = reported
 
+    def _sync_workers(self) -> None:
+        """Each worker's Pod (labelled as Dynamo labels them, ready once it serves) and its
+        DynamoWorkerMetadata (its FPM channel on the ZMQ event plane), as Dynamo's operator
+        and workers write them: what the planner's discovery reads."""
+        workers = self._deployment.workers()
+        for worker, (role, ready, endpoint) in workers.items():
+            name = self._pod_name(worker)
+            if name not in self._pods:
+                self._core.create_namespaced_pod(
+                    self.namespace, worker_pod(name, self.name, self.services[role], self.namespace)
+                )
+                self._api.create_namespaced_custom_object(
+                    DGD_GROUP,
+                    DGD_VERSION,
+                    self.namespace,
+                    DWM_PLURAL,
+                    worker_metadata(name, endpoint, self.namespace),
+                )
+                self._pods[name] = False
+            if self._pods[name] != ready:
+                condition = {"type": "Ready", "status": "True" if ready else "False"}
+                self._core.patch_namespaced_pod_status(
+                    name, self.namespace, {"status": {"conditions": [condition]}}
+                )
+                self._pods[name] = ready
+        gone = set(self._pods) - {self._pod_name(w) for w in workers}
+        for name in gone:
+            # Kubernetes garbage-collects a pod's DynamoWorkerMetadata (owned by the pod).
+            self._core.delete_namespaced_pod(name, self.namespace)
+            self._api.delete_namespaced_custom_object(
+                DGD_GROUP, DGD_VERSION, self.namespace, DWM_PLURAL, f"{name}-main"
+            )
+            del self._pods[name]
+
+    def _pod_name(self, worker: str) -> str:
+        return f"{self.name}-{worker}"
+
+
+def worker_pod(name: str, dgd: str, service: str, namespace: str) -> dict[str, Any]:
+    """A worker's Pod with the labels Dynamo's operator puts on it; not ready yet."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "nvidia.com/dynamo-graph-deployment-name": dgd,
+                "nvidia.com/dynamo-component": service,
+            },
+        },
+        "spec": {"containers": [{"name": "main"}]},
+        "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+    }
+
+
+def worker_metadata(pod: str, endpoint: str, namespace: str) -> dict[str, Any]:
+    """The DynamoWorkerMetadata a worker writes (container mode: ``<pod>-<container>``,
+    owned by its pod), with its FPM relay's channel on the ZMQ event plane."""
+    return {
+        "apiVersion": f"{DGD_GROUP}/{DGD_VERSION}",
+        "kind": "DynamoWorkerMetadata",
+        "metadata": {
+            "name": f"{pod}-main",
+            "namespace": namespace,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod}],
+        },
+        "spec": {
+            "data": {
+                "event_channels": {
+                    "dyn/backend/forward-pass-metrics": {
+                        "type": "EventChannel",
+                        "namespace": namespace,
+                        "component": "backend",
+                        "topic": FPM_TOPIC,
+                        "instance_id": 1,
+                        "transport": {"kind": "Zmq", "config": {"endpoint": endpoint}},
+                    }
+                }
+            }
+        },
+    }
+
 
 # --- planner operator -------------------------------------------------------------------------
 
 _SUMMARY = re.compile(
-    r"\[summary\] (?P<action>\S+) \| current: (?P<current>[^|]*)\| recommended: "
+    r"\[summary\] (?P<action>\S+)(?: \((?P<why>[^)]*)\))? \| "
+    r"current: (?P<current>[^|]*)\| recommended: "
     r"(?P<recommended>[^|]*)\| throughput_reason=(?P<throughput>\S+) load_reason=(?P<load>\S+)"
 )
 
@@ -477,7 +582,7 @@ class OperatorProcess:
             for k, v in os.environ.items()
             if not k.startswith(("PLANNER_", "PROMETHEUS_", "DYN_", "KUBECONFIG", "POD_"))
         }
-        env.update(KUBECONFIG=str(self.kubeconfig), PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        env.update(KUBECONFIG=str(self.kubeconfig), PYTHONPATH=PYTHONPATH, PYTHONUNBUFFERED="1")
         with self.log_path.open("ab") as log:
             log.write(f"\n===== start {time.strftime('%H:%M:%S')} =====\n".encode())
             log.flush()

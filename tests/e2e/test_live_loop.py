@@ -58,6 +58,23 @@ def degraded_writes(live: Live, since: int) -> list[dict[str, Any]]:
     return out
 
 
+def heard_workers(live: Live, role: str) -> set[str]:
+    """The engines of ``role`` whose ForwardPassMetrics the operator's load loop last read
+    (its per-engine gauges; a throughput-only tick publishes none, so callers poll)."""
+    text = http_text(f"http://127.0.0.1:{live.metrics_port}/metrics")
+    found = set()
+    for line in text.splitlines():
+        if line.startswith("dynamo_planner_engine_queued_prefill_tokens{") and (
+            f'role="{role}"' in line
+        ):
+            found.add(line.split('worker_id="', 1)[1].split('"', 1)[0])
+    return found
+
+
+def serving_workers(live: Live, role: str) -> set[str]:
+    return {w for w, (r, ready, _) in live.deployment.workers().items() if r == role and ready}
+
+
 def throughput_ticks(live: Live, since: int) -> list[Tick]:
     return [t for t in live.operator.ticks(since) if t.throughput_reason is not None]
 
@@ -174,6 +191,16 @@ def test_operator_scales_holds_and_resumes_over_the_wire(live: Live) -> None:
         timeout_s=60,
         what="the new prefill workers to be ready",
     )
+    # Discovery: the load loop follows the new workers, with no endpoint configured by hand
+    # (their pods became ready and their worker metadata names their FPM publishers).
+    serving = serving_workers(live, "prefill")
+    assert len(serving) >= 2, serving
+    wait_for(
+        lambda: heard_workers(live, "prefill") == serving or None,
+        live=live,
+        timeout_s=30,
+        what=f"the load loop to read the FPM of every serving prefill worker {sorted(serving)}",
+    )
     scaled = live.dgd_replicas()
     assert scaled["decode"] == 1, f"decode must not scale for a prefill-bound step: {scaled}"
     writes = live.replica_writes(requests_mark)
@@ -193,6 +220,13 @@ def test_operator_scales_holds_and_resumes_over_the_wire(live: Live) -> None:
         what="prefill to scale down after the load fell",
     )
     assert live.dgd_replicas()["decode"] == 1
+    wait_for(
+        lambda: serving_workers(live, "prefill") == heard_workers(live, "prefill") or None,
+        live=live,
+        timeout_s=30,
+        what="the load loop to drop the removed prefill workers",
+    )
+    assert len(heard_workers(live, "prefill")) == 1
     decode_history = [n for _, role, n in live.dynamo.history if role == "decode"]
     assert decode_history == [1], f"decode never changed: {live.dynamo.history}"
 

@@ -34,6 +34,9 @@ class HoldReason(StrEnum):
     AWAITING_ACKNOWLEDGEMENT = "awaiting_acknowledgement"
     # config.advisory: the connector reads but never writes.
     ADVISORY = "advisory"
+    # A change made before this process started (read back from the deployment) has not
+    # converged yet: a restarted or failed-over planner keeps waiting for it.
+    AWAITING_CONVERGENCE = "awaiting_convergence"
 
 
 @dataclass(frozen=True, kw_only=True)

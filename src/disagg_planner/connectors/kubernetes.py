@@ -28,6 +28,18 @@ over the object are in :mod:`disagg_planner.connectors.dgd_shape`):
   ``scaling_max_wait_s``), the increases are not written and the call fails
   (:class:`ConnectorError`; the next tick plans again).
 
+State that survives restarts: the annotation ``planner.autoscaling.dev/state`` on the DGD
+holds JSON with what the planner set per role (``set``), a write whose outcome is unknown
+(``pending``), the last change (``lastActionAt``, Unix s, and ``waitingFor``) and the
+manual-edit holds (``holds``: reason and end, Unix s), and the DGD's ``uid``. It travels in
+the replicas merge patch itself; with a scaling adapter it is written before the ``/scale``
+call. A connector reads it back when it first reads the DGD (a restarted or failed-over
+planner): its predecessor's values are its own (not manual edits; an edit made while no
+planner ran is one), the holds run on until their end, and while the last change has not
+converged (a role with fewer ready replicas than desired) and is younger than
+``convergence_timeout_s`` every role is held (``awaiting_convergence``). A state of another
+uid, or one that cannot be read, is ignored with a log line. Advisory mode writes none.
+
 A manual edit is a desired count that differs from what this planner last set (or first saw)
 and is not a write of its own that merely reported failure. A DGD with another
 ``metadata.uid`` than the one read before is a new deployment (deleted and applied again):
@@ -116,10 +128,14 @@ DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 EVENT_COMPONENT = "planner"
+# The planner's state on the DGD (JSON; see "State that survives restarts" in the module doc).
+STATE_ANNOTATION = "planner.autoscaling.dev/state"
+STATE_VERSION = 1
 # The labels the Dynamo operator puts on the pods of a DGD's service.
 DGD_POD_LABEL = "nvidia.com/dynamo-graph-deployment-name"
 SERVICE_POD_LABEL = "nvidia.com/dynamo-component"
 MAX_BACKOFF_S = 30.0
+_CONVERGING = HoldReason.AWAITING_CONVERGENCE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +152,8 @@ class KubernetesSettings(ConnectorSettings):
     api_max_attempts: int  # per API call, for the retryable answers
     api_timeout_s: float  # of one API request
     api_backoff_s: float  # before the first retry; doubles per attempt
+    # How long a change read back after a restart is waited for before planning resumes (s).
+    convergence_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -223,6 +241,7 @@ class KubernetesConnector:
         api_client: k8s_client.ApiClient | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if not settings.dgd_name:
             raise DeploymentError(
@@ -252,12 +271,24 @@ class KubernetesConnector:
         self._uid: str | None = None
         self._role_services: dict[str, str] = {}
         self._instance = os.environ.get("HOSTNAME") or socket.gethostname()
+        self._wall = wall_clock
+        self._restored = False  # the state annotation was read (once per DGD uid)
+        # The last write's time (Unix s) and targets, as recorded on the DGD.
+        self._last_action: tuple[float, dict[str, int]] | None = None
+        # A restored change still converging: (Unix time it was made, its targets).
+        self._resumed_wait: tuple[float, dict[str, int]] | None = None
 
     # --- Connector protocol ---------------------------------------------------------------
 
     @property
     def model_name(self) -> str | None:
         return self._model_name
+
+    @property
+    def api_client(self) -> k8s_client.ApiClient:
+        """The API client this connector talks through (FPM discovery reads the same
+        cluster as the same identity)."""
+        return self._api_client
 
     @property
     def role_services(self) -> Mapping[str, str]:
@@ -385,7 +416,13 @@ class KubernetesConnector:
             self._pending.clear()
             self._holds.clear()
             self._last_overrides = ()
+            self._last_action = None
+            self._resumed_wait = None
+            self._restored = False
         self._uid = uid
+        if not self._restored:
+            self._restored = True
+            self._restore(dgd)
         services = dgd_services(dgd, self._ref)
         resolved: dict[str, ResolvedService] = {}
         adapters: dict[str, str | None] = {}
@@ -463,6 +500,7 @@ class KubernetesConnector:
     async def _observe(self) -> _Observation:
         """Read the DGD and apply the manual-override policy to what changed behind our back."""
         obs = await self._read()
+        self._follow_resumed_wait(obs)
         overrides: list[ManualOverride] = []
         reverts: dict[str, int] = {}
         for role in self._roles:
@@ -488,6 +526,8 @@ class KubernetesConnector:
                 )
                 overrides.append(ManualOverride(role, target, expected, observed, "respected"))
         self._last_overrides = tuple(overrides)
+        if overrides and not reverts:
+            await self._record_state()  # a restarted planner keeps the hold
         for override in overrides:
             log.warning(
                 "DGD %s: manual edit of %s (%s): %d -> %d, %s",
@@ -567,6 +607,7 @@ class KubernetesConnector:
         role's engines fit what it is asked for (module doc: budget-safe order)."""
         lower = {role: n for role, n in writes.items() if n < obs.desired[role]}
         higher = {role: n for role, n in writes.items() if role not in lower}
+        self._last_action = (self._wall(), dict(writes))
         if lower:
             await self._write_roles(obs, lower)
         if higher:
@@ -618,10 +659,15 @@ class KubernetesConnector:
         return excess
 
     async def _write_roles(self, obs: _Observation, writes: Mapping[str, int]) -> None:
-        """Write ``writes``: /scale per adapter, one merge patch for the rest."""
+        """Write ``writes``: /scale per adapter, one merge patch for the rest. The state
+        annotation travels in that merge patch; with adapters it is written first (a write
+        recorded as pending and never made is not mistaken for a manual edit)."""
         patch_services: dict[str, dict[str, int]] = {}
         for role, count in writes.items():
             self._pending[role] = count
+        if any(obs.adapters[role] is not None for role in writes):
+            await self._record_state()
+        for role, count in writes.items():
             adapter = obs.adapters[role]
             if adapter is None:
                 patch_services[obs.services[role].service] = {"replicas": count}
@@ -629,7 +675,12 @@ class KubernetesConnector:
             await self._patch_adapter_scale(adapter, count)
             self._settle(role, count, f"adapter {adapter}")
         if patch_services:
-            await self._patch_dgd({"spec": {"services": patch_services}})
+            await self._patch_dgd(
+                {
+                    "metadata": {"annotations": {STATE_ANNOTATION: self._state_json()}},
+                    "spec": {"services": patch_services},
+                }
+            )
             for role, count in writes.items():
                 if obs.adapters[role] is None:
                     self._settle(role, count, f"spec.services.{obs.services[role].service}")
@@ -638,6 +689,146 @@ class KubernetesConnector:
         self._pending.pop(role, None)
         self._expected[role] = count
         log.info("DGD %s: %s -> %d replicas (%s)", self._ref, role, count, target)
+
+    # --- state that survives restarts -----------------------------------------------------------
+
+    def _state_json(self) -> str:
+        """What a restarted or failed-over planner needs, as the annotation's JSON: what the
+        planner set (and is writing) per role, its last change and the manual-edit holds."""
+        now, wall = self._clock(), self._wall()
+        holds = {
+            role: {"reason": hold.reason.value, "until": wall + (hold.until_s - now)}
+            for role, hold in self._holds.items()
+            if hold.reason is HoldReason.MANUAL_OVERRIDE and hold.until_s is not None
+        }
+        state: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "uid": self._uid,
+            "set": dict(self._expected),
+            "pending": dict(self._pending),
+            "holds": holds,
+        }
+        if self._last_action is not None:
+            state["lastActionAt"], state["waitingFor"] = self._last_action
+        return json.dumps(state, sort_keys=True)
+
+    async def _record_state(self) -> None:
+        """Patch the state annotation alone; a failure is logged (the next write retries).
+        Advisory: nothing (a planner that never writes replicas writes nothing at all)."""
+        if self._settings.advisory:
+            return
+        body = {"metadata": {"annotations": {STATE_ANNOTATION: self._state_json()}}}
+        try:
+            await self._patch_dgd(body, what="record the planner's state")
+        except (ConnectorError, DeploymentError) as exc:
+            log.warning("DGD %s: could not record the planner's state: %s", self._ref, exc)
+
+    def _restore(self, dgd: Mapping[str, Any]) -> None:
+        """Read back the state annotation of the DGD as first seen by this process: the
+        planner's own values (so that they are not taken for manual edits, and an edit
+        made while no planner ran is one), the holds still running, and a change still
+        converging (waited for, :meth:`_follow_resumed_wait`)."""
+        annotations = (dgd.get("metadata") or {}).get("annotations") or {}
+        raw = annotations.get(STATE_ANNOTATION) if isinstance(annotations, Mapping) else None
+        if raw is None:
+            return
+        try:
+            state = json.loads(raw)
+            if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+                raise ValueError(f"expected an object with version {STATE_VERSION}")
+            if state.get("uid") not in (None, self._uid):
+                log.info(
+                    "DGD %s: annotation %s is of another object (uid %s); starting afresh",
+                    self._ref,
+                    STATE_ANNOTATION,
+                    state.get("uid"),
+                )
+                return
+            roles = set(self._roles)
+            expected = {r: int(n) for r, n in (state.get("set") or {}).items() if r in roles}
+            pending = {r: int(n) for r, n in (state.get("pending") or {}).items() if r in roles}
+            now, wall = self._clock(), self._wall()
+            holds = {}
+            for role, hold in (state.get("holds") or {}).items():
+                remaining = float(hold["until"]) - wall
+                if role in roles and remaining > 0:
+                    holds[role] = Hold(
+                        role=role,
+                        reason=HoldReason.MANUAL_OVERRIDE,
+                        detail="replicas changed by someone else; respected for another "
+                        f"{remaining:.0f} s (read back after a restart)",
+                        until_s=now + remaining,
+                    )
+            waiting = None
+            if state.get("lastActionAt") is not None:
+                targets = {
+                    r: int(n) for r, n in (state.get("waitingFor") or {}).items() if r in roles
+                }
+                waiting = (float(state["lastActionAt"]), targets)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning(
+                "DGD %s: ignoring annotation %s (%s); starting afresh",
+                self._ref,
+                STATE_ANNOTATION,
+                exc,
+            )
+            return
+        # The last value written is the baseline; the one before it is also the planner's
+        # own while that write's outcome is unknown (it may never have landed).
+        for role, count in pending.items():
+            if role in expected and expected[role] != count:
+                self._pending[role] = expected[role]
+            expected[role] = count
+        self._expected.update(expected)
+        self._holds.update(holds)
+        self._last_action = waiting
+        self._resumed_wait = waiting
+        log.info(
+            "DGD %s: resumed the planner's state: set %s%s%s",
+            self._ref,
+            expected,
+            f", holding {sorted(holds)} after a manual edit" if holds else "",
+            f", last change {waiting[1]} {wall - waiting[0]:.0f} s ago" if waiting else "",
+        )
+
+    def _follow_resumed_wait(self, obs: _Observation) -> None:
+        """While a change read back after a restart has not converged (some role runs fewer
+        ready replicas than it asks for) and is younger than the convergence timeout, hold
+        every role: the planner that made it would have waited, so this one does too."""
+        if self._resumed_wait is None:
+            return
+        at, targets = self._resumed_wait
+        age = self._wall() - at
+        not_ready = {
+            role: f"{obs.ready[role]}/{obs.desired[role]}"
+            for role in self._roles
+            if obs.ready[role] != obs.desired[role]
+        }
+        timeout = self._settings.convergence_timeout_s
+        if not not_ready or age >= timeout:
+            if not_ready:
+                log.warning(
+                    "DGD %s: the change %s made before the restart did not converge within "
+                    "%g s (%s ready); planning resumes",
+                    self._ref,
+                    targets,
+                    timeout,
+                    ", ".join(f"{r} {n}" for r, n in not_ready.items()),
+                )
+            self._resumed_wait = None
+            for role in [r for r, h in self._holds.items() if h.reason is _CONVERGING]:
+                del self._holds[role]
+            return
+        detail = (
+            f"the change {targets} made {age:.0f} s ago, before this planner started, has not "
+            f"converged ({', '.join(f'{r} {n} ready' for r, n in not_ready.items())}); waiting "
+            f"up to {timeout - age:.0f} s more"
+        )
+        until = self._clock() + (timeout - age)
+        for role in self._roles:
+            current = self._holds.get(role)
+            if current is None or current.reason is _CONVERGING:
+                self._holds[role] = Hold(role, _CONVERGING, detail, until_s=until)
 
     # --- the API calls on the DGD and its adapters ----------------------------------------------
 

@@ -36,6 +36,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Connector, advisory_holds
@@ -75,6 +76,8 @@ _HOLD_TO_THROUGHPUT_REASON = {
     "manual_override": ThroughputReason.MANUAL_OVERRIDE_HOLD,
     "advisory": ThroughputReason.ADVISORY,
     "awaiting_acknowledgement": ThroughputReason.SCALING_IN_PROGRESS,
+    # a change made before a restart, read back on adoption, still converging
+    "awaiting_convergence": ThroughputReason.SCALING_IN_PROGRESS,
 }
 _SCALING_REASONS = {ThroughputReason.SCALE.value, ThroughputReason.GPU_BUDGET_RECONCILE.value}
 
@@ -88,6 +91,10 @@ class DeploymentRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+class _Stoppable(Protocol):
+    def stop(self, timeout_s: float = ...) -> None: ...
 
 
 TrafficFactory = Callable[[str | None], TrafficObserver]
@@ -150,7 +157,7 @@ class DeploymentLoop:
         self.traffic: TrafficObserver | None = None
         self.engine_sources: dict[str, EngineSource] = {}
         self.observations = ObservationBuilder({})
-        self._owned_sources: list[EngineSource] = []
+        self._owned_sources: list[_Stoppable] = []  # FPM sources and discovery, for close()
         self.last_outcome: TickOutcome | None = None
         self.ticks = 0
         self._gpu_hours = 0.0
@@ -299,9 +306,45 @@ class DeploymentLoop:
         )
 
     def _start_subscribers(self) -> dict[str, EngineSource]:
-        from disagg_planner.observe.fpm_subscriber import FpmSubscriber
+        """One FPM source per role. On Kubernetes the engines' publishers are discovered
+        (Dynamo's worker metadata of the DGD's ready pods, followed by watches) unless the
+        config lists them (``prefill_fpm_endpoints`` / ``decode_fpm_endpoints``: the
+        override); elsewhere the config's lists are all there is."""
+        from disagg_planner.connectors.kubernetes import KubernetesConnector
 
         cfg = self.config
+        connector = self.connector
+        if isinstance(connector, KubernetesConnector):
+            from disagg_planner.observe.fpm_discovery import DiscoveredEngines
+
+            # role_services is known once validate() read the DGD (start() ran it).
+            engines = DiscoveredEngines(
+                cfg,
+                api_client=connector.api_client,
+                namespace=connector.namespace,
+                dgd_name=connector.dgd_name,
+                service_roles={svc: role for role, svc in connector.role_services.items()},
+                clock=self.clock.now,
+                name=self.ref.name,
+            )
+            engines.start()
+            self._owned_sources.append(engines)
+            for role in cfg.roles:
+                static = (
+                    cfg.prefill_fpm_endpoints if role == "prefill" else cfg.decode_fpm_endpoints
+                )
+                log.info(
+                    "%s: %s engines' ForwardPassMetrics %s",
+                    self.ref,
+                    role,
+                    f"from the configured endpoints {list(static)}"
+                    if static
+                    else "from the publishers discovered in the cluster",
+                )
+            return dict(engines.sources)
+
+        from disagg_planner.observe.fpm_subscriber import FpmSubscriber
+
         sources: dict[str, EngineSource] = {}
         for role in cfg.roles:
             endpoints = cfg.prefill_fpm_endpoints if role == "prefill" else cfg.decode_fpm_endpoints
@@ -612,6 +655,9 @@ class DeploymentLoop:
             log.exception("%s: the outcome hook failed", self.ref)
 
     def _log_summary(self, outcome: TickOutcome) -> None:
+        """One line per tick whose first word is what happened to the deployment: the action
+        written (from ``outcome.applied``), else HOLD, with what was recommended and why it
+        was not written when the recommendation was a change."""
         if not log.isEnabledFor(self._tick_log_level):
             return  # replay ticks thousands of times; its timeline.csv has these lines
         status = outcome.status
@@ -619,22 +665,22 @@ class DeploymentLoop:
             " ".join(f"{r}={s.desired}" for r, s in status.roles.items()) if status else "unknown"
         )
         target = outcome.scale_to
-        if target is None or status is None:
-            action = "HOLD"
-            recommended = current
-        else:
-            ups = sum(n > status.desired(r) for r, n in target.items())
-            downs = sum(n < status.desired(r) for r, n in target.items())
-            action = (
-                "REBALANCE"
-                if ups and downs
-                else "SCALE_UP"
-                if ups
-                else "SCALE_DOWN"
-                if downs
-                else "HOLD"
-            )
-            recommended = " ".join(f"{r}={n}" for r, n in target.items())
+        recommended = current if target is None else " ".join(f"{r}={n}" for r, n in target.items())
+        action = "HOLD"
+        if status is not None:
+            action = _action_word(status, outcome.applied)
+            wanted = _action_word(status, target or {})
+            if action == "HOLD" and wanted != "HOLD":
+                if outcome.held:
+                    why = "held: " + ", ".join(
+                        f"{role} {reason}" for role, reason in outcome.held.items()
+                    )
+                else:
+                    why = "not written: " + (
+                        ", ".join(p.reason for p in outcome.problems if p.source == "scale")
+                        or "unchanged"
+                    )
+                action = f"HOLD (recommended {wanted}; {why})"
         log.log(
             self._tick_log_level,
             "%s%s [summary] %s | current: %s | recommended: %s | throughput_reason=%s "
@@ -648,6 +694,15 @@ class DeploymentLoop:
             outcome.load_reason or "-",
             "".join(f" | {p.render()}" for p in outcome.problems),
         )
+
+
+def _action_word(status: DeploymentStatus, replicas: Mapping[str, int]) -> str:
+    """SCALE_UP, SCALE_DOWN, REBALANCE (both) or HOLD: ``replicas`` against the desired."""
+    ups = any(n > status.desired(r) for r, n in replicas.items())
+    downs = any(n < status.desired(r) for r, n in replicas.items())
+    if ups and downs:
+        return "REBALANCE"
+    return "SCALE_UP" if ups else "SCALE_DOWN" if downs else "HOLD"
 
 
 def is_spec_error(exc: BaseException) -> bool:

@@ -29,7 +29,7 @@ import kmock as kmock_lib
 import pytest
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.connectors.kubernetes import KubernetesSettings
+from disagg_planner.connectors.kubernetes import STATE_ANNOTATION, KubernetesSettings
 from disagg_planner.runtime.connector_settings import kubernetes_settings
 from tests.integration.conftest import free_port
 from tests.kube_dynamo import (
@@ -89,6 +89,13 @@ def worker(
 
 def frontend() -> dict[str, Any]:
     return {"componentType": "frontend", "replicas": 1, "extraPodSpec": {"mainContainer": {}}}
+
+
+def replicas_patch(patch: Any) -> dict[str, Any]:
+    """A recorded replicas merge patch of the DGD without the planner's state annotation
+    that travels with it (checked to be there)."""
+    assert STATE_ANNOTATION in patch.data["metadata"]["annotations"], patch.data
+    return {k: v for k, v in patch.data.items() if k != "metadata"}
 
 
 @dataclass

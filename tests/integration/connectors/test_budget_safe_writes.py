@@ -21,6 +21,7 @@ from tests.integration.connectors.conftest import (
     FakeTime,
     frontend,
     k8s_settings,
+    replicas_patch,
     worker,
 )
 
@@ -81,7 +82,7 @@ async def test_rebalance_lowers_first_and_raises_once_the_engines_are_gone(
         writes = [r.name for r in cluster.requests("PATCH", DGDSA_PLURAL, "scale")]
         assert writes == ["graph-decode-pool", "graph-prefill-pool"]
     else:
-        writes = [r.data for r in cluster.requests("PATCH", DGD_PLURAL)]
+        writes = [replicas_patch(r) for r in cluster.requests("PATCH", DGD_PLURAL)]
         assert writes == [
             {"spec": {"services": {DECODE: {"replicas": 7}}}},
             {"spec": {"services": {PREFILL: {"replicas": 5}}}},

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from disagg_planner.connectors.base import Connector, HoldReason
-from disagg_planner.connectors.kubernetes import KubernetesConnector
+from disagg_planner.connectors.kubernetes import STATE_ANNOTATION, KubernetesConnector
 from disagg_planner.errors import ConnectorError, DeploymentError
 from tests.integration.connectors.conftest import (
     DGD_PLURAL,
@@ -17,6 +17,7 @@ from tests.integration.connectors.conftest import (
     FakeTime,
     frontend,
     k8s_settings,
+    replicas_patch,
     worker,
 )
 
@@ -187,9 +188,11 @@ async def test_merge_patch_changes_only_the_target_service(cluster, api_client, 
     assert outcome.unchanged == ("prefill",)
     (patch,) = cluster.requests("PATCH", DGD_PLURAL)
     assert patch.headers["Content-Type"] == "application/merge-patch+json"
-    assert patch.data == {"spec": {"services": {"decode-pool": {"replicas": 7}}}}
+    assert replicas_patch(patch) == {"spec": {"services": {"decode-pool": {"replicas": 7}}}}
     expected = copy.deepcopy(before)
     expected["spec"]["services"]["decode-pool"]["replicas"] = 7
+    # ... and the planner's state, in the same patch (read back after a restart)
+    expected["metadata"]["annotations"] = patch.data["metadata"]["annotations"]
     assert canonical(cluster.dgd()) == canonical(expected)
 
 
@@ -201,7 +204,7 @@ async def test_two_roles_change_in_one_patch(cluster, api_client, fake_time):
 
     assert outcome.applied == {"prefill": 4, "decode": 5}
     (patch,) = cluster.requests("PATCH", DGD_PLURAL)
-    assert patch.data == {
+    assert replicas_patch(patch) == {
         "spec": {"services": {"prefill-pool": {"replicas": 4}, "decode-pool": {"replicas": 5}}}
     }
     status = await conn.status()
@@ -220,8 +223,8 @@ async def test_a_rebalance_lowers_in_one_patch_then_raises_in_another(
 
     assert outcome.applied == {"prefill": 4, "decode": 1}
     first, second = cluster.requests("PATCH", DGD_PLURAL)
-    assert first.data == {"spec": {"services": {"decode-pool": {"replicas": 1}}}}
-    assert second.data == {"spec": {"services": {"prefill-pool": {"replicas": 4}}}}
+    assert replicas_patch(first) == {"spec": {"services": {"decode-pool": {"replicas": 1}}}}
+    assert replicas_patch(second) == {"spec": {"services": {"prefill-pool": {"replicas": 4}}}}
     status = await conn.status()
     assert (status.desired("prefill"), status.desired("decode")) == (4, 1)
 
@@ -242,9 +245,13 @@ async def test_scaling_adapter_scale_subresource_is_used_when_present(
     assert scale.name == adapter
     assert scale.data == {"spec": {"replicas": 5}}
     assert scale.headers["Content-Type"] == "application/merge-patch+json"
-    # the DGD itself is patched only for the role without an adapter
-    (patch,) = cluster.requests("PATCH", DGD_PLURAL)
-    assert patch.data == {"spec": {"services": {"prefill-pool": {"replicas": 1}}}}
+    # the DGD's replicas are patched only for the role without an adapter (the decrease,
+    # first); the state annotation is written before the adapter's /scale, naming it pending
+    patch, state = cluster.requests("PATCH", DGD_PLURAL)
+    assert set(state.data) == {"metadata"}
+    pending = json.loads(state.data["metadata"]["annotations"][STATE_ANNOTATION])["pending"]
+    assert pending == {"decode": 5}
+    assert replicas_patch(patch) == {"spec": {"services": {"prefill-pool": {"replicas": 1}}}}
     assert cluster.adapter(adapter)["spec"]["replicas"] == 5
     # the adapter controller (a kmock reaction here) carried the value into the DGD
     assert cluster.dgd()["spec"]["services"]["decode-pool"]["replicas"] == 5

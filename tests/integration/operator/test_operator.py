@@ -4,6 +4,7 @@ policy runs that DGD's loop, decisions patch the DGD, the status tells, deletion
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from tests.integration.connectors.conftest import DGD, NS
@@ -228,3 +229,35 @@ async def test_with_peering_only_the_highest_priority_replica_acts(
 
     await high.stop()  # leaves the peering object: the other replica takes over
     await eventually(lambda: low.loops or None, what="the other replica to resume")
+
+
+async def test_a_held_tick_logs_hold_and_what_it_did_not_do(
+    operator_cluster: OperatorCluster, start_operator: Any, caplog: Any
+) -> None:
+    # Issue 19, problem 7: a tick held by a manual edit logged "SCALE_DOWN ...".
+    caplog.set_level(logging.INFO, logger="disagg_planner.runtime.loop")
+    cluster = operator_cluster
+    cluster.add_graph("graph")
+    await start_operator()
+    await cluster.add_policy("graph-policy", {"targetRef": {"name": "graph"}, "ttft_ms": 500})
+    replicas = await eventually(
+        lambda: scaled(cluster, "graph"), what="the DGD to be scaled", timeout_s=30
+    )
+    await eventually(
+        lambda: any(" [summary] SCALE_UP | " in r.getMessage() for r in caplog.records),
+        what="the scale-up's summary line",
+    )
+    # Someone scales prefill far up: respected for one interval, so the planner's scale-down
+    # back to its own sizing is held, and the line says so.
+    mark = len(caplog.records)
+    edited = replicas["prefill"] + 5
+    cluster.edit_dgd({"spec": {"services": {"prefill": {"replicas": edited}}}}, name="graph")
+    cluster.set_ready("prefill", edited, name="graph")  # converged: nothing else holds
+
+    def held_line() -> str | None:
+        lines = [r.getMessage() for r in caplog.records[mark:] if "[summary]" in r.getMessage()]
+        return next((line for line in lines if "SCALE_DOWN" in line), None)
+
+    line = await eventually(held_line, what="the tick after the manual edit", timeout_s=20)
+    assert "[summary] HOLD (recommended SCALE_DOWN; held: prefill manual_override) |" in line
+    assert "throughput_reason=manual_override_hold" in line

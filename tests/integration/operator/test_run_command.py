@@ -54,7 +54,9 @@ async def test_planner_run_scales_serves_metrics_and_stops_on_sigterm(
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("PLANNER_", "PROMETHEUS_", "DYN_"))
     }
-    env.update(KUBECONFIG=str(kubeconfig), PYTHONPATH=str(REPO))
+    # this checkout's package (src layout) and tests, whatever is installed
+    pythonpath = os.pathsep.join((str(REPO / "src"), str(REPO)))
+    env.update(KUBECONFIG=str(kubeconfig), PYTHONPATH=pythonpath)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

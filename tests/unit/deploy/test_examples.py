@@ -98,10 +98,9 @@ def test_policy_is_valid_for_the_crd_the_operator_and_helm(path: Path, policy: d
         assert config.throughput_scaling_active and not config.load_scaling_active
     if "load-only" in name:
         assert config.load_scaling_active and not config.throughput_scaling_active
-    if config.load_scaling_active:
-        for role in config.roles:
-            side = "prefill" if role == "prefill" else "decode"
-            assert getattr(config, f"{side}_fpm_endpoints"), f"{name}: no {side} FPM endpoints"
+    # Pod IPs change with every scale event and restart: the operator discovers the
+    # engines' FPM publishers, and no example pins them by hand.
+    assert not config.prefill_fpm_endpoints and not config.decode_fpm_endpoints, name
 
 
 @pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
