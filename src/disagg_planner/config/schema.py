@@ -310,7 +310,8 @@ class PlannerConfig(BaseModel):
         description="Period of the fast path between throughput ticks: a Prometheus-only check "
         "of the frontend's recent TTFT tail, in-flight requests and arrival rate that scales "
         "up at once, by what the observed demand and backlog need, when the SLO is at risk; "
-        "its windows also give the burst statistics. null turns it off.",
+        "its windows also give the burst statistics. null turns it off; the default is "
+        "skipped when the throughput interval is not longer (a set value must be shorter).",
         json_schema_extra=_extra("slo"),
     )
     burst_quantile: float | None = Field(
@@ -830,6 +831,7 @@ def cross_field_problems(cfg: PlannerConfig) -> list[ConfigProblem]:
         )
     if (
         cfg.throughput_scaling_active
+        and "fast_check_interval_seconds" in cfg.model_fields_set  # the default adapts
         and cfg.fast_check_interval_seconds is not None
         and cfg.fast_check_interval_seconds >= cfg.throughput_adjustment_interval_seconds
     ):

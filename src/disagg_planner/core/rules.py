@@ -103,25 +103,33 @@ def burst_factor(ratios: Sequence[float], quantile: float | None) -> RuleValue:
     )
 
 
+def slo_request_seconds(*, ttft_ms: float, itl_ms: float, osl: float) -> float:
+    """How long a request that meets the SLO exactly lasts: its TTFT target, then ``osl``
+    tokens at the ITL target."""
+    return (ttft_ms + max(0.0, osl) * itl_ms) / 1000.0
+
+
 def backlog_tokens(
     *,
     in_flight: float | None,
     arrival_rate: float,
-    request_duration_s: float | None,
+    slo_request_s: float,
     isl: float,
     queued_prefill_tokens: float | None = None,
 ) -> RuleValue:
     """Prefill tokens already waiting. FPM's queued prefill tokens when some engine reports
-    them; else the in-flight requests beyond those the arrival rate and mean request
-    duration explain (Little's law), each counted at the mean ISL; 0 when neither is known."""
+    them; else the in-flight requests beyond those that would be in flight if every request
+    met the SLO (Little's law: arrival rate x :func:`slo_request_seconds`; the observed
+    request duration would not do, it grows with the very queue it should reveal), each
+    counted at the mean ISL; 0 when neither is known."""
     if queued_prefill_tokens is not None and queued_prefill_tokens > 0:
         return RuleValue(
             queued_prefill_tokens,
             f"backlog {queued_prefill_tokens:.0f} queued prefill tokens (FPM)",
         )
-    if in_flight is None or request_duration_s is None or isl <= 0:
+    if in_flight is None or isl <= 0:
         return RuleValue(0.0, "no backlog measured")
-    expected = arrival_rate * request_duration_s
+    expected = arrival_rate * slo_request_s
     excess = max(0.0, in_flight - expected)
     if excess <= 0:
         return RuleValue(0.0, f"no backlog ({in_flight:.0f} in flight, {expected:.0f} expected)")

@@ -71,7 +71,14 @@ class TickSchedule:
             start_s + throughput_interval_s if throughput_interval_s is not None else None
         )
         self.next_load_s = start_s + load_interval_s if load_interval_s is not None else None
-        self.fast_interval_s = fast_interval_s if throughput_interval_s is not None else None
+        # between throughput ticks only: no fast check as long as the interval itself
+        self.fast_interval_s = (
+            fast_interval_s
+            if throughput_interval_s is not None
+            and fast_interval_s is not None
+            and fast_interval_s < throughput_interval_s
+            else None
+        )
         self.next_fast_s = (
             start_s + self.fast_interval_s if self.fast_interval_s is not None else None
         )

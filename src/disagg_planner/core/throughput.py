@@ -41,6 +41,7 @@ from disagg_planner.core.rules import (
     histogram_quantile,
     scale_down_allowed,
     slo_at_risk,
+    slo_request_seconds,
     time_to_ready,
 )
 from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
@@ -579,11 +580,9 @@ class ThroughputPlanner:
         observed = LoadForecast(num_req=recent.request_rate * interval, isl=isl, osl=osl)
         gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
         burst = burst_factor(self.burst_ratios, self.config.burst_quantile)
+        drain_s = self.config.backlog_drain_seconds
         sizing = self._size(
-            observed,
-            gpus,
-            burst=burst.value,
-            backlog_tokens_per_s=backlog.value / self.config.backlog_drain_seconds,
+            observed, gpus, burst=burst.value, backlog_tokens_per_s=backlog.value / drain_s
         )
         if any(not s.feasible for s in sizing.values()):
             return self._hold_if_infeasible(now_s, sizing, diagnostics) or self._hold(
@@ -613,9 +612,8 @@ class ThroughputPlanner:
             stages={"proposed": proposed, "budget": dict(target)},
             rules=(risk.reason, burst.reason, backlog.reason),
         )
-        explain = "fast check: " + "; ".join(
-            [risk.reason, backlog.reason, self._explain(observed, sizing, target)]
-        )
+        explain = "fast check: " + "; ".join((risk.reason, backlog.reason))
+        explain += f" (drained over {drain_s:.0f} s); " + self._explain(observed, sizing, target)
         if budget.limited_by:
             explain += f"; limited by {budget.limited_by}: {budget.message}"
         if target == desired:
@@ -703,10 +701,13 @@ class ThroughputPlanner:
     def _backlog(
         self, traffic: TrafficObservation, isl: float, queued_prefill_tokens: float | None
     ) -> RuleValue:
+        osl = traffic.osl if traffic.osl is not None else (self._last_lengths or (0.0, 0.0))[1]
         return backlog_tokens(
             in_flight=traffic.in_flight,
             arrival_rate=traffic.request_rate,
-            request_duration_s=traffic.request_duration_s,
+            slo_request_s=slo_request_seconds(
+                ttft_ms=self.config.ttft_ms, itl_ms=self.config.itl_ms, osl=osl
+            ),
             isl=isl,
             queued_prefill_tokens=queued_prefill_tokens,
         )
