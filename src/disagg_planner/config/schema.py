@@ -324,7 +324,7 @@ class PlannerConfig(BaseModel):
         json_schema_extra=_extra("slo"),
     )
     backlog_drain_seconds: float = Field(
-        30.0,
+        60.0,
         gt=0,
         description="The work already waiting (in-flight requests beyond what the arrival "
         "rate and request duration explain, or FPM's queued prefill tokens) is added to the "

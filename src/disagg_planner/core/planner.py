@@ -306,9 +306,7 @@ def queued_prefill_tokens(observation: Observation) -> float | None:
     """Prefill tokens waiting in the engines' queues (their latest FPM), when any prefill
     (or aggregated) engine reports; None otherwise."""
     engines = observation.engines or {}
-    reports = [
-        fpm for role in ("prefill", "agg") for fpm in engines.get(role, {}).values()
-    ]
+    reports = [fpm for role in ("prefill", "agg") for fpm in engines.get(role, {}).values()]
     if not reports:
         return None
     return float(sum(fpm.queued_requests.sum_prefill_tokens for fpm in reports))

@@ -25,14 +25,6 @@ from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.budget import BudgetResult, apply_floors, apply_gpu_budget, cap_change
-from disagg_planner.core.types import (
-    DeploymentStatus,
-    Histogram,
-    MissingObservation,
-    ThroughputReason,
-    TrafficObservation,
-)
-from disagg_planner.predictors.base import SERIES, Forecast, LoadPredictor
 from disagg_planner.core.rules import (
     RuleValue,
     arrival_envelope,
@@ -44,6 +36,14 @@ from disagg_planner.core.rules import (
     slo_request_seconds,
     time_to_ready,
 )
+from disagg_planner.core.types import (
+    DeploymentStatus,
+    Histogram,
+    MissingObservation,
+    ThroughputReason,
+    TrafficObservation,
+)
+from disagg_planner.predictors.base import SERIES, Forecast, LoadPredictor
 from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
 
 # Short-window (fast-check) arrival rates kept for the burst factor: an hour at 15 s.
@@ -592,9 +592,7 @@ class ThroughputPlanner:
         desired = {r: status.desired(r) for r in cfg.roles}
         floors = {r: cfg.min_endpoint_for(r) for r in cfg.roles}
         # up only: a fast check never removes what the throughput loop planned
-        proposed = apply_floors(
-            {r: max(desired[r], sizing[r].replicas) for r in cfg.roles}, floors
-        )
+        proposed = apply_floors({r: max(desired[r], sizing[r].replicas) for r in cfg.roles}, floors)
         budget = apply_gpu_budget(
             proposed,
             gpus_per_replica=gpus,
