@@ -289,10 +289,53 @@ class PlannerConfig(BaseModel):
         json_schema_extra=_extra("slo"),
     )
     scale_down_stabilization_seconds: float = Field(
-        0.0,
+        600.0,
         ge=0,
         description="Scale a role down only to the highest throughput recommendation of this "
-        "many past seconds (the HPA's scale-down stabilisation); 0 scales down at once.",
+        "many past seconds (the HPA's scale-down stabilisation); 0 scales down at once. A "
+        "role is also never scaled down within one time-to-ready of its last scale-up.",
+        json_schema_extra=_extra("slo"),
+    )
+    replica_startup_seconds: float = Field(
+        120.0,
+        ge=0,
+        description="Time from ordering a replica to its serving, assumed until the planner "
+        "has measured it (its own scale-ups, decision to ready): each decision sizes for the "
+        "load expected over [now + time-to-ready, now + time-to-ready + interval].",
+        json_schema_extra=_extra("slo"),
+    )
+    fast_check_interval_seconds: float | None = Field(
+        15.0,
+        gt=0,
+        description="Period of the fast path between throughput ticks: a Prometheus-only check "
+        "of the frontend's recent TTFT tail, in-flight requests and arrival rate that scales "
+        "up at once, by what the observed demand and backlog need, when the SLO is at risk; "
+        "its windows also give the burst statistics. null turns it off; the default is "
+        "skipped when the throughput interval is not longer (a set value must be shorter).",
+        json_schema_extra=_extra("slo"),
+    )
+    burst_quantile: float | None = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="Size prefill for this upper quantile of the short-window (fast-check) "
+        "arrival rate relative to its interval's mean rate, instead of the mean; null sizes "
+        "for the mean.",
+        json_schema_extra=_extra("slo"),
+    )
+    backlog_drain_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="The work already waiting (in-flight requests beyond what the arrival "
+        "rate and request duration explain, or FPM's queued prefill tokens) is added to the "
+        "demand as that many tokens over this many seconds.",
+        json_schema_extra=_extra("slo"),
+    )
+    prefill_queueing: Literal["pooled", "per_engine"] = Field(
+        "pooled",
+        description="Queueing model of the prefill headroom: 'pooled' (one GI/G/c queue over "
+        "all engines, Erlang C; the router spreads requests over them) or 'per_engine' (a "
+        "GI/G/1 queue per engine, more conservative).",
         json_schema_extra=_extra("slo"),
     )
     scaling_convergence_timeout_seconds: float = Field(
@@ -784,6 +827,21 @@ def cross_field_problems(cfg: PlannerConfig) -> list[ConfigProblem]:
                 cfg.load_adjustment_interval_seconds,
                 "must be shorter than throughput_adjustment_interval_seconds "
                 f"({cfg.throughput_adjustment_interval_seconds:g}) when both loops run",
+            )
+        )
+    if (
+        cfg.throughput_scaling_active
+        and "fast_check_interval_seconds" in cfg.model_fields_set  # the default adapts
+        and cfg.fast_check_interval_seconds is not None
+        and cfg.fast_check_interval_seconds >= cfg.throughput_adjustment_interval_seconds
+    ):
+        problems.append(
+            ConfigProblem(
+                "fast_check_interval_seconds",
+                cfg.fast_check_interval_seconds,
+                "must be shorter than throughput_adjustment_interval_seconds "
+                f"({cfg.throughput_adjustment_interval_seconds:g}), or null to turn the fast "
+                "path off",
             )
         )
     if -1 not in (cfg.min_gpu_budget, cfg.max_gpu_budget) and (

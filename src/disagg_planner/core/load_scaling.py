@@ -1,4 +1,4 @@
-"""Load-based scaling: one role, one tick, at most one replica up or down.
+"""Load-based scaling: one role, one tick: up by what the latency asks for, down by one.
 
 Every ``load_adjustment_interval_seconds`` the shell hands in the latest ForwardPassMetrics
 per live engine (``(worker_id, dp_rank)``), the role's wall-time model (fed separately with
@@ -14,8 +14,9 @@ every iteration, see :mod:`disagg_planner.regression.models`) and the replica co
    (NaN or negative values), ``insufficient_data`` (model not ready or an estimate missing);
 4. estimate per engine TTFT (prefill, agg) and ITL (decode, agg) with
    :mod:`disagg_planner.regression.estimators`;
-5. ``scale_up`` by one when ALL engines' estimates exceed the SLA (agg: all TTFTs or all
-   ITLs);
+5. ``scale_up`` when ALL engines' estimates exceed the SLA (agg: all TTFTs or all
+   ITLs), by what the least-loaded engine's latency over the SLA asks for
+   (:func:`scale_up_target`, at least one replica);
 6. ``scale_down`` by one when ALL estimates are below ``SLA * s`` (``s`` =
    ``load_scaling_down_sensitivity / 100``; agg: both TTFT and ITL) AND the load of N
    replicas spread over N - 1 (consolidation factor ``c = N / (N - 1)``) still fits, per
@@ -441,8 +442,16 @@ def _propose(
     if rule.uses_itl and all(t > itl_sla for t in itls):
         up.append(f"ITL {min(itls):.1f}-{max(itls):.1f} ms > {itl_sla:g} ms SLA")
     if up:
+        want = scale_up_target(
+            ready,
+            ttft_over=(min(ttfts) / ttft_sla) if rule.uses_ttft and ttfts and ttft_sla > 0 else 0,
+            itl_over=(min(itls) / itl_sla) if rule.uses_itl and itls and itl_sla > 0 else 0,
+        )
         return _Proposal(
-            ready + 1, LoadReason.SCALE_UP, f"all {len(engines)} engines: " + "; ".join(up)
+            want,
+            LoadReason.SCALE_UP,
+            f"all {len(engines)} engines: " + "; ".join(up) + f"; {ready} -> {want} replicas "
+            "(up by what the latency over the SLA asks for, down by one)",
         )
 
     # down: every engine is under SLA * s on every latency the role has
@@ -492,6 +501,20 @@ def _propose(
         LoadReason.SCALE_DOWN,
         f"{summary}; all below {s:.2f} x SLA and {ready - 1} replicas carry the load",
     )
+
+
+def scale_up_target(ready: int, *, ttft_over: float, itl_over: float) -> int:
+    """Up fast: replicas in proportion to how far the least-loaded engine is over the SLA
+    (its latency / the SLA; queueing delay falls at least as fast as the engines are
+    added), at least one more. Scale-downs stay one replica at a time.
+
+    >>> scale_up_target(3, ttft_over=2.5, itl_over=0.0)
+    8
+    >>> scale_up_target(3, ttft_over=1.01, itl_over=0.0)
+    4
+    """
+    factor = max(ttft_over, itl_over, 1.0)
+    return max(ready + 1, math.ceil(ready * factor - 1e-9))
 
 
 def _busy_limit(

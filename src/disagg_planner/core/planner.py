@@ -59,6 +59,8 @@ class Observation:
     dp_size: Mapping[str, int] = field(default_factory=dict)
     # share of recent time each engine spent in iterations (sum of FPM wall_time / window)
     engine_busy_fraction: Mapping[str, Mapping[EngineKey, float]] | None = None
+    # the fast check's short traffic window (fast ticks only)
+    recent: TrafficObservation | MissingObservation | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,7 @@ class PlannerCore:
                 config.throughput_adjustment_interval_seconds if self.throughput else None
             ),
             load_interval_s=config.load_adjustment_interval_seconds if self.load_models else None,
+            fast_interval_s=config.fast_check_interval_seconds if self.throughput else None,
         )
         self._pending_due: DueTick | None = None
 
@@ -177,11 +180,20 @@ class PlannerCore:
             )
 
         throughput_decision: ThroughputDecision | None = None
+        queued = queued_prefill_tokens(observation)
         if due.run_throughput and self.throughput is not None:
             traffic = observation.traffic or MissingObservation("not_collected")
-            throughput_decision = self.throughput.tick(now_s, traffic, status)
+            throughput_decision = self.throughput.tick(now_s, traffic, status, queued)
             if throughput_decision.replicas is not None:
                 self.throughput_floor = dict(throughput_decision.replicas)
+        elif due.run_fast and self.throughput is not None:
+            recent = observation.recent or MissingObservation("not_collected")
+            throughput_decision = self.throughput.fast_tick(now_s, recent, status, queued)
+            if throughput_decision.replicas is not None:
+                self.throughput_floor = {
+                    r: max(n, self.throughput_floor.get(r, 0))
+                    for r, n in throughput_decision.replicas.items()
+                }
 
         load_decisions: dict[str, LoadDecision] = {}
         if due.run_load and self.load_models:
@@ -288,6 +300,16 @@ class PlannerCore:
             current=current,
         )
         return (dict(current) if budget.hold else budget.replicas), budget
+
+
+def queued_prefill_tokens(observation: Observation) -> float | None:
+    """Prefill tokens waiting in the engines' queues (their latest FPM), when any prefill
+    (or aggregated) engine reports; None otherwise."""
+    engines = observation.engines or {}
+    reports = [fpm for role in ("prefill", "agg") for fpm in engines.get(role, {}).values()]
+    if not reports:
+        return None
+    return float(sum(fpm.queued_requests.sum_prefill_tokens for fpm in reports))
 
 
 def _as_role(role: str) -> Role:

@@ -39,10 +39,21 @@ class DueTick:
     run_throughput: bool
     run_load: bool
     traffic_window: TrafficWindow | None = None
+    # the fast path's short window; set exactly when a fast check runs (never together
+    # with a throughput tick, which reads the traffic itself)
+    fast_window: TrafficWindow | None = None
+
+    @property
+    def run_fast(self) -> bool:
+        return self.fast_window is not None
 
 
 class TickSchedule:
-    """Next due time of each enabled loop, starting one interval after ``start_s``."""
+    """Next due time of each enabled loop, starting one interval after ``start_s``.
+
+    The fast check (``fast_interval_s``, only beside a throughput loop) runs between
+    throughput ticks: a throughput tick restarts its cadence, since it reads the traffic
+    itself."""
 
     def __init__(
         self,
@@ -50,6 +61,7 @@ class TickSchedule:
         start_s: float,
         throughput_interval_s: float | None,
         load_interval_s: float | None,
+        fast_interval_s: float | None = None,
     ) -> None:
         if throughput_interval_s is None and load_interval_s is None:
             raise ValueError("at least one loop must be scheduled")
@@ -59,10 +71,23 @@ class TickSchedule:
             start_s + throughput_interval_s if throughput_interval_s is not None else None
         )
         self.next_load_s = start_s + load_interval_s if load_interval_s is not None else None
+        # between throughput ticks only: no fast check as long as the interval itself
+        self.fast_interval_s = (
+            fast_interval_s
+            if throughput_interval_s is not None
+            and fast_interval_s is not None
+            and fast_interval_s < throughput_interval_s
+            else None
+        )
+        self.next_fast_s = (
+            start_s + self.fast_interval_s if self.fast_interval_s is not None else None
+        )
 
     @property
     def next_at_s(self) -> float:
-        due = [t for t in (self.next_throughput_s, self.next_load_s) if t is not None]
+        due = [
+            t for t in (self.next_throughput_s, self.next_load_s, self.next_fast_s) if t is not None
+        ]
         return min(due)
 
     def pop_due(self, now_s: float) -> DueTick | None:
@@ -74,8 +99,17 @@ class TickSchedule:
         limit = now_s + MERGE_TOLERANCE_S
         run_t = self.next_throughput_s is not None and self.next_throughput_s <= limit
         run_l = self.next_load_s is not None and self.next_load_s <= limit
-        if not (run_t or run_l):
+        run_f = self.next_fast_s is not None and self.next_fast_s <= limit
+        if not (run_t or run_l or run_f):
             return None
+        fast = None
+        if self.fast_interval_s is not None:
+            if run_t:
+                self.next_fast_s = now_s + self.fast_interval_s
+            elif run_f:
+                assert self.next_fast_s is not None
+                self.next_fast_s = _advance(self.next_fast_s, self.fast_interval_s, now_s)
+                fast = TrafficWindow(end_s=now_s, duration_s=self.fast_interval_s)
         window = None
         if run_t:
             assert self.next_throughput_s is not None and self.throughput_interval_s is not None
@@ -88,7 +122,13 @@ class TickSchedule:
         if run_l:
             assert self.next_load_s is not None and self.load_interval_s is not None
             self.next_load_s = _advance(self.next_load_s, self.load_interval_s, now_s)
-        return DueTick(at_s=now_s, run_throughput=run_t, run_load=run_l, traffic_window=window)
+        return DueTick(
+            at_s=now_s,
+            run_throughput=run_t,
+            run_load=run_l,
+            traffic_window=window,
+            fast_window=fast,
+        )
 
 
 def _advance(due_s: float, interval_s: float, now_s: float) -> float:

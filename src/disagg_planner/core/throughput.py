@@ -25,6 +25,17 @@ from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.budget import BudgetResult, apply_floors, apply_gpu_budget, cap_change
+from disagg_planner.core.rules import (
+    RuleValue,
+    arrival_envelope,
+    backlog_tokens,
+    burst_factor,
+    histogram_quantile,
+    scale_down_allowed,
+    slo_at_risk,
+    slo_request_seconds,
+    time_to_ready,
+)
 from disagg_planner.core.types import (
     DeploymentStatus,
     Histogram,
@@ -33,7 +44,12 @@ from disagg_planner.core.types import (
     TrafficObservation,
 )
 from disagg_planner.predictors.base import SERIES, Forecast, LoadPredictor
-from disagg_planner.profiles.queueing import max_utilisation
+from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
+
+# Short-window (fast-check) arrival rates kept for the burst factor: an hour at 15 s.
+BURST_HISTORY = 240
+# The TTFT quantile the fast path reads when no attainment target is configured.
+DEFAULT_FAST_TTFT_QUANTILE = 0.99
 
 # Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
 MIN_UTILISATION = 0.2
@@ -120,6 +136,9 @@ class ThroughputDiagnostics:
     stages: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> replicas
     scaling_latency_s: dict[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    # the named rules' sentences (time-to-ready, envelope, burst, backlog, guards)
+    rules: tuple[str, ...] = ()
+    sized_for: LoadForecast | None = None  # the forecast after the envelope rule
 
 
 @dataclass(frozen=True)
@@ -179,8 +198,18 @@ def size_prefill(
     ttft_target_ms: float | None = None,
     attainment: float | None = None,
     service_scv: float = 1.0,
+    pooled: bool = False,
+    burst: float = 1.0,
+    backlog_tokens_per_s: float = 0.0,
 ) -> RoleSizing:
     """``ceil(num_req x isl / interval x min(1, corr) / (thpt_per_gpu(isl) x rho) / gpus)``.
+
+    ``burst`` multiplies the arrival demand (sized for a short-window peak, not the mean)
+    and ``backlog_tokens_per_s`` is added to it (the work already waiting). With ``pooled``
+    the engines are one GI/G/c queue (the router spreads requests over them): the replicas
+    are the fewest whose pooled waiting-time tail meets the target
+    (:func:`disagg_planner.profiles.queueing.pooled_servers_needed`), not ``c`` separate
+    GI/G/1 queues.
 
     With ``rho = 1`` this is Dynamo's formula: engines sized to run at their profiled
     throughput, i.e. fully busy. Given a TTFT target and an ``attainment`` share, ``rho`` is
@@ -193,7 +222,8 @@ def size_prefill(
     TTFT is a queueing symptom that more prefill replicas fix, which the raw demand already
     asks for.
     """
-    demand = forecast.num_req * forecast.isl / interval_s * min(1.0, correction)
+    demand = forecast.num_req * forecast.isl / interval_s * min(1.0, correction) * max(1.0, burst)
+    demand += max(0.0, backlog_tokens_per_s)
     thpt = prefill.thpt_per_gpu(forecast.isl) if forecast.isl > 0 else 0.0
     if demand <= 0:
         return RoleSizing("prefill", 0, 0.0, thpt, gpus_per_replica, note="no prefill demand")
@@ -212,6 +242,27 @@ def size_prefill(
         own_ms = prefill.ttft_ms(forecast.isl)
         service_s = forecast.isl / (thpt * gpus_per_replica)
         slack_s = (ttft_target_ms - own_ms) / 1000.0
+        if slack_s > 0 and pooled:
+            offered = demand / (thpt * gpus_per_replica)  # engines' worth of work
+            replicas = pooled_servers_needed(
+                offered,
+                slack_s=slack_s,
+                service_s=service_s,
+                quantile=attainment,
+                service_scv=service_scv,
+            )
+            replicas = min(replicas, math.ceil(offered / MIN_UTILISATION))
+            rho = offered / replicas if replicas else 1.0
+            return RoleSizing(
+                "prefill",
+                replicas,
+                demand,
+                thpt,
+                gpus_per_replica,
+                note=f"pooled GI/G/c over {replicas} engines at {rho:.0%} utilisation for "
+                f"{attainment:.0%} TTFT attainment",
+                utilisation=rho,
+            )
         if slack_s > 0:
             rho = max(
                 max_utilisation(
@@ -368,6 +419,11 @@ class ThroughputPlanner:
         self._awaiting_ready: dict[str, float] = {}  # role -> time of the change
         self._recommendations: deque[tuple[float, dict[str, int]]] = deque()
         self.scaling_latency_s: dict[str, float] = {}
+        self._last_scale_up_s: dict[str, float] = {}
+        # short-window rate / its interval's mean rate, for the burst factor
+        self.burst_ratios: deque[float] = deque(maxlen=BURST_HISTORY)
+        self._short_rates: list[float] = []  # fast-check rates since the last tick
+        self._last_lengths: tuple[float, float] | None = None  # (isl, osl) last seen
 
     # The predictors see every observed window, also those the planner holds on.
     def _observe(self, obs: TrafficObservation) -> None:
@@ -376,6 +432,7 @@ class ThroughputPlanner:
         if obs.num_req > 0 and obs.isl is not None and obs.osl is not None:
             self.predictors["isl"].observe(obs.isl)
             self.predictors["osl"].observe(obs.osl)
+            self._last_lengths = (obs.isl, obs.osl)
 
     def _forecast(self) -> LoadForecast:
         parts: dict[str, Forecast] = {s: p.predict_next() for s, p in self.predictors.items()}
@@ -396,16 +453,39 @@ class ThroughputPlanner:
         )
 
     def _track_convergence(self, now_s: float, status: DeploymentStatus) -> None:
+        """Measure each scale-up from decision to ready (checked on every tick, fast ones
+        included, so the measurement is as fine as the fast-check period)."""
         for role, since in list(self._awaiting_ready.items()):
-            if role in status.roles and status.ready(role) == status.desired(role):
+            if role in status.roles and status.ready(role) >= status.desired(role):
                 self.scaling_latency_s[role] = now_s - since
                 del self._awaiting_ready[role]
+
+    def time_to_ready(self, role: str) -> RuleValue:
+        return time_to_ready(self.scaling_latency_s.get(role), self.config.replica_startup_seconds)
+
+    def _deployment_time_to_ready(self) -> RuleValue:
+        """The slowest role's time-to-ready: one envelope sizes every role."""
+        values = [self.time_to_ready(r) for r in self.config.roles]
+        return max(values, key=lambda v: v.value)
+
+    def _note_scale(
+        self, now_s: float, target: Mapping[str, int], desired: Mapping[str, int]
+    ) -> None:
+        """Remember a change: the convergence wait, and each scale-up's time (measured to
+        ready; no scale-down of that role within one time-to-ready)."""
+        self._last_action_s = now_s
+        self._last_target = dict(target)
+        for role, n in target.items():
+            if n > desired[role]:
+                self._awaiting_ready[role] = now_s
+                self._last_scale_up_s[role] = now_s
 
     def tick(
         self,
         now_s: float,
         traffic: TrafficObservation | MissingObservation,
         status: DeploymentStatus,
+        queued_prefill_tokens: float | None = None,
     ) -> ThroughputDecision:
         """One throughput tick (see the module doc): each stage either decides, a hold with
         its reason, or passes what it worked out on to the next."""
@@ -414,8 +494,17 @@ class ThroughputPlanner:
         if isinstance(fresh, ThroughputDecision):
             return fresh
         forecast = self._learn(fresh, status)
+        sized_for, rules = self._size_for_arrival(fresh, forecast)
+        burst = burst_factor(self.burst_ratios, self.config.burst_quantile)
+        backlog = self._backlog(fresh, sized_for.isl, queued_prefill_tokens)
+        rules += [burst.reason, backlog.reason]
         gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
-        sizing = self._size(forecast, gpus)
+        sizing = self._size(
+            sized_for,
+            gpus,
+            burst=burst.value,
+            backlog_tokens_per_s=backlog.value / self.config.backlog_drain_seconds,
+        )
         diagnostics = ThroughputDiagnostics(
             observed=fresh,
             forecast=forecast,
@@ -423,6 +512,8 @@ class ThroughputPlanner:
             sizing=sizing,
             scaling_latency_s=dict(self.scaling_latency_s),
             warnings=tuple(warnings),
+            rules=tuple(rules),
+            sized_for=sized_for,
         )
         infeasible = self._hold_if_infeasible(now_s, sizing, diagnostics)
         if infeasible is not None:
@@ -430,9 +521,110 @@ class ThroughputPlanner:
         plan_from = self._plan_from(now_s, status, warnings, diagnostics)
         if isinstance(plan_from, ThroughputDecision):
             return plan_from
-        stages, budget = self._guard(now_s, sizing, plan_from, gpus)
-        diagnostics = replace(diagnostics, stages=stages, warnings=tuple(warnings))
+        stages, budget, guard_notes = self._guard(now_s, sizing, plan_from, gpus)
+        diagnostics = replace(
+            diagnostics,
+            stages=stages,
+            warnings=tuple(warnings),
+            rules=diagnostics.rules + tuple(guard_notes),
+        )
         return self._decide(now_s, status, forecast, sizing, budget, diagnostics)
+
+    def fast_tick(
+        self,
+        now_s: float,
+        recent: TrafficObservation | MissingObservation,
+        status: DeploymentStatus,
+        queued_prefill_tokens: float | None = None,
+    ) -> ThroughputDecision:
+        """The fast path between throughput ticks, from the frontend alone: when the recent
+        window shows the SLO at risk (:func:`disagg_planner.core.rules.slo_at_risk`), scale
+        up at once to what the observed demand and backlog need (within the floors and the
+        GPU budget; never down). Its window's arrival rate also feeds the burst factor."""
+        self._track_convergence(now_s, status)
+        if isinstance(recent, MissingObservation):
+            detail = f": {recent.detail}" if recent.detail else ""
+            return self._hold(
+                now_s,
+                ThroughputReason.NO_TRAFFIC_DATA,
+                f"fast check: traffic unavailable ({recent.reason}{detail}); holding",
+                ThroughputDiagnostics(),
+            )
+        self._short_rates.append(recent.request_rate)
+        quantile = self.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE
+        tail_s = (
+            histogram_quantile(recent.ttft_histogram, quantile)
+            if recent.ttft_histogram is not None
+            else None
+        )
+        tail_ms = tail_s * 1000.0 if tail_s is not None else recent.ttft_ms
+        isl, osl = (
+            (recent.isl, recent.osl)
+            if recent.isl is not None and recent.osl is not None
+            else self._last_lengths or (0.0, 0.0)
+        )
+        backlog = self._backlog(recent, isl, queued_prefill_tokens)
+        risk = slo_at_risk(
+            ttft_tail_ms=tail_ms,
+            ttft_target_ms=self.config.ttft_ms,
+            itl_ms=recent.itl_ms,
+            itl_target_ms=self.config.itl_ms,
+            excess_in_flight=backlog.value / isl if isl > 0 else 0.0,
+        )
+        diagnostics = ThroughputDiagnostics(observed=recent, rules=(risk.reason, backlog.reason))
+        if not risk.value:
+            return ThroughputDecision(
+                now_s, None, ThroughputReason.NO_CHANGE, f"fast check: {risk.reason}", diagnostics
+            )
+        interval = self.config.throughput_adjustment_interval_seconds
+        observed = LoadForecast(num_req=recent.request_rate * interval, isl=isl, osl=osl)
+        gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
+        burst = burst_factor(self.burst_ratios, self.config.burst_quantile)
+        drain_s = self.config.backlog_drain_seconds
+        sizing = self._size(
+            observed, gpus, burst=burst.value, backlog_tokens_per_s=backlog.value / drain_s
+        )
+        if any(not s.feasible for s in sizing.values()):
+            return self._hold_if_infeasible(now_s, sizing, diagnostics) or self._hold(
+                now_s, ThroughputReason.PROFILE_INFEASIBLE, "infeasible", diagnostics
+            )
+        cfg = self.config
+        desired = {r: status.desired(r) for r in cfg.roles}
+        floors = {r: cfg.min_endpoint_for(r) for r in cfg.roles}
+        # up only: a fast check never removes what the throughput loop planned
+        proposed = apply_floors({r: max(desired[r], sizing[r].replicas) for r in cfg.roles}, floors)
+        budget = apply_gpu_budget(
+            proposed,
+            gpus_per_replica=gpus,
+            floors=floors,
+            max_gpus=cfg.max_gpu_budget,
+            min_gpus=cfg.min_gpu_budget,
+            order=cfg.roles,
+            current=desired,
+        )
+        target = desired if budget.hold else budget.replicas
+        target = {r: max(desired[r], n) for r, n in target.items()}
+        diagnostics = replace(
+            diagnostics,
+            sizing=sizing,
+            stages={"proposed": proposed, "budget": dict(target)},
+            rules=(risk.reason, burst.reason, backlog.reason),
+        )
+        explain = "fast check: " + "; ".join((risk.reason, backlog.reason))
+        explain += f" (drained over {drain_s:.0f} s); " + self._explain(observed, sizing, target)
+        if budget.limited_by:
+            explain += f"; limited by {budget.limited_by}: {budget.message}"
+        if target == desired:
+            return ThroughputDecision(
+                now_s,
+                None,
+                ThroughputReason.NO_CHANGE,
+                explain + "; the current replicas cover the observed demand",
+                diagnostics,
+            )
+        self._note_scale(now_s, target, desired)
+        self._remember(now_s, target)
+        return ThroughputDecision(now_s, target, ThroughputReason.SCALE, explain, diagnostics)
 
     # --- the stages of a tick, in order ----------------------------------------------------
 
@@ -478,11 +670,45 @@ class ThroughputPlanner:
         if not self.config.no_correction:
             self._update_corrections(traffic, status)
         forecast = self._forecast()
+        mean_rate = traffic.request_rate
+        if mean_rate > 0:
+            self.burst_ratios.extend(r / mean_rate for r in self._short_rates)
+        self._short_rates = []
         if traffic.num_req > 0 and traffic.isl_histogram is not None:
             scv = histogram_scv(traffic.isl_histogram)
             if scv is not None:
                 self.isl_scv = scv
         return forecast
+
+    def _size_for_arrival(
+        self, traffic: TrafficObservation, forecast: LoadForecast
+    ) -> tuple[LoadForecast, list[str]]:
+        """The forecast raised to the upper envelope of the rate over the span in which the
+        capacity ordered now will serve (:func:`disagg_planner.core.rules.arrival_envelope`)."""
+        interval = self.config.throughput_adjustment_interval_seconds
+        ttr = self._deployment_time_to_ready()
+        envelope = arrival_envelope(
+            observed_rate=traffic.request_rate,
+            forecast_rate=forecast.num_req / interval,
+            interval_s=interval,
+            time_to_ready_s=ttr.value,
+        )
+        sized = replace(forecast, num_req=max(forecast.num_req, envelope.value * interval))
+        return sized, [ttr.reason, envelope.reason]
+
+    def _backlog(
+        self, traffic: TrafficObservation, isl: float, queued_prefill_tokens: float | None
+    ) -> RuleValue:
+        osl = traffic.osl if traffic.osl is not None else (self._last_lengths or (0.0, 0.0))[1]
+        return backlog_tokens(
+            in_flight=traffic.in_flight,
+            arrival_rate=traffic.request_rate,
+            slo_request_s=slo_request_seconds(
+                ttft_ms=self.config.ttft_ms, itl_ms=self.config.itl_ms, osl=osl
+            ),
+            isl=isl,
+            queued_prefill_tokens=queued_prefill_tokens,
+        )
 
     def _hold_if_infeasible(
         self, now_s: float, sizing: Mapping[str, RoleSizing], diagnostics: ThroughputDiagnostics
@@ -537,15 +763,15 @@ class ThroughputPlanner:
         sizing: Mapping[str, RoleSizing],
         current: Mapping[str, int],
         gpus: Mapping[str, int],
-    ) -> tuple[dict[str, dict[str, int]], BudgetResult]:
+    ) -> tuple[dict[str, dict[str, int]], BudgetResult, list[str]]:
         """The guards in order (floors, stabilisation, change cap, GPU budget), each stage's
-        replicas kept for the diagnostics."""
+        replicas kept for the diagnostics, and the guards' notes."""
         cfg = self.config
         roles = cfg.roles
         floors = {r: cfg.min_endpoint_for(r) for r in roles}
         stages: dict[str, dict[str, int]] = {"proposed": {r: sizing[r].replicas for r in roles}}
         stages["floors"] = apply_floors(stages["proposed"], floors)
-        stages["stabilised"] = self._stabilise(now_s, stages["floors"], current)
+        stages["stabilised"], notes = self._stabilise(now_s, stages["floors"], current)
         stages["step_cap"] = cap_change(
             stages["stabilised"],
             current,
@@ -562,7 +788,7 @@ class ThroughputPlanner:
             current=current,
         )
         stages["budget"] = budget.replicas
-        return stages, budget
+        return stages, budget, notes
 
     def _decide(
         self,
@@ -581,6 +807,8 @@ class ThroughputPlanner:
             )
         target = budget.replicas
         explain = self._explain(forecast, sizing, target)
+        if diagnostics.rules:
+            explain += "; " + "; ".join(r for r in diagnostics.rules if r)
         if budget.limited_by:
             explain += f"; limited by {budget.limited_by}: {budget.message}"
         desired = {r: status.desired(r) for r in self.config.roles}
@@ -589,11 +817,7 @@ class ThroughputPlanner:
             if budget.limited_by:
                 reason = ThroughputReason.GPU_BUDGET_GUARD_HOLD
             return ThroughputDecision(now_s, target, reason, explain, diagnostics)
-        self._last_action_s = now_s
-        self._last_target = dict(target)
-        for role, n in target.items():
-            if n != desired[role]:
-                self._awaiting_ready[role] = now_s
+        self._note_scale(now_s, target, desired)
         reason = (
             ThroughputReason.GPU_BUDGET_RECONCILE if budget.reconcile else ThroughputReason.SCALE
         )
@@ -601,22 +825,43 @@ class ThroughputPlanner:
 
     def _stabilise(
         self, now_s: float, proposed: Mapping[str, int], current: Mapping[str, int]
-    ) -> dict[str, int]:
-        """Scale-down stabilisation (the HPA's): a role goes down only to the highest
-        recommendation of the last ``scale_down_stabilization_seconds``, so a dip shorter
-        than the time it takes to bring replicas back does not cost a round trip."""
+    ) -> tuple[dict[str, int], list[str]]:
+        """Up fast, down slowly. Scale-down stabilisation (the HPA's): a role goes down only
+        to the highest recommendation of the last ``scale_down_stabilization_seconds``, so a
+        dip shorter than the time it takes to bring replicas back does not cost a round trip;
+        and never within one time-to-ready of its last scale-up
+        (:func:`disagg_planner.core.rules.scale_down_allowed`)."""
         window = self.config.scale_down_stabilization_seconds
-        self._recommendations.append((now_s, dict(proposed)))
-        while self._recommendations and self._recommendations[0][0] < now_s - window:
-            self._recommendations.popleft()
+        self._remember(now_s, proposed)
         out: dict[str, int] = {}
+        notes: list[str] = []
         for role, want in proposed.items():
             if want >= current[role]:
                 out[role] = want
                 continue
+            allowed = scale_down_allowed(
+                now_s=now_s,
+                last_scale_up_s=self._last_scale_up_s.get(role),
+                time_to_ready_s=self.time_to_ready(role).value,
+            )
+            if not allowed.value:
+                out[role] = current[role]
+                notes.append(f"{role}: {allowed.reason}")
+                continue
             recent = max(r.get(role, 0) for _, r in self._recommendations)
             out[role] = min(current[role], max(want, recent))
-        return out
+            if out[role] > want:
+                notes.append(
+                    f"{role}: down to {out[role]}, not {want}: the highest need of the last "
+                    f"{window:.0f} s (scale-down stabilisation)"
+                )
+        return out, notes
+
+    def _remember(self, now_s: float, recommendation: Mapping[str, int]) -> None:
+        window = self.config.scale_down_stabilization_seconds
+        self._recommendations.append((now_s, dict(recommendation)))
+        while self._recommendations and self._recommendations[0][0] < now_s - window:
+            self._recommendations.popleft()
 
     def _hold(
         self,
@@ -643,7 +888,14 @@ class ThroughputPlanner:
             decode=d_corr if d_corr is not None else self.corrections.decode,
         )
 
-    def _size(self, forecast: LoadForecast, gpus: Mapping[str, int]) -> dict[str, RoleSizing]:
+    def _size(
+        self,
+        forecast: LoadForecast,
+        gpus: Mapping[str, int],
+        *,
+        burst: float = 1.0,
+        backlog_tokens_per_s: float = 0.0,
+    ) -> dict[str, RoleSizing]:
         cfg = self.config
         interval = cfg.throughput_adjustment_interval_seconds
         corr = self.corrections if not cfg.no_correction else CorrectionFactors()
@@ -659,6 +911,9 @@ class ThroughputPlanner:
             ttft_target_ms=cfg.ttft_ms,
             attainment=cfg.ttft_attainment_target,
             service_scv=self.isl_scv,
+            pooled=cfg.prefill_queueing == "pooled",
+            burst=burst,
+            backlog_tokens_per_s=backlog_tokens_per_s,
         )
         decode = size_decode(
             forecast,

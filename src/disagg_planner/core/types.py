@@ -98,9 +98,21 @@ class TrafficObservation:
     request_duration_s: float | None = None
     isl_histogram: Histogram | None = None
     osl_histogram: Histogram | None = None
+    # TTFT of the requests that got their first token in the window; bounds in seconds
+    ttft_histogram: Histogram | None = None
+    # requests started but not finished at ``end_s`` (frontend counters), when read
+    in_flight: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("num_req", "ttft_ms", "itl_ms", "isl", "osl", "request_duration_s"):
+        for name in (
+            "num_req",
+            "ttft_ms",
+            "itl_ms",
+            "isl",
+            "osl",
+            "request_duration_s",
+            "in_flight",
+        ):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"TrafficObservation.{name} must be finite or None, got {value}")

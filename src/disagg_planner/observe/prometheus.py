@@ -137,6 +137,12 @@ class PrometheusTrafficObserver:
             "requests_started": summed(self._metrics.requests_started),
             "requests_finished": summed(self._metrics.requests_finished),
         }
+        if self._metrics.requests_started != self._metrics.requests_finished:
+            # not an increase: the requests in flight at the window's end
+            parts["in_flight"] = (
+                f"sum({self._metrics.requests_started}{sel}) - "
+                f"sum({self._metrics.requests_finished}{sel})"
+            )
         for item in HISTOGRAM_INPUTS:
             family = metric_family(self._metrics, item)
             parts[f"{item.key}_sum"] = summed(f"{family}_sum")
@@ -327,7 +333,7 @@ def _parse_vector(vector: Any) -> tuple[WindowIncreases, float | None]:
     """Split the tagged vector into per-part increases, and the evaluation time."""
     if not isinstance(vector, list):
         raise _BadResponse(f"result is a {type(vector).__name__}, expected an instant vector")
-    known = {"requests_started", "requests_finished"}
+    known = {"requests_started", "requests_finished", "in_flight"}
     for item in HISTOGRAM_INPUTS:
         known |= {f"{item.key}_sum", f"{item.key}_count"}
     scalars: dict[str, float] = {}
@@ -355,6 +361,7 @@ def _parse_vector(vector: Any) -> tuple[WindowIncreases, float | None]:
         sums=_by_input(scalars, "_sum"),
         counts=_by_input(scalars, "_count"),
         buckets=buckets,
+        in_flight=scalars.get("in_flight"),
     )
     return increases, eval_s
 

@@ -87,7 +87,11 @@ HISTOGRAM_INPUTS: tuple[HistogramInput, ...] = (
     HistogramInput("request_duration", "request_duration_seconds", "request_duration_s", 1.0),
 )
 # Inputs whose bucket increases are kept as distributions, and the observation field.
-DISTRIBUTION_INPUTS: dict[str, str] = {"isl": "isl_histogram", "osl": "osl_histogram"}
+DISTRIBUTION_INPUTS: dict[str, str] = {
+    "isl": "isl_histogram",
+    "osl": "osl_histogram",
+    "ttft": "ttft_histogram",  # the fast path's TTFT tail
+}
 
 
 def metric_family(metrics: TrafficMetricNames, item: HistogramInput) -> str:
@@ -172,6 +176,8 @@ class WindowIncreases:
     counts: Mapping[str, float] = field(default_factory=dict)
     buckets: Mapping[str, Mapping[float, float]] = field(default_factory=dict)
     counter_series: tuple[SeriesSamples, ...] = ()
+    # not an increase: requests started minus finished at the window's end (None: not read)
+    in_flight: float | None = None
 
     @property
     def count_metric_used(self) -> str | None:
@@ -236,6 +242,13 @@ def observation_from_increases(
         request_duration_s=averages["request_duration_s"],
         isl_histogram=histograms["isl_histogram"],
         osl_histogram=histograms["osl_histogram"],
+        ttft_histogram=histograms["ttft_histogram"],
+        # counters scraped a moment apart can cross: never fewer than no request in flight
+        in_flight=(
+            max(0.0, increases.in_flight)
+            if increases.in_flight is not None and math.isfinite(increases.in_flight)
+            else None
+        ),
     )
 
 
@@ -436,6 +449,7 @@ def traffic_from_snapshots(
         sums=sums,
         counts=counts,
         buckets=buckets,
+        in_flight=_in_flight(end, metrics, ns_value, wanted_model),
     )
     used = increases.count_metric_used
     if used is not None:
@@ -445,6 +459,29 @@ def traffic_from_snapshots(
     return observation_from_increases(
         increases, end_s=float(end_s), duration_s=float(end_s - start_s), where=where
     )
+
+
+def _in_flight(
+    end: Snapshot, metrics: TrafficMetricNames, ns_value: str, wanted_model: str | None
+) -> float | None:
+    """Requests started minus requests finished in ``end``, over the matching series (the
+    PromQL path's ``sum(started) - sum(finished)``); None when either counter is absent, or
+    when both are one counter (the router's)."""
+    if metrics.requests_started == metrics.requests_finished:
+        return None
+    totals: dict[str, float] = {}
+    for (sample_name, label_pairs), value in end.items():
+        if sample_name not in (metrics.requests_started, metrics.requests_finished):
+            continue
+        labels = dict(label_pairs)
+        if labels.get(NAMESPACE_LABEL) != ns_value:
+            continue
+        if wanted_model is not None and labels.get(MODEL_LABEL, "").lower() != wanted_model:
+            continue
+        totals[sample_name] = totals.get(sample_name, 0.0) + value
+    started = totals.get(metrics.requests_started)
+    finished = totals.get(metrics.requests_finished)
+    return None if started is None or finished is None else started - finished
 
 
 def _parse_le(le: str | None, family: str) -> float:

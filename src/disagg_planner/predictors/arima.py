@@ -22,6 +22,13 @@ What differs from Dynamo's ARIMA, and why (measured on the shared Azure and Moon
 - A forecast above ``2 max(window) + (max - min)`` is treated as divergence and replaced by
   the last value (Dynamo once forecast 8,565 requests against an actual 331).
 - A missing value is skipped (the series is treated as contiguous).
+- A *level shift* (:func:`level_shift`: the last :data:`SHIFT_RUN` one-step errors all of
+  one sign, each more than :data:`SHIFT_SIGMA` times the typical error before them and
+  more than :data:`SHIFT_MIN_SHARE` of the value) drops the history before the shift: the
+  forecast is the last value until ``min_points`` values after the shift are in, then the
+  order is re-selected on those alone. An order chosen on flat data otherwise keeps pulling
+  back to the old mean until the next scheduled re-selection (seen at a 60 s interval: 650
+  requests forecast just after 2,405 had arrived).
 
 Re-selection is lazy: values are buffered and the work is done by ``predict_next``, so a
 warm-up that feeds hundreds of points without asking for forecasts stays cheap.
@@ -42,6 +49,33 @@ import pmdarima as pm
 from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
 
 from disagg_planner.predictors.base import BasePredictor, from_model, to_model
+
+# The level-shift rule (module doc).
+SHIFT_RUN = 2
+SHIFT_SIGMA = 3.0
+SHIFT_MIN_SHARE = 0.2
+
+
+def level_shift(errors: list[float], actuals: list[float]) -> bool:
+    """Whether the last :data:`SHIFT_RUN` forecast errors (``actual - forecast``) show a
+    level shift: all of one sign, each above :data:`SHIFT_SIGMA` times the median absolute
+    error before them and above :data:`SHIFT_MIN_SHARE` of its actual value.
+
+    >>> level_shift([1.0, -2.0, 1.5, -1.0, 30.0, 35.0], [40, 41, 40, 39, 70, 75])
+    True
+    >>> level_shift([1.0, -2.0, 1.5, -1.0, 30.0, -35.0], [40, 41, 40, 39, 70, 5])
+    False
+    """
+    if len(errors) < SHIFT_RUN + 3:
+        return False
+    recent, before = errors[-SHIFT_RUN:], errors[:-SHIFT_RUN]
+    typical = float(np.median(np.abs(before)))
+    same_sign = all(e > 0 for e in recent) or all(e < 0 for e in recent)
+    return same_sign and all(
+        abs(e) > SHIFT_SIGMA * typical and abs(e) > SHIFT_MIN_SHARE * max(a, 1.0)
+        for e, a in zip(recent, actuals[-SHIFT_RUN:], strict=True)
+    )
+
 
 # ARIMA's matrices are tiny: BLAS threads only contend. On a busy 2-core host one order
 # selection took 1.7 s with two OpenBLAS threads and 0.3 s with one.
@@ -101,6 +135,7 @@ class ArimaPredictor(BasePredictor):
         self._log_space = log1p
         self._pending: list[float] = []
         self._points_at_selection = 0
+        self.shifts: list[int] = []  # points seen at each level shift detected
 
     # Values are only buffered here; predict_next does the model work.
     def _on_point(self, value: float) -> None:
@@ -114,6 +149,22 @@ class ArimaPredictor(BasePredictor):
         return self.points - self._points_at_selection >= gap
 
     def _model_forecast(self) -> tuple[float, float | None, str]:
+        if level_shift(list(self._errors), list(self._actuals)):
+            # keep only the values since the shift; the errors before it are the old level's
+            since = list(self._history)[-SHIFT_RUN:]
+            self._history.clear()
+            self._history.extend(since)
+            self._errors.clear()
+            self._actuals.clear()
+            self._model, self._pending = None, []
+            self.shifts.append(self.points)
+        if len(self._history) < self.min_points:
+            return (
+                float(self._history[-1]),
+                None,
+                f"level shift at point {self.shifts[-1] if self.shifts else 0}: last value "
+                f"until {self.min_points} values after it",
+            )
         window = np.asarray(self._history, dtype=float)
         last = float(window[-1])
         lo, hi = float(window.min()), float(window.max())

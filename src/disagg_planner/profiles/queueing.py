@@ -79,3 +79,94 @@ def max_utilisation(
         else:
             hi = mid
     return lo
+
+
+# --- pooled engines: GI/G/c ------------------------------------------------------------------
+#
+# The router spreads requests over all c prefill engines, so they form one c-server queue,
+# not c single-server ones. For M/M/c, P(W > t) = C(c, a) exp(-(c - a) t / s) with ``a`` the
+# offered load in engines (arrival rate x service time) and ``C`` Erlang's C formula (the
+# probability that an arrival waits at all). The Allen-Cunneen approximation carries it to
+# general arrivals and service by slowing the decay by (ca2 + cs2) / 2, which for c = 1 is
+# exactly the Kingman tail above. At c = 8-16 the pooled tail allows a far higher
+# utilisation for the same quantile than c separate queues would.
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Erlang's C: probability that an arrival waits, ``servers`` engines, ``offered`` load
+    (arrival rate x mean service time, in engines); 1 at or past saturation.
+
+    >>> round(erlang_c(1, 0.5), 3)
+    0.5
+    >>> round(erlang_c(2, 1.0), 3)
+    0.333
+    """
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    blocking = 1.0  # Erlang B by its recursion, stable for any c
+    for k in range(1, servers + 1):
+        blocking = offered * blocking / (k + offered * blocking)
+    rho = offered / servers
+    return blocking / (1.0 - rho * (1.0 - blocking))
+
+
+def pooled_wait_tail_probability(
+    servers: int,
+    offered: float,
+    *,
+    wait_s: float,
+    service_s: float,
+    arrival_scv: float = DEFAULT_ARRIVAL_SCV,
+    service_scv: float = DEFAULT_SERVICE_SCV,
+) -> float:
+    """Approximate ``P(W > wait_s)`` of a GI/G/c queue (Erlang C, Allen-Cunneen)."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    spread = service_s * max(arrival_scv + service_scv, 1e-9) / 2.0
+    decay = (servers - offered) * wait_s / spread
+    return min(1.0, erlang_c(servers, offered) * math.exp(-decay))
+
+
+def pooled_servers_needed(
+    offered: float,
+    *,
+    slack_s: float,
+    service_s: float,
+    quantile: float,
+    arrival_scv: float = DEFAULT_ARRIVAL_SCV,
+    service_scv: float = DEFAULT_SERVICE_SCV,
+    max_servers: int = 10_000,
+) -> int:
+    """The fewest engines, sharing one queue, for which at most ``1 - quantile`` of the
+    requests wait longer than ``slack_s`` (0 when nothing is offered).
+
+    >>> pooled_servers_needed(6.0, slack_s=0.4, service_s=0.05, quantile=0.99)
+    7
+    """
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    if service_s <= 0:
+        raise ValueError(f"service_s must be > 0, got {service_s}")
+    if offered <= 0:
+        return 0
+    allowed = 1.0 - quantile
+    servers = max(1, math.floor(offered) + 1)
+    while servers < max_servers:
+        tail = pooled_wait_tail_probability(
+            servers,
+            offered,
+            wait_s=max(slack_s, 0.0),
+            service_s=service_s,
+            arrival_scv=arrival_scv,
+            service_scv=service_scv,
+        )
+        if tail <= allowed:
+            return servers
+        servers += 1
+    return max_servers

@@ -161,6 +161,9 @@ class SimulatedTraffic:
     def __init__(self, cluster: SimulatedDeployment) -> None:
         self.cluster = cluster
         self._snapshots: dict[float, Snapshot] = {cluster.now: self._scrape()}
+        # the widest window asked for: a fast check's short window must not drop the scrape
+        # the next throughput window starts at
+        self._widest_s = 0.0
 
     def _scrape(self) -> Snapshot:
         return snapshot_from_text(self.cluster.frontend.render_prometheus_text())
@@ -177,7 +180,9 @@ class SimulatedTraffic:
         start_s = now - duration_s
         start = self._snapshot_at(start_s)
         self._snapshots[now] = end
-        self._snapshots = {t: s for t, s in self._snapshots.items() if t >= start_s - 1e-6}
+        self._widest_s = max(self._widest_s, duration_s)
+        keep_from = now - self._widest_s
+        self._snapshots = {t: s for t, s in self._snapshots.items() if t >= keep_from - 1e-6}
         if start is None:
             return MissingObservation("not_collected", f"no scrape at or before {start_s:g} s")
         labels = self.cluster.frontend.labels

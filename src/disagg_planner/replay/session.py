@@ -163,6 +163,8 @@ DYNAMO_DEFAULTS: dict[str, Any] = {
     "load_predictor_quantile": None,
     "ttft_attainment_target": None,
     "scale_down_stabilization_seconds": 0.0,
+    "fast_check_interval_seconds": None,
+    "burst_quantile": None,
 }
 
 

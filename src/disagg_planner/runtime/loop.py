@@ -433,8 +433,13 @@ class DeploymentLoop:
             # Traffic is read on throughput ticks only: an outage stands until the next one
             # reads it again, so load-only ticks in between do not clear Degraded.
             problems.append(self._traffic_problem)
+        recent: TrafficObservation | MissingObservation | None = None
+        if due.fast_window is not None and self.traffic is not None:
+            # The fast check's own outage is the core's hold reason; the throughput tick
+            # reports the traffic problem (a 15 s cadence would flood the problem counters).
+            recent = await self._observe_traffic(due.fast_window, [])
         observation, engines = self.observations.observation(
-            now, due, status=status, traffic=traffic
+            now, due, status=status, traffic=traffic, recent=recent
         )
         effects = core.tick(now, observation)
         elastic: ElasticTick | None = None

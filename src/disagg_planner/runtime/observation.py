@@ -12,7 +12,8 @@ a Kubernetes or virtual connector) and in replay (simulated sources and connecto
 - engine queues, data-parallel ranks per worker, last-seen times: from the latest FPM per
   engine, on load ticks only;
 - status and traffic: passed through as read (the traffic window is the one the due tick
-  names, :class:`disagg_planner.core.schedule.TrafficWindow`).
+  names, :class:`disagg_planner.core.schedule.TrafficWindow`); on a fast check, the short
+  window it names as ``recent``.
 
 No I/O here: reading the sources is synchronous and cheap (they are fed in the background).
 """
@@ -113,6 +114,7 @@ class ObservationBuilder:
         *,
         status: DeploymentStatus | MissingObservation,
         traffic: TrafficObservation | MissingObservation | None,
+        recent: TrafficObservation | MissingObservation | None = None,
     ) -> tuple[Observation, dict[str, dict[EngineKey, ForwardPassMetrics]]]:
         """The core's observation of the tick ``due`` at ``now_s``, and the latest report
         per engine it holds (empty unless the load loop runs: for the engine-queue gauges)."""
@@ -133,6 +135,7 @@ class ObservationBuilder:
             engine_last_seen_s=seen or None,
             dp_size=ranks,
             engine_busy_fraction=busy or None,
+            recent=recent,
         )
         return observation, engines
 

@@ -106,6 +106,8 @@ def loop_config(**overrides: Any) -> PlannerConfig:
         "kubernetes_api_max_attempts": 2,
         "kubernetes_api_backoff_seconds": 0.1,
         "report_interval_hours": None,
+        # these tests drive throughput ticks one by one; the fast path has its own tests
+        "fast_check_interval_seconds": None,
     }
     values.update(overrides)
     return PlannerConfig(**values)

@@ -387,3 +387,18 @@ async def test_a_traffic_outage_stays_degraded_between_throughput_ticks(
         await h.next_tick()  # 100 s load, 120 s both: traffic read again
     recovered = await h.next_tick()  # 140 s: load only
     assert recovered.problem(ProblemKind.TRAFFIC_MISSING) is None
+
+
+async def test_the_fast_check_reads_a_short_window_between_throughput_ticks(
+    cluster, harness_factory, prometheus: CannedPrometheus
+) -> None:
+    h = harness_factory(config=loop_config(fast_check_interval_seconds=15.0))
+    await h.start()
+    outcome = await h.next_tick()
+    assert not outcome.ran_throughput  # 15 s in: the fast check, not the 60 s tick
+    queries = [r.param("query") for r in prometheus.requests]
+    traffic_query = next(q for q in reversed(queries) if "planner_part" in q)
+    assert "[15000ms]" in traffic_query
+    assert '"in_flight"' in traffic_query  # the requests in flight at the window's end
+    assert outcome.message.startswith("throughput: ")
+    assert "fast check" in outcome.message

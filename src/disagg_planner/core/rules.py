@@ -1,0 +1,193 @@
+"""The named rules of a scaling decision, each a pure function that returns its value and
+the sentence the decision's reason carries.
+
+A throughput decision at ``t`` is sized for the load expected when the capacity it orders
+can serve, not for the window just past:
+
+- :func:`time_to_ready`: how long an ordered replica takes to serve, measured from the
+  planner's own scale-ups, the configured start-up until one was measured;
+- :func:`arrival_envelope`: the upper envelope of the request rate over
+  ``[t + time-to-ready, t + time-to-ready + interval]``, from the trend through the window
+  just observed and the forecast of the next;
+- :func:`burst_factor`: the upper quantile of short-window arrival rates relative to their
+  interval's mean, so that prefill is sized for the bursts inside an interval;
+- :func:`backlog_tokens`: the work already waiting, which the demand must also drain;
+- :func:`scale_down_allowed`: up fast, down slowly: no scale-down within one time-to-ready
+  of the last scale-up;
+- :func:`slo_at_risk`: the fast path's trigger, from the frontend alone.
+
+No I/O, no clock: every input is an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from disagg_planner.core.types import Histogram
+
+# A trend is extrapolated at most to this multiple of the larger of the observed and the
+# forecast rate: a steep rise seen over one interval says little about three intervals on.
+MAX_TREND_GROWTH = 2.0
+# Fewer short windows than this say nothing about bursts: the factor stays 1.
+MIN_BURST_SAMPLES = 8
+
+
+@dataclass(frozen=True)
+class RuleValue:
+    """What a rule worked out and why, in one sentence for the decision's reason."""
+
+    value: float
+    reason: str
+
+
+def time_to_ready(measured_s: float | None, configured_s: float) -> RuleValue:
+    """Seconds from ordering a replica to its serving: the measured scaling latency of the
+    role when there is one, else the configured start-up."""
+    if measured_s is not None and math.isfinite(measured_s) and measured_s >= 0:
+        return RuleValue(measured_s, f"time-to-ready {measured_s:.0f} s (measured)")
+    return RuleValue(configured_s, f"time-to-ready {configured_s:.0f} s (configured, not measured)")
+
+
+def arrival_envelope(
+    *,
+    observed_rate: float,
+    forecast_rate: float,
+    interval_s: float,
+    time_to_ready_s: float,
+) -> RuleValue:
+    """The highest request rate expected over ``[t + ttr, t + ttr + interval]``.
+
+    The rate is taken as linear in time through the window just observed (centred at
+    ``t - interval/2``) and the forecast of the next (centred at ``t + interval/2``); a
+    linear function peaks at one end of a span, so the envelope is the larger of its values
+    at the span's ends, never below the forecast (a falling trend is left to the
+    stabilisation, which scales down slowly) and at most :data:`MAX_TREND_GROWTH` times the
+    larger of the two rates.
+    """
+    forecast_rate = max(0.0, forecast_rate)
+    observed_rate = max(0.0, observed_rate)
+    slope = (forecast_rate - observed_rate) / interval_s  # req/s per second
+    centre = interval_s / 2.0
+    at_ready = forecast_rate + slope * (time_to_ready_s - centre)
+    at_end = forecast_rate + slope * (time_to_ready_s + interval_s - centre)
+    cap = MAX_TREND_GROWTH * max(observed_rate, forecast_rate)
+    envelope = min(max(forecast_rate, at_ready, at_end), cap) if cap > 0 else 0.0
+    if envelope > forecast_rate + 1e-9:
+        why = (
+            f"rate rising {observed_rate:.2f} -> {forecast_rate:.2f} req/s: sized for "
+            f"{envelope:.2f} req/s, its upper envelope when new capacity serves "
+            f"(+{time_to_ready_s:.0f} s to +{time_to_ready_s + interval_s:.0f} s)"
+        )
+    else:
+        why = f"sized for the forecast {forecast_rate:.2f} req/s (no rising trend)"
+    return RuleValue(envelope, why)
+
+
+def burst_factor(ratios: Sequence[float], quantile: float | None) -> RuleValue:
+    """The ``quantile`` of short-window arrival rates relative to their interval's mean
+    rate (at least 1); 1 when off or with fewer than :data:`MIN_BURST_SAMPLES` windows."""
+    if quantile is None:
+        return RuleValue(1.0, "burst sizing off")
+    finite = sorted(r for r in ratios if math.isfinite(r) and r >= 0)
+    if len(finite) < MIN_BURST_SAMPLES:
+        return RuleValue(1.0, f"burst factor 1 ({len(finite)} short windows seen)")
+    # the nearest-rank quantile: no interpolation between two observed bursts
+    rank = min(len(finite) - 1, max(0, math.ceil(quantile * len(finite)) - 1))
+    factor = max(1.0, finite[rank])
+    return RuleValue(
+        factor,
+        f"burst factor {factor:.2f} (p{quantile * 100:g} of {len(finite)} short-window rates "
+        "over their interval's mean)",
+    )
+
+
+def slo_request_seconds(*, ttft_ms: float, itl_ms: float, osl: float) -> float:
+    """How long a request that meets the SLO exactly lasts: its TTFT target, then ``osl``
+    tokens at the ITL target."""
+    return (ttft_ms + max(0.0, osl) * itl_ms) / 1000.0
+
+
+def backlog_tokens(
+    *,
+    in_flight: float | None,
+    arrival_rate: float,
+    slo_request_s: float,
+    isl: float,
+    queued_prefill_tokens: float | None = None,
+) -> RuleValue:
+    """Prefill tokens already waiting. FPM's queued prefill tokens when some engine reports
+    them; else the in-flight requests beyond those that would be in flight if every request
+    met the SLO (Little's law: arrival rate x :func:`slo_request_seconds`; the observed
+    request duration would not do, it grows with the very queue it should reveal), each
+    counted at the mean ISL; 0 when neither is known."""
+    if queued_prefill_tokens is not None and queued_prefill_tokens > 0:
+        return RuleValue(
+            queued_prefill_tokens,
+            f"backlog {queued_prefill_tokens:.0f} queued prefill tokens (FPM)",
+        )
+    if in_flight is None or isl <= 0:
+        return RuleValue(0.0, "no backlog measured")
+    expected = arrival_rate * slo_request_s
+    excess = max(0.0, in_flight - expected)
+    if excess <= 0:
+        return RuleValue(0.0, f"no backlog ({in_flight:.0f} in flight, {expected:.0f} expected)")
+    return RuleValue(
+        excess * isl,
+        f"backlog {excess:.0f} requests ({in_flight:.0f} in flight, {expected:.0f} expected) "
+        f"= {excess * isl:.0f} prefill tokens",
+    )
+
+
+def scale_down_allowed(
+    *, now_s: float, last_scale_up_s: float | None, time_to_ready_s: float
+) -> RuleValue:
+    """1 when a role may go down now, 0 within one time-to-ready of its last scale-up (the
+    replicas it ordered have had no time to show what they serve)."""
+    if last_scale_up_s is None or now_s - last_scale_up_s >= time_to_ready_s:
+        return RuleValue(1.0, "")
+    return RuleValue(
+        0.0,
+        f"no scale-down {now_s - last_scale_up_s:.0f} s after a scale-up (within "
+        f"time-to-ready {time_to_ready_s:.0f} s)",
+    )
+
+
+def histogram_quantile(histogram: Histogram, quantile: float) -> float | None:
+    """The ``quantile`` of a bucketed distribution, linear within a bucket as Prometheus'
+    ``histogram_quantile`` is (the overflow bucket answers with the last bound); None when
+    empty."""
+    total = histogram.total
+    if total <= 0 or not histogram.bounds:
+        return None
+    rank = quantile * total
+    seen, low = 0.0, 0.0
+    for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
+        if count > 0 and seen + count >= rank:
+            return low + (bound - low) * (rank - seen) / count
+        seen += count
+        low = bound
+    return histogram.bounds[-1]
+
+
+def slo_at_risk(
+    *,
+    ttft_tail_ms: float | None,
+    ttft_target_ms: float,
+    itl_ms: float | None,
+    itl_target_ms: float,
+    excess_in_flight: float,
+) -> RuleValue:
+    """1 when the frontend's recent window shows the SLO at risk: the TTFT tail or the mean
+    ITL above target, or requests piling up beyond what the arrival rate explains."""
+    causes = []
+    if ttft_tail_ms is not None and ttft_tail_ms > ttft_target_ms:
+        causes.append(f"TTFT tail {ttft_tail_ms:.0f} ms > {ttft_target_ms:.0f} ms")
+    if itl_ms is not None and itl_ms > itl_target_ms:
+        causes.append(f"ITL {itl_ms:.1f} ms > {itl_target_ms:.1f} ms")
+    if excess_in_flight >= 1:
+        causes.append(f"{excess_in_flight:.0f} requests waiting beyond the arrival rate")
+    if not causes:
+        return RuleValue(0.0, "SLO not at risk")
+    return RuleValue(1.0, "SLO at risk: " + ", ".join(causes))

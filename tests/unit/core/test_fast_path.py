@@ -1,0 +1,171 @@
+"""The throughput loop's new rules at planner level, as a table: the fast path between ticks,
+the scale-down guard after a scale-up, sizing for when capacity arrives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from disagg_planner.config import PlannerConfig
+from disagg_planner.core.throughput import ThroughputPlanner
+from disagg_planner.core.types import (
+    Histogram,
+    MissingObservation,
+    ThroughputReason,
+    TrafficObservation,
+)
+from disagg_planner.predictors import make_predictors
+from disagg_planner.profiles import Profile
+from tests.unit.core.test_throughput import planner, status, traffic
+
+# TTFT histogram bounds are seconds, as the frontend exports them
+FAST_TTFT = Histogram(bounds=(0.1, 0.5, 1.0, 5.0), counts=(90.0, 10.0, 0.0, 0.0))
+SLOW_TTFT = Histogram(bounds=(0.1, 0.5, 1.0, 5.0), counts=(10.0, 10.0, 20.0, 60.0))
+
+
+def recent(
+    rate: float, ttft: Histogram, *, in_flight: float | None = None, isl: float = 3000
+) -> TrafficObservation:
+    return TrafficObservation(
+        end_s=75.0,
+        duration_s=15.0,
+        num_req=rate * 15,
+        isl=isl,
+        osl=300,
+        itl_ms=10.0,
+        ttft_histogram=ttft,
+        in_flight=in_flight,
+    )
+
+
+@dataclass(frozen=True)
+class FastRow:
+    name: str
+    observed: TrafficObservation | MissingObservation
+    current: tuple[int, int]
+    reason: ThroughputReason
+    prefill: int | None  # the target's prefill replicas; None: no change
+    says: str
+
+
+FAST_ROWS = [
+    FastRow(
+        "SLO at risk: up at once by what the observed demand needs, not +1",
+        recent(80.0, SLOW_TTFT),
+        (1, 1),
+        ThroughputReason.SCALE,
+        7,
+        "TTFT tail",
+    ),
+    FastRow(
+        "SLO not at risk: nothing changes",
+        recent(80.0, FAST_TTFT),
+        (8, 8),
+        ThroughputReason.NO_CHANGE,
+        None,
+        "not at risk",
+    ),
+    FastRow(
+        "at risk but the replicas cover the demand: no change, said so",
+        recent(5.0, SLOW_TTFT),
+        (4, 4),
+        ThroughputReason.NO_CHANGE,
+        None,
+        "cover",
+    ),
+    FastRow(
+        "requests piling up: the backlog is sized for too",
+        recent(10.0, FAST_TTFT, in_flight=2000.0),
+        (1, 1),
+        ThroughputReason.SCALE,
+        4,
+        "backlog",
+    ),
+    FastRow(
+        "no traffic data: hold",
+        MissingObservation("prometheus_unreachable"),
+        (1, 1),
+        ThroughputReason.NO_TRAFFIC_DATA,
+        None,
+        "holding",
+    ),
+]
+
+
+@pytest.mark.parametrize("row", FAST_ROWS, ids=[r.name for r in FAST_ROWS])
+def test_fast_path(h200_like_profile: Profile, row: FastRow) -> None:
+    tp = planner(h200_like_profile)
+    decision = tp.fast_tick(75.0, row.observed, status(*row.current))
+    assert decision.reason == row.reason, decision.message
+    assert row.says in decision.message
+    if row.prefill is None:
+        assert decision.replicas is None
+    else:
+        assert decision.replicas is not None
+        assert decision.replicas["prefill"] == row.prefill, decision.message
+        # never below what is there
+        assert decision.replicas["decode"] >= row.current[1]
+
+
+def test_the_fast_path_never_scales_down(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile)
+    decision = tp.fast_tick(75.0, recent(80.0, SLOW_TTFT), status(20, 20))
+    assert decision.replicas is None
+
+
+def test_time_to_ready_is_measured_from_the_planners_own_scale_up(
+    h200_like_profile: Profile,
+) -> None:
+    tp = planner(h200_like_profile, replica_startup_seconds=300)
+    up = tp.fast_tick(75.0, recent(80.0, SLOW_TTFT), status(1, 1))
+    assert up.replicas is not None
+    p, d = up.replicas["prefill"], up.replicas["decode"]
+    # still starting: the configured start-up stands
+    tp.fast_tick(90.0, recent(80.0, FAST_TTFT), status(p, d, ready_p=1, ready_d=1))
+    assert "300 s (configured" in tp.time_to_ready("prefill").reason
+    # ready at 120 s: 45 s measured, and the next decisions size with it
+    tp.fast_tick(120.0, recent(80.0, FAST_TTFT), status(p, d))
+    assert tp.time_to_ready("prefill").value == 45.0
+    later = tp.tick(180.0, traffic(180, 4800), status(p, d))
+    assert "time-to-ready 45 s (measured)" in later.message
+
+
+def test_a_rising_rate_is_sized_for_when_capacity_serves(h200_like_profile: Profile) -> None:
+    """A trend-following forecast: the envelope extends the trend over
+    [t + time-to-ready, t + time-to-ready + interval]."""
+
+    def decide(counts: list[float]) -> tuple[float, str]:
+        tp = ThroughputPlanner(
+            config=PlannerConfig(
+                throughput_adjustment_interval_seconds=60,
+                max_gpu_budget=-1,
+                itl_ms=30,
+                load_predictor="kalman",
+            ),
+            profile=h200_like_profile,
+            predictor_factory=lambda series: make_predictors("kalman", series, kalman_min_points=3),
+        )
+        decision = None
+        for k, n in enumerate(counts, start=1):
+            decision = tp.tick(60.0 * k, traffic(60 * k, n), status(1, 1))
+        assert decision is not None and decision.diagnostics.forecast is not None
+        assert decision.diagnostics.sized_for is not None
+        ratio = decision.diagnostics.sized_for.num_req / decision.diagnostics.forecast.num_req
+        return ratio, decision.message
+
+    rising, said = decide([600, 1200, 1800, 2400, 3000, 3600])
+    assert rising > 1.2 and "upper envelope" in said
+    flat, said = decide([3000] * 6)
+    assert flat == pytest.approx(1.0) and "no rising trend" in said
+
+
+def test_fast_windows_give_the_burst_factor(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile, burst_quantile=0.9)
+    # four 15 s windows per 60 s interval: one of them at 3x the interval's mean
+    for tick in range(1, 4):
+        for k, rate in enumerate((0.5, 0.5, 0.5, 2.5)):
+            end = tick * 60 - 45 + 15 * k
+            tp.fast_tick(end, recent(rate * 10, FAST_TTFT), status(4, 4))
+        decision = tp.tick(tick * 60, traffic(tick * 60, 600), status(4, 4))
+    assert "burst factor 2.50" in decision.message

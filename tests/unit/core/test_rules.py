@@ -1,0 +1,207 @@
+"""Each named decision rule as a table: situation -> value, and the reason it gives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from disagg_planner.core.rules import (
+    arrival_envelope,
+    backlog_tokens,
+    burst_factor,
+    histogram_quantile,
+    scale_down_allowed,
+    slo_at_risk,
+    time_to_ready,
+)
+from disagg_planner.core.types import Histogram
+from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    rule: Any
+    kwargs: dict[str, Any]
+    value: float
+    reason: str  # a part of the reason
+
+
+ROWS = [
+    Row(
+        "time-to-ready: measured wins",
+        time_to_ready,
+        {"measured_s": 75.0, "configured_s": 120.0},
+        75.0,
+        "75 s (measured)",
+    ),
+    Row(
+        "time-to-ready: configured until measured",
+        time_to_ready,
+        {"measured_s": None, "configured_s": 120.0},
+        120.0,
+        "configured, not measured",
+    ),
+    Row(
+        "envelope: rising rate sized for when capacity serves",
+        arrival_envelope,
+        {"observed_rate": 10.0, "forecast_rate": 20.0, "interval_s": 60.0, "time_to_ready_s": 30.0},
+        # r(t) = 20 + (10/60)(t - 30): at t = 30 + 60 = 90 s it is 30 req/s
+        30.0,
+        "upper envelope",
+    ),
+    Row(
+        "envelope: growth capped at twice the larger rate",
+        arrival_envelope,
+        {"observed_rate": 1.0, "forecast_rate": 10.0, "interval_s": 60.0, "time_to_ready_s": 600.0},
+        20.0,
+        "upper envelope",
+    ),
+    Row(
+        "envelope: falling rate keeps the forecast",
+        arrival_envelope,
+        {
+            "observed_rate": 30.0,
+            "forecast_rate": 20.0,
+            "interval_s": 60.0,
+            "time_to_ready_s": 120.0,
+        },
+        20.0,
+        "no rising trend",
+    ),
+    Row("burst: off", burst_factor, {"ratios": [3.0] * 20, "quantile": None}, 1.0, "off"),
+    Row(
+        "burst: too few windows",
+        burst_factor,
+        {"ratios": [3.0] * 3, "quantile": 0.9},
+        1.0,
+        "3 short windows",
+    ),
+    Row(
+        "burst: upper quantile of the ratios",
+        burst_factor,
+        {"ratios": [1.0] * 8 + [2.0, 4.0], "quantile": 0.9},
+        2.0,
+        "p90 of 10",
+    ),
+    Row(
+        "burst: never below 1",
+        burst_factor,
+        {"ratios": [0.5] * 10, "quantile": 0.9},
+        1.0,
+        "burst factor 1.00",
+    ),
+    Row(
+        "backlog: FPM's queued prefill tokens first",
+        backlog_tokens,
+        {
+            "in_flight": 500.0,
+            "arrival_rate": 10.0,
+            "slo_request_s": 5.0,
+            "isl": 1000.0,
+            "queued_prefill_tokens": 42000.0,
+        },
+        42000.0,
+        "(FPM)",
+    ),
+    Row(
+        "backlog: in flight beyond an SLO-meeting rate",
+        backlog_tokens,
+        {"in_flight": 80.0, "arrival_rate": 10.0, "slo_request_s": 5.0, "isl": 1000.0},
+        30000.0,
+        "backlog 30 requests",
+    ),
+    Row(
+        "backlog: none when the in-flight count is what the rate explains",
+        backlog_tokens,
+        {"in_flight": 40.0, "arrival_rate": 10.0, "slo_request_s": 5.0, "isl": 1000.0},
+        0.0,
+        "no backlog",
+    ),
+    Row(
+        "backlog: not measured",
+        backlog_tokens,
+        {"in_flight": None, "arrival_rate": 10.0, "slo_request_s": 5.0, "isl": 1000.0},
+        0.0,
+        "no backlog measured",
+    ),
+    Row(
+        "down: refused within one time-to-ready of a scale-up",
+        scale_down_allowed,
+        {"now_s": 200.0, "last_scale_up_s": 150.0, "time_to_ready_s": 120.0},
+        0.0,
+        "50 s after a scale-up",
+    ),
+    Row(
+        "down: allowed once the scale-up had its time",
+        scale_down_allowed,
+        {"now_s": 300.0, "last_scale_up_s": 150.0, "time_to_ready_s": 120.0},
+        1.0,
+        "",
+    ),
+    Row(
+        "risk: TTFT tail above target",
+        slo_at_risk,
+        {
+            "ttft_tail_ms": 900.0,
+            "ttft_target_ms": 500.0,
+            "itl_ms": 10.0,
+            "itl_target_ms": 20.0,
+            "excess_in_flight": 0.0,
+        },
+        1.0,
+        "TTFT tail 900 ms > 500 ms",
+    ),
+    Row(
+        "risk: requests piling up",
+        slo_at_risk,
+        {
+            "ttft_tail_ms": 100.0,
+            "ttft_target_ms": 500.0,
+            "itl_ms": 10.0,
+            "itl_target_ms": 20.0,
+            "excess_in_flight": 12.0,
+        },
+        1.0,
+        "12 requests waiting",
+    ),
+    Row(
+        "risk: none",
+        slo_at_risk,
+        {
+            "ttft_tail_ms": 100.0,
+            "ttft_target_ms": 500.0,
+            "itl_ms": 10.0,
+            "itl_target_ms": 20.0,
+            "excess_in_flight": 0.0,
+        },
+        0.0,
+        "not at risk",
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_rule(row: Row) -> None:
+    result = row.rule(**row.kwargs)
+    assert result.value == pytest.approx(row.value)
+    assert row.reason in result.reason
+
+
+def test_histogram_quantile_interpolates_within_the_bucket() -> None:
+    hist = Histogram(bounds=(0.1, 0.5, 1.0), counts=(50.0, 40.0, 10.0))
+    assert histogram_quantile(hist, 0.5) == pytest.approx(0.1)
+    assert histogram_quantile(hist, 0.95) == pytest.approx(0.75)
+    assert histogram_quantile(Histogram(bounds=(0.1,), counts=(0.0,)), 0.5) is None
+
+
+@pytest.mark.parametrize("offered", [4.0, 8.0, 16.0])
+def test_pooled_engines_run_busier_than_separate_ones_for_the_same_tail(offered: float) -> None:
+    slack, service = 0.4, 0.05
+    pooled = pooled_servers_needed(offered, slack_s=slack, service_s=service, quantile=0.99)
+    separate = offered / max_utilisation(slack_s=slack, service_s=service, quantile=0.99)
+    assert offered < pooled < separate
+    # one engine is exactly the GI/G/1 case
+    assert pooled_servers_needed(0.3, slack_s=slack, service_s=service, quantile=0.99) == 1
