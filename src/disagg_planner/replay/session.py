@@ -17,6 +17,7 @@ from disagg_planner.replay import default_workload
 from disagg_planner.replay.hpa import HpaBehavior
 from disagg_planner.replay.oracle import OraclePolicy, WindowNeed, initial_replicas, plan_needs
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
+from disagg_planner.replay.report import replay_report_sections, slo_of, write_comparison
 from disagg_planner.replay.runner import (
     ClusterSetup,
     Progress,
@@ -236,12 +237,11 @@ def run(
     result.summary["startup_delay_s"] = plan.setup.startup_delay_s
     result.summary["initial_replicas"] = plan.setup.initial_replicas
     result.summary["engine"] = str(next(iter(plan.setup.specs.values())))
+    result.summary["slo"] = slo_of(plan.config)
     if out_dir is not None:
         write_outputs(out_dir, result, config=effective, roles=tuple(plan.setup.specs))
         if recorder is not None:
-            from disagg_planner.replay.report import latency_figure
-
-            recorder.write_report(extra_figures=[latency_figure(result, plan.config)])
+            recorder.write_report(**replay_report_sections(result, plan))
     return result
 
 
@@ -262,6 +262,8 @@ def run_many(
         results.append(result)
         if on_done is not None:
             on_done(result)
+    if out_dir is not None and len(policies) > 1:
+        write_comparison(out_dir, [out_dir / _dirname(name) for name in policies])
     return results
 
 
