@@ -10,17 +10,19 @@ from typing import Any
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.errors import SpecError
+from disagg_planner.replay.default_workload import (
+    DEFAULT_DURATION_S,
+    DEFAULT_POLICIES,
+    DEFAULT_PROFILE,
+    DEFAULT_SCALE_LOAD,
+    DEFAULT_SPEEDUP,
+    replay_config,
+)
+from disagg_planner.replay.report import outputs_message
 from disagg_planner.replay.session import WorkloadSpec, prepare, run_many
 from disagg_planner.replay.summary import summary_table
 
-# With no arguments: a workload generated from facts measured from the first 20 minutes of
-# the Azure 2023 conversation trace (per-minute counts, ISL/OSL distribution: no third-party
-# file needed), compressed 2x, on a bundled profile, at a load that needs several replicas
-# per role, so that scaling matters and it finishes in well under a minute.
-DEFAULT_PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
-DEFAULT_SCALE_LOAD = 6.0
-DEFAULT_SPEEDUP = 2.0
-DEFAULT_DURATION_S = 600.0
+# With no arguments: the workload, settings and policies of replay/default_workload.py.
 DEFAULT_STARTUP_DELAY_S = 120.0
 
 
@@ -32,9 +34,10 @@ def register(sub: Any) -> None:
         "against a simulated Dynamo deployment driven by a request trace, and score it: SLO "
         "attainment, latency percentiles, GPU-hours against a clairvoyant lower bound. With "
         "no arguments it replays, on a bundled profile, a workload generated from facts measured "
-        "from the first 20 minutes of the Azure 2023 conversation trace (per-minute request "
-        "counts, ISL/OSL distribution), compressed 2x, six times its load. Writes "
-        "summary.json, requests.csv, timeline.csv and report.html to -o.",
+        "from the hour of the Azure 2023 conversation trace (per-minute request counts, "
+        "ISL/OSL distribution), compressed 2x, four times its load, under the planner (load "
+        "loop on), an HPA and static:3,1. Writes summary.json, requests.csv, timeline.csv and "
+        "report.html to -o (to -o/<policy>/ with several policies, and comparison.html to -o).",
     )
     src = parser.add_argument_group("workload")
     src.add_argument("--trace", metavar="FILE", help="Request trace (file, glob, dir, .gz).")
@@ -98,9 +101,9 @@ def _replay(args: argparse.Namespace) -> int:
     no_workload = not (args.trace or args.workload)
     if no_workload:
         flags.setdefault("profile", DEFAULT_PROFILE)
-    # Replay has no deployment to read engine sizes from and no GPU budget unless asked.
-    flags.setdefault("max_gpu_budget", -1)
-    config = load_config(config_arg=args.config, flags=flags).config
+    config = replay_config(
+        load_config(config_arg=args.config, flags=flags), default_run=no_workload
+    )
     if config.profile is None and "profile_results_dir" not in flags and args.engine is None:
         config = config.model_copy(update={"profile": DEFAULT_PROFILE})
     speed, scale, duration = (
@@ -127,15 +130,14 @@ def _replay(args: argparse.Namespace) -> int:
         router=args.router,
     )
     out_dir = Path(args.output_dir)
-    results = run_many(
-        plan, args.policy or ["planner"], out_dir=out_dir, progress=not args.no_progress
-    )
+    policies = args.policy or (list(DEFAULT_POLICIES) if no_workload else ["planner"])
+    results = run_many(plan, policies, out_dir=out_dir, progress=not args.no_progress)
     summaries = [r.summary for r in results]
     if args.json:
         print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2, default=str))
     else:
         print(summary_table(summaries))
-        print(f"wrote {out_dir}/ (summary.json, requests.csv, timeline.csv, report.html)")
+        print(outputs_message(out_dir, policies))
     return 0
 
 

@@ -34,6 +34,7 @@ from disagg_planner.report.html import (
     fmt_percent,
     fmt_ratio,
     headline_from_summary,
+    ordered_roles,
     policy_colour,
     render_page,
 )
@@ -153,7 +154,7 @@ def load_capacity(
     (decode), against the ready replicas at the window's start times what one replica serves
     at the SLO by the profile: prefill its throughput at the window's mean ISL, decode its
     best throughput with ITL within the SLO at the window's mean context (ISL + OSL/2)."""
-    roles = sorted({r for row in timeline for r in row["desired"]})
+    roles = ordered_roles(r for row in timeline for r in row["desired"])
     end = float(requests.arrival_s[-1]) if len(requests.arrival_s) else 0.0
     starts = np.arange(0.0, max(end, window_s), window_s)
     lo = np.searchsorted(requests.arrival_s, starts, side="left")
@@ -303,7 +304,7 @@ def per_request_figure(requests: RequestSeries, *, ttft_slo_ms: float, itl_slo_m
     idx = np.arange(0, len(requests.arrival_s), step)
     ok = idx[requests.ok[idx]]
     failed = idx[~requests.ok[idx]]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT per request", "ITL per request"))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1)
     for col, values, name, slo in (
         (1, requests.ttft_ms, "TTFT", ttft_slo_ms),
         (2, requests.itl_ms, "ITL", itl_slo_ms),
@@ -450,13 +451,13 @@ def render_comparison(
     colour per policy, one subplot per role)."""
     if not runs:
         raise SpecError("nothing to compare: give at least one replay output folder")
-    headlines = "".join(
-        headline_from_summary(r.summary, title=f"{r.policy}  ({r.path})") for r in runs
+    headlines = (
+        "<div class='cards'>"
+        + "".join(headline_from_summary(r.summary, title=r.policy) for r in runs)
+        + "</div>"
     )
-    roles = sorted({role for r in runs for row in r.timeline for role in row["desired"]})
-    replicas = make_subplots(
-        rows=len(roles), cols=1, shared_xaxes=True, vertical_spacing=0.1, subplot_titles=roles
-    )
+    roles = ordered_roles(role for r in runs for row in r.timeline for role in row["desired"])
+    replicas = make_subplots(rows=len(roles), cols=1, shared_xaxes=True, vertical_spacing=0.1)
     gpus = go.Figure()
     ttft = go.Figure()
     itl = go.Figure()
@@ -472,19 +473,20 @@ def render_comparison(
                     legendgroup=run.policy,
                     showlegend=i == 1,
                     mode="lines",
-                    line={"color": colour, "shape": "hv", "width": 2},
+                    # overlapping steps stay apart by their dash
+                    line={"color": colour, "shape": "hv", "width": 2, "dash": _dash(k)},
                 ),
                 row=i,
                 col=1,
             )
-            replicas.update_yaxes(title_text="replicas", rangemode="tozero", row=i, col=1)
+            replicas.update_yaxes(title_text=f"{role} replicas", rangemode="tozero", row=i, col=1)
         gpus.add_trace(
             go.Scatter(
                 x=t,
                 y=[row["gpus_in_use"] for row in run.timeline],
                 name=run.policy,
                 mode="lines",
-                line={"color": colour, "shape": "hv"},
+                line={"color": colour, "shape": "hv", "dash": _dash(k)},
             )
         )
         windows = latency_windows(run.requests)
@@ -552,6 +554,20 @@ def render_comparison(
             + ". Each policy's own report.html is in its folder.",
         )
     )
+
+
+def outputs_message(out_dir: Path, policies: Sequence[str]) -> str:
+    """The line replay ends with: where its files are, the page to open first."""
+    if len(policies) == 1:
+        return f"wrote {out_dir}/ (summary.json, requests.csv, timeline.csv, report.html)"
+    return (
+        f"wrote {out_dir / COMPARISON_FILE} (open it in a browser); each policy's "
+        f"summary.json, requests.csv, timeline.csv and report.html are in {out_dir}/<policy>/"
+    )
+
+
+def _dash(index: int) -> str:
+    return ("solid", "dash", "dot", "dashdot", "longdash")[index % 5]
 
 
 def write_comparison(

@@ -36,6 +36,12 @@ def role_colour(role: str) -> str:
     return ROLE_COLOURS.get(role, _OTHER_ROLE_COLOUR)
 
 
+def ordered_roles(roles: Any) -> list[str]:
+    """Roles in the order requests meet them (prefill, decode), then any other."""
+    order = list(ROLE_COLOURS)
+    return sorted(set(roles), key=lambda r: (order.index(r) if r in order else len(order), r))
+
+
 def policy_colour(index: int) -> str:
     return POLICY_COLOURS[index % len(POLICY_COLOURS)]
 
@@ -361,7 +367,6 @@ def load_capacity_figure(load: LoadCapacity) -> Any | None:
         cols=1,
         shared_xaxes=True,
         vertical_spacing=0.12,
-        subplot_titles=[r.role for r in roles],
     )
     for i, r in enumerate(roles, start=1):
         colour = role_colour(r.role)
@@ -389,7 +394,7 @@ def load_capacity_figure(load: LoadCapacity) -> Any | None:
                 row=i,
                 col=1,
             )
-        fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=i, col=1)
+        fig.update_yaxes(title_text=f"{r.role} tokens/s", rangemode="tozero", row=i, col=1)
     fig.update_xaxes(title_text="time (s)", row=len(roles), col=1)
     return _layout(fig, height=max(_PANEL_HEIGHT, 260 * len(roles)))
 
@@ -403,12 +408,10 @@ def replicas_figure(
     """Desired and ready replicas per role (from the full timeline when given, which also
     shows replicas becoming ready between ticks), each decision a labelled marker, every
     tick a small mark."""
-    roles = sorted({r for s in snapshots for r in s.desired})
+    roles = ordered_roles(r for s in snapshots for r in s.desired)
     if not roles:
         return None
-    fig = make_subplots(
-        rows=len(roles), cols=1, shared_xaxes=True, vertical_spacing=0.1, subplot_titles=roles
-    )
+    fig = make_subplots(rows=len(roles), cols=1, shared_xaxes=True, vertical_spacing=0.1)
     for i, role in enumerate(roles, start=1):
         colour = role_colour(role)
         if timeline:
@@ -484,7 +487,11 @@ def replicas_figure(
             )
         top = max((v for v in desired + ready if v is not None), default=1)
         fig.update_yaxes(
-            title_text="replicas", rangemode="tozero", range=[0, top * 1.35 + 1], row=i, col=1
+            title_text=f"{role} replicas",
+            rangemode="tozero",
+            range=[0, top * 1.35 + 1],
+            row=i,
+            col=1,
         )
     fig.update_xaxes(title_text="time (s)", row=len(roles), col=1)
     return _layout(fig, height=max(_PANEL_HEIGHT, 250 * len(roles)))
@@ -565,7 +572,6 @@ def gpu_figure(
     fig = make_subplots(
         rows=1,
         cols=2,
-        subplot_titles=("GPUs in use", "cumulative GPU-hours"),
         horizontal_spacing=0.1,
     )
     if timeline:
@@ -587,7 +593,7 @@ def gpu_figure(
     )
     fig.add_trace(go.Scatter(x=t, y=hours, name="GPU-hours so far", mode="lines"), row=1, col=2)
     fig.update_yaxes(title_text="GPUs", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="GPU-hours", rangemode="tozero", row=1, col=2)
+    fig.update_yaxes(title_text="GPU-hours (cumulative)", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="time (s)")
     return _layout(fig, height=300)
 
@@ -756,6 +762,9 @@ margin-bottom:12px}
 summary{cursor:pointer;font-weight:600}
 .legend-roles span{margin-right:14px;font-size:12px}
 footer{font-size:11px;color:#777;margin:16px 0}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(430px,1fr));gap:10px}
+.cards .headline{margin-bottom:0}.cards .tile{flex:1 1 110px}.cards .tile .value{font-size:17px}
+.cards .tile.big .value{font-size:22px}.cards h2{font-size:15px}
 """
 
 # Plots drawn inside a closed <details> have no width: redraw them when it opens.
@@ -897,7 +906,7 @@ def load_from_snapshots(snapshots: Sequence[TickSnapshot]) -> LoadCapacity:
     def product(a: float | None, b: float | None) -> float | None:
         return a * b if a is not None and b is not None else None
 
-    roles = sorted({r for s in snapshots for r in s.desired})
+    roles = ordered_roles(r for s in snapshots for r in s.desired)
     out = []
     for role in roles:
         if role == "decode":
