@@ -311,7 +311,8 @@ def decisions_of(
     previous: dict[str, int] = dict(initial or (snapshots[0].desired if snapshots else {}))
     out: list[Decision] = []
     for s in snapshots:
-        for role, after in sorted(s.desired.items()):
+        for role in ordered_roles(s.desired):
+            after = s.desired[role]
             before = previous.get(role, after)
             if after != before:
                 out.append(Decision(s.t_s, role, before, after, short_reason(s), s.message))
@@ -477,7 +478,10 @@ def replicas_figure(
                         "line": {"color": "black", "width": 1},
                     },
                     text=[f"{d.before}->{d.after} {d.reason}" for d in mine],
-                    textposition="top center",
+                    # scale-downs labelled below, so two at one instant do not overlap
+                    textposition=[
+                        "top center" if d.after > d.before else "bottom center" for d in mine
+                    ],
                     textfont={"size": 10},
                     hovertext=[d.message[:300] for d in mine],
                     hoverinfo="text+x",
