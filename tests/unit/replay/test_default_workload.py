@@ -15,8 +15,10 @@ from disagg_planner.replay.default_workload import (
     DEFAULT_DURATION_S,
     DEFAULT_SCALE_LOAD,
     DEFAULT_SPEEDUP,
+    WorkloadFacts,
+    measure,
+    packaged_facts,
 )
-from disagg_planner.replay.default_workload import WorkloadFacts, measure, packaged_facts
 from disagg_planner.replay.session import WorkloadSpec, load_requests
 
 
