@@ -27,6 +27,7 @@ from disagg_planner.cli import (
     plan_cmd,
     profile_cmd,
     replay_cmd,
+    report_cmd,
     run_cmd,
 )
 from disagg_planner.config.flags import flag_summary
@@ -40,6 +41,7 @@ COMMANDS: tuple[ModuleType, ...] = (
     profile_cmd,
     plan_cmd,
     replay_cmd,
+    report_cmd,
     run_cmd,
     operator_cmd,
     backtest_cmd,

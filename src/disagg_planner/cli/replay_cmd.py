@@ -17,19 +17,21 @@ from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_pr
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.errors import SpecError
+from disagg_planner.replay.default_workload import (
+    DEFAULT_DURATION_S,
+    DEFAULT_POLICIES,
+    DEFAULT_PROFILE,
+    DEFAULT_SCALE_LOAD,
+    DEFAULT_SPEEDUP,
+    replay_config,
+)
 from disagg_planner.replay.parallel import available_cores, resolve_jobs, run_policies
+from disagg_planner.replay.report import outputs_message
 from disagg_planner.replay.session import WorkloadSpec, prepare
 from disagg_planner.replay.summary import summary_table
 from disagg_planner.simulator.workloads import KINDS
 
-# With no arguments: a workload generated from facts measured from the first 20 minutes of
-# the Azure 2023 conversation trace (per-minute counts, ISL/OSL distribution: no third-party
-# file needed), compressed 2x, on a bundled profile, at a load that needs several replicas
-# per role, so that scaling matters and it finishes in well under a minute.
-DEFAULT_PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
-DEFAULT_SCALE_LOAD = 6.0
-DEFAULT_SPEEDUP = 2.0
-DEFAULT_DURATION_S = 600.0
+# With no arguments: the workload, settings and policies of replay/default_workload.py.
 DEFAULT_STARTUP_DELAY_S = 120.0
 
 
@@ -42,9 +44,10 @@ def register(sub: Any) -> None:
         "attainment, latency percentiles, GPU-hours against a clairvoyant oracle, the cheapest "
         "static deployment meeting the SLO target and the fluid bound. With "
         "no arguments it replays, on a bundled profile, a workload generated from facts measured "
-        "from the first 20 minutes of the Azure 2023 conversation trace (per-minute request "
-        "counts, ISL/OSL distribution), compressed 2x, six times its load. Writes "
-        "summary.json, requests.csv, timeline.csv and report.html to -o.",
+        "from the hour of the Azure 2023 conversation trace (per-minute request counts, "
+        "ISL/OSL distribution), compressed 2x, four times its load, under the planner (load "
+        "loop on), an HPA and static:3,1. Writes summary.json, requests.csv, timeline.csv and "
+        "report.html to -o (to -o/<policy>/ with several policies, and comparison.html to -o).",
     )
     src = parser.add_argument_group("workload")
     src.add_argument(
@@ -135,8 +138,9 @@ def _replay(args: argparse.Namespace) -> int:
     if no_workload:
         flags.setdefault("profile", DEFAULT_PROFILE)
     # Replay has no deployment to read engine sizes from and no GPU budget unless asked.
-    flags.setdefault("max_gpu_budget", -1)
-    config = load_config(config_arg=args.config, flags=flags).config
+    config = replay_config(
+        load_config(config_arg=args.config, flags=flags), default_run=no_workload
+    )
     if config.profile is None and "profile_results_dir" not in flags:
         # No profile given: the engine's bundled one (the default engine's without --engine).
         profile = DEFAULT_PROFILE if args.engine is None else bundled_profile_of(args.engine)
@@ -169,19 +173,16 @@ def _replay(args: argparse.Namespace) -> int:
         router=args.router,
     )
     out_dir = Path(args.output_dir)
+    policies = args.policy or (list(DEFAULT_POLICIES) if no_workload else ["planner"])
     results = run_policies(
-        plan,
-        args.policy or ["planner"],
-        out_dir=out_dir,
-        jobs=jobs,
-        progress=not args.no_progress,
+        plan, policies, out_dir=out_dir, jobs=jobs, progress=not args.no_progress
     )
     summaries = [r.summary for r in results]
     if args.json:
         print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2, default=str))
     else:
         print(summary_table(summaries))
-        print(f"wrote {out_dir}/ (summary.json, requests.csv, timeline.csv, report.html)")
+        print(outputs_message(out_dir, policies))
     return 0
 
 

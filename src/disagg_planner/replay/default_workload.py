@@ -1,13 +1,14 @@
-"""The workload ``planner replay`` runs when given none: generated from measured facts.
+"""The workload ``planner replay`` runs when given none, generated from measured facts, and
+the settings that default run uses.
 
 Third-party traces stay out of the package, so the default cannot replay the Azure 2023
 conversation trace itself. ``default_workload.json`` (next to this module) holds facts
 measured from it instead: the request count of each minute of the span the default replays,
 and the joint distribution of prompt (ISL) and output (OSL) lengths. ISL and OSL are not
-independent there (the OSL mean per ISL quartile is about 116, 297, 418 and 177 tokens;
-independent marginals would give about 253 in each), so the lengths are kept as ISL bins of
+independent there (the OSL mean per ISL quartile is about 114, 194, 408 and 129 tokens;
+independent marginals would give about 211 in each), so the lengths are kept as ISL bins of
 equal request share (by ISL rank), and per bin the quantiles of its ISL and of its OSL. The
-mix changes over the span (the mean ISL of a minute ranges from 900 to 1,344 tokens), and
+mix changes over the span (the mean ISL of a minute ranges from 778 to 1,451 tokens), and
 the planner and the oracle size replicas by it, so each minute's count is kept per bin.
 
 :func:`requests` generates from the facts: each minute gets exactly its measured count of
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import random
 import re
 from collections.abc import Iterator, Sequence
@@ -36,7 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
+from disagg_planner.config.loader import LoadedConfig
+from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.predictors.traces import TraceRequest, read_trace
+
+log = logging.getLogger(__name__)
 
 FACTS_FILE = "default_workload.json"
 SOURCE = {
@@ -48,10 +54,26 @@ SOURCE = {
     "attribution": 'Patel et al., "Splitwise: Efficient generative LLM inference using phase '
     'splitting", ISCA 2024',
 }
-# The default replays the trace's first 20 minutes (compressed 2x into 600 s: cli/replay_cmd).
-MINUTES = 20
+# The default replays the trace's 58 whole minutes: its load rises by half from minute 20 to
+# minute 36 and falls back below its start by minute 48, which is what autoscaling is for.
+MINUTES = 58
 ISL_BINS = 20
 QUANTILES = 51  # per bin, at 0, 2, ..., 100 %: 0.1 % of the requests between two points
+# What ``planner replay`` runs with no arguments (cli/replay_cmd): the generated hour
+# compressed 2x (arrivals over 1,740 s) at 4 times its load, on the bundled H200 profile,
+# under the planner with its load loop on (every 5 s, so the replicas panel shows hundreds
+# of decisions, not the ten of a 180 s throughput loop alone), beside an HPA and the cheapest
+# static deployment that meets the SLO target on this traffic (found by replaying static
+# policies: 3 prefill and 1 decode; 2 prefill cannot serve the peak).
+DEFAULT_PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
+DEFAULT_SPEEDUP = 2.0
+DEFAULT_SCALE_LOAD = 4.0
+DEFAULT_DURATION_S: float | None = None  # the whole generated hour
+DEFAULT_POLICIES = ("planner", "hpa", "static:3,1")
+# Settings the default run changes where the user set nothing (config file, env or flag).
+DEFAULT_SETTINGS: dict[str, object] = {"enable_load_scaling": True}
+# Any replay: a simulated cluster has no GPU budget unless given one.
+REPLAY_SETTINGS: dict[str, object] = {"max_gpu_budget": -1}
 # The generator's own stream: ``scale_load`` seeds ``random.Random(seed)`` too, and the same
 # sequence driving arrivals and clone jitter would correlate them.
 _SALT = "default-workload:"
@@ -109,6 +131,36 @@ def _draw(quantiles: Sequence[float], rng: random.Random) -> int:
     k = min(int(x), len(quantiles) - 2)
     value = quantiles[k] + (quantiles[k + 1] - quantiles[k]) * (x - k)
     return max(1, round(value))
+
+
+def replay_config(loaded: LoadedConfig, *, default_run: bool) -> PlannerConfig:
+    """The config replay runs: the loaded one, with :data:`REPLAY_SETTINGS` (and, for the
+    default run, :data:`DEFAULT_SETTINGS`) applied to every field the user left at its
+    default, each change logged, so that what replay runs is what it says."""
+    changes = dict(REPLAY_SETTINGS) | (dict(DEFAULT_SETTINGS) if default_run else {})
+    update = {}
+    for name, value in changes.items():
+        if loaded.sources.get(name, "default") != "default":
+            continue
+        before = getattr(loaded.config, name)
+        if before != value:
+            update[name] = value
+            log.info(
+                "replay: %s = %s (the default is %s; %s)",
+                name,
+                json.dumps(value),
+                json.dumps(before),
+                _WHY.get(name, "set it to keep the default"),
+            )
+    return loaded.config.model_copy(update=update) if update else loaded.config
+
+
+_WHY = {
+    "max_gpu_budget": "a simulated cluster has no GPU budget unless given one: "
+    "--max-gpu-budget N or the config sets one",
+    "enable_load_scaling": "the default run shows the load loop's decisions; "
+    "--no-enable-load-scaling for the throughput loop alone",
+}
 
 
 def measure(trace: Path, *, minutes: int = MINUTES) -> dict:

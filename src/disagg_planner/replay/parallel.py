@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.bounds import adopt_references, compute_references, references_key
+from disagg_planner.replay.report import write_comparison
 from disagg_planner.replay.runner import ReplayResult
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, make_policy, run
 
@@ -175,7 +176,23 @@ def run_policies(
 ) -> list[ReplayResult]:
     """Run ``policies`` on ``plan`` in up to ``jobs`` processes (None: one per core), in
     the order given; with ``out_dir``, each writes its files there (see
-    :func:`output_dir_for`). ``progress``: the bar (on a terminal)."""
+    :func:`output_dir_for`), and with several policies ``comparison.html`` goes to
+    ``out_dir``. ``progress``: the bar (on a terminal)."""
+    results = _run_all(plan, policies, out_dir=out_dir, jobs=jobs, progress=progress, stream=stream)
+    if out_dir is not None and len(policies) > 1:
+        write_comparison(out_dir, [output_dir_for(out_dir, p, policies) for p in policies])
+    return results
+
+
+def _run_all(
+    plan: ReplayPlan,
+    policies: Sequence[str],
+    *,
+    out_dir: Path | None,
+    jobs: int | None,
+    progress: bool,
+    stream: TextIO | None,
+) -> list[ReplayResult]:
     workers = min(resolve_jobs(jobs), len(policies))
     for name in policies:
         if name not in ("oracle", "best-static"):  # those two are the references' searches

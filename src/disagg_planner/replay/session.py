@@ -18,6 +18,7 @@ from disagg_planner.replay.bounds import compute_references, reference_summary
 from disagg_planner.replay.hpa import HpaBehavior
 from disagg_planner.replay.oracle import WindowNeed, initial_replicas, plan_needs
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
+from disagg_planner.replay.report import replay_report_sections, slo_of
 from disagg_planner.replay.runner import (
     ClusterSetup,
     ReplayResult,
@@ -253,12 +254,11 @@ def run(
     result.summary["startup_delay_s"] = setup.startup_delay_s
     result.summary["initial_replicas"] = setup.initial_replicas
     result.summary["engine"] = str(next(iter(plan.setup.specs.values())))
+    result.summary["slo"] = slo_of(plan.config)
     if out_dir is not None:
         write_outputs(out_dir, result, config=effective, roles=tuple(plan.setup.specs))
         if recorder is not None:
-            from disagg_planner.replay.report import latency_figure
-
-            recorder.write_report(extra_figures=[latency_figure(result, plan.config)])
+            recorder.write_report(**replay_report_sections(result, plan))
     return result
 
 

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,8 +130,10 @@ class DiagnosticsRecorder:
             return self.write_report()
         return None
 
-    def write_report(self, *, extra_figures: Iterable[Any] = ()) -> Path | None:
-        """Write the HTML report (and the gzip log) of the snapshots so far."""
+    def write_report(self, **sections: Any) -> Path | None:
+        """Write the HTML report (and the gzip log) of the snapshots so far; ``sections`` are
+        what the caller adds to it (keyword arguments of
+        :func:`disagg_planner.report.html.render_report`: replay's score, latency, load)."""
         if not self.snapshots:
             return None
         from disagg_planner.report.html import render_report
@@ -147,7 +148,7 @@ class DiagnosticsRecorder:
             title=self.title,
             ttft_slo_ms=self.ttft_slo_ms,
             itl_slo_ms=self.itl_slo_ms,
-            extra_figures=extra_figures,
+            **sections,
         )
         path.write_text(html, encoding="utf-8")
         if self.write_gzip_log:

@@ -10,9 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from disagg_planner.cli.replay_cmd import DEFAULT_DURATION_S, DEFAULT_SCALE_LOAD, DEFAULT_SPEEDUP
 from disagg_planner.replay import default_workload
-from disagg_planner.replay.default_workload import WorkloadFacts, measure, packaged_facts
+from disagg_planner.replay.default_workload import (
+    DEFAULT_DURATION_S,
+    DEFAULT_SCALE_LOAD,
+    DEFAULT_SPEEDUP,
+    WorkloadFacts,
+    measure,
+    packaged_facts,
+)
 from disagg_planner.replay.session import WorkloadSpec, load_requests
 
 
@@ -39,27 +45,27 @@ def test_seeded() -> None:
 
 
 def test_lengths_keep_the_trace_isl_osl_dependence() -> None:
-    # The Azure trace's mean OSL per ISL quartile is about 116, 297, 418, 177 tokens (mean
-    # ISL 1,150, OSL 253): drawing ISL and OSL independently would flatten that.
+    # The Azure trace's mean OSL per ISL quartile over its hour is about 114, 194, 408, 129
+    # tokens (mean ISL 1,150, OSL 211): drawing ISL and OSL independently would flatten that.
     requests = list(default_workload.requests(seed=0))
     isl = np.array([r.input_length for r in requests])
     osl = np.array([r.output_length for r in requests])
     assert isl.mean() == pytest.approx(1150, rel=0.05)
-    assert osl.mean() == pytest.approx(253, rel=0.05)
+    assert osl.mean() == pytest.approx(211, rel=0.05)
     quartile = np.digitize(isl, np.percentile(isl, [25, 50, 75]))
     means = [osl[quartile == q].mean() for q in range(4)]
-    assert means == pytest.approx([116, 297, 418, 177], rel=0.15)
+    assert means == pytest.approx([114, 194, 408, 129], rel=0.15)
 
 
 def test_the_cli_default_needs_no_file() -> None:
-    # replay_cmd's defaults with neither --trace nor --workload: 6 clones of the 5,985
-    # requests of the trace's first 20 minutes, compressed into 600 s
+    # replay's defaults with neither --trace nor --workload: 4 clones of the 19,329 requests
+    # of the trace's 58 whole minutes, compressed 2x
     spec = WorkloadSpec(
         speedup=DEFAULT_SPEEDUP, scale_load=DEFAULT_SCALE_LOAD, duration_s=DEFAULT_DURATION_S
     )
     requests = load_requests(spec)
-    assert len(requests) == 6 * 5985
-    assert max(r.arrival_s for r in requests) < DEFAULT_DURATION_S + spec.clone_jitter_s
+    assert len(requests) == 4 * 19329
+    assert max(r.arrival_s for r in requests) < 58 * 60 / DEFAULT_SPEEDUP + spec.clone_jitter_s
 
 
 def test_per_minute_counts_must_match_the_bins() -> None:

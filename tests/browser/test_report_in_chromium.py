@@ -1,0 +1,184 @@
+"""The replay reports as a reader sees them: opened in headless Chromium (Debian's
+``chromium`` driven through Debian's ``chromium-driver`` by Selenium), offline, every plot
+drawn, no console error, the headline card showing summary.json's numbers. Screenshots are
+kept under ``$PLANNER_TEST_ARTIFACTS`` (else the test's tmp folder); the test prints where.
+
+Outside CI a machine without chromium skips with the command to install it; in CI
+(``CI=true``) a missing browser fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.replay.parallel import run_policies
+from disagg_planner.replay.session import WorkloadSpec, prepare
+
+# Read at import: the suite's autouse fixture clears PLANNER_* variables before each test.
+ARTIFACTS = os.environ.get("PLANNER_TEST_ARTIFACTS")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+INSTALL = "apt-get install -y chromium chromium-driver (and pip install selenium)"
+
+# Short, but long enough for the planner to scale up on the step and the HPA to react.
+WORKLOAD = "step:rates=6/24,at=150,duration=420,isl=2000,osl=200"
+POLICIES = ("planner", "hpa")
+
+
+def _need_browser() -> tuple[str, str]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        chromium = None
+    if chromium is None or driver is None:
+        message = f"no chromium, chromedriver or selenium here: {INSTALL}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return chromium, driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    chromium, driver_path = _need_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1200"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture(scope="module")
+def replay_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("replay-out")
+    config = PlannerConfig.model_validate(
+        {"profile": "h200_sxm/vllm/llama-3.1-8b-fp8/tp1", "max_gpu_budget": -1}
+    )
+    plan = prepare(config, WorkloadSpec(workload=WORKLOAD), startup_delay_s=60.0)
+    run_policies(plan, POLICIES, out_dir=out, jobs=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = Path(ARTIFACTS) if ARTIFACTS else tmp_path_factory.mktemp("browser-artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\nbrowser screenshots: {folder}")
+    return folder
+
+
+def _open(driver: Any, page: Path) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get_log("browser")  # drop what an earlier page logged
+    driver.get(page.resolve().as_uri())
+    expected = len(driver.find_elements("css selector", "section.panel[data-has-plot='1']"))
+    assert expected > 0, f"{page}: no panel with a plot"
+    WebDriverWait(driver, 60).until(
+        lambda d: len(d.find_elements("css selector", ".js-plotly-plot .main-svg")) >= expected
+    )
+
+
+def _check_plots(driver: Any, page: Path) -> None:
+    """Every panel that claims a plot has drawn one (an SVG with traces in it); every panel
+    without says why."""
+    for panel in driver.find_elements("css selector", "section.panel"):
+        key = panel.get_attribute("id")
+        if panel.get_attribute("data-has-plot") == "1":
+            svgs = panel.find_elements("css selector", ".js-plotly-plot svg.main-svg")
+            assert svgs, f"{page} {key}: no SVG drawn"
+            traces = panel.find_elements("css selector", "g.trace")
+            assert traces, f"{page} {key}: an SVG without any trace"
+        else:
+            text = panel.get_attribute("textContent") or ""
+            assert "No data:" in text and len(text) > 40, f"{page} {key}: empty without a why"
+
+
+def _check_console(driver: Any, page: Path) -> None:
+    errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not errors, f"{page}: console errors {errors}"
+
+
+def _check_headline(driver: Any, summary: dict[str, Any], scope: str = "") -> None:
+    def shown(key: str) -> str:
+        selector = f"{scope} [data-key='{key}']".strip()
+        return str(driver.find_element("css selector", selector).text)
+
+    att = summary["slo_attainment"]
+    assert shown("slo_attainment.both") == f"{att['both']:.2%}"
+    assert shown("slo_attainment.ttft") == f"{att['ttft']:.2%}"
+    assert shown("slo_attainment.itl") == f"{att['itl']:.2%}"
+    assert shown("gpu_hours") == f"{summary['gpu_hours']:.2f}"
+    assert shown("gpu_hours_ratio_to_oracle") == f"{summary['gpu_hours_ratio_to_oracle']:.2f}x"
+    best = summary.get("gpu_hours_ratio_to_best_static")
+    assert shown("gpu_hours_ratio_to_best_static") == (
+        "not computed" if best is None else f"{best:.2f}x"
+    )
+    assert shown("flaps") == str(sum(summary["flaps"].values()))
+    assert shown("requests") == str(summary["requests"])
+
+
+def _screenshot(driver: Any, path: Path) -> None:
+    height = driver.execute_script("return document.body.scrollHeight")
+    driver.set_window_size(1400, min(int(height) + 40, 8000))
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1400, 1200)
+    assert path.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_report_renders_and_shows_the_summary(
+    browser: Any, replay_out: Path, artifacts: Path, policy: str
+) -> None:
+    folder = replay_out / policy
+    page = folder / "report.html"
+    # offline: plotly.js inlined, no script fetched from anywhere
+    assert not re.search(r"<script[^>]*\bsrc=", page.read_text(encoding="utf-8"))
+    _open(browser, page)
+    _check_plots(browser, page)
+    _check_headline(browser, json.loads((folder / "summary.json").read_text()))
+    # the first screen holds the verdict and the capacity panel
+    card = browser.find_element("css selector", "section.headline")
+    capacity = browser.find_element("css selector", "#panel-capacity")
+    assert card.location["y"] < capacity.location["y"] < 1200
+    decisions = browser.find_elements("css selector", "section.decisions tbody tr")
+    summary = json.loads((folder / "summary.json").read_text())
+    assert len(decisions) == sum(summary["scale_actions"].values())
+    # the folded detail draws when opened
+    browser.find_element("css selector", "details#detail summary").click()
+    _check_plots(browser, page)
+    _check_console(browser, page)
+    _screenshot(browser, artifacts / f"report-{policy}.png")
+
+
+@pytest.mark.slow
+def test_comparison_renders_each_policy(browser: Any, replay_out: Path, artifacts: Path) -> None:
+    page = replay_out / "comparison.html"
+    assert not re.search(r"<script[^>]*\bsrc=", page.read_text(encoding="utf-8"))
+    _open(browser, page)
+    _check_plots(browser, page)
+    for policy in POLICIES:
+        summary = json.loads((replay_out / policy / "summary.json").read_text())
+        _check_headline(browser, summary, scope=f"section.headline[data-policy='{policy}']")
+    legend = " ".join(e.text for e in browser.find_elements("css selector", "g.legend text"))
+    assert all(policy in legend for policy in POLICIES)
+    _check_console(browser, page)
+    _screenshot(browser, artifacts / "comparison.png")
