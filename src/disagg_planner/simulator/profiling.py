@@ -297,8 +297,8 @@ class SimulatedEngine:
         )
         prefill_replicas = max(1, math.ceil(2 * concurrency * t_prefill / max(t_decode, 1e-6)))
         refills: list[RequestRecord] = []
-        # (time, duration, decoding requests) of every decode iteration.
-        steps: list[tuple[float, float, int]] = []
+        # (time, duration, decoding requests, rank) of every decode iteration.
+        steps: list[tuple[float, float, int, int]] = []
         # A warm-up wave, the measured requests, then one more wave so that the measured ones
         # finish before the batch drains (requests ending in the drain run with a shrinking
         # batch and would read several percent fast).
@@ -320,7 +320,12 @@ class SimulatedEngine:
         def on_fpm(fpm: ForwardPassMetrics) -> None:
             if fpm.worker_id.startswith("decode") and fpm.wall_time > 0:
                 steps.append(
-                    (cluster.now, fpm.wall_time, fpm.scheduled_requests.num_decode_requests)
+                    (
+                        cluster.now,
+                        fpm.wall_time,
+                        fpm.scheduled_requests.num_decode_requests,
+                        fpm.dp_rank,
+                    )
                 )
 
         cluster = Cluster(
@@ -346,16 +351,19 @@ class SimulatedEngine:
         # The steady state: from the first refill's finish (the warm-up wave is mixed in by
         # then) to the last submission (after it the batch drains).
         start_s = refills[0].finish_s
-        window = [(d, b) for t, d, b in steps if start_s < t <= last_submit_s and b > 0]
+        window = [(d, b, r) for t, d, b, r in steps if start_s < t <= last_submit_s and b > 0]
         if not window:
-            window = [(d, b) for _t, d, b in steps if b > 0]
+            window = [(d, b, r) for _t, d, b, r in steps if b > 0]
         # The engine's own view: the mean step time and the mean batch of a step (requests
         # between prefill and decode are not in it), so that ``running / ITL`` is the tokens
         # per second the engine made and a step time linear in batch and KV is reproduced
         # exactly. The client-side ITL would add each request's KV-transfer wait to its
-        # first decode step, several percent at short outputs.
-        itl_ms = 1000.0 * sum(d for d, _b in window) / len(window)
-        return DecodeMeasurement(itl_ms=itl_ms, running=sum(b for _d, b in window) / len(window))
+        # first decode step, several percent at short outputs. Data-parallel ranks step on
+        # their own: the engine's batch is a rank's mean batch times the ranks at work.
+        itl_ms = 1000.0 * sum(d for d, _b, _r in window) / len(window)
+        ranks = len({r for _d, _b, r in window})
+        per_rank = sum(b for _d, b, _r in window) / len(window)
+        return DecodeMeasurement(itl_ms=itl_ms, running=per_rank * ranks)
 
 
 def simulated_manifest(spec: EngineSpec, *, tool: str) -> ProfileManifest:
