@@ -181,6 +181,8 @@ def _policy() -> dict[str, Any]:
             "enable_load_scaling": True,
             "throughput_adjustment_interval_seconds": THROUGHPUT_INTERVAL_S,
             "load_adjustment_interval_seconds": LOAD_INTERVAL_S,
+            # the test waits for scale-downs: no 600 s stabilisation (the default)
+            "scale_down_stabilization_seconds": 0,
             "load_predictor": "constant",
             "max_gpu_budget": -1,
             "fpm_staleness_seconds": 3.0,

@@ -108,11 +108,15 @@ def test_replay_runs_the_live_loop() -> None:
     policy = PlannerPolicy(name="planner", config=config, profile=None)
     policy.start(c, SimulatedConnector(c))
     assert isinstance(policy.loop, DeploymentLoop)
-    assert policy.next_wakeup_s() == 60.0  # one interval after the start
-    c.run_until(policy.next_wakeup_s())
-    step = policy.wake(c)
+    # the fast path checks every 15 s between the throughput ticks (one interval apart)
+    wakeups = []
+    while not wakeups or wakeups[-1] < 60.0:
+        wakeups.append(policy.next_wakeup_s())
+        c.run_until(wakeups[-1])
+        step = policy.wake(c)
+    assert wakeups == [15.0, 30.0, 45.0, 60.0]
     assert step.acted  # the loop applied its decision through the connector itself
     assert step.effects is not None and step.effects.throughput is not None
     assert step.reason == step.effects.throughput.reason.value
-    assert policy.loop.ticks == 1
+    assert policy.loop.ticks == 4  # every wake-up, fast checks included, is a loop tick
     policy.close()
