@@ -105,3 +105,71 @@ def test_fewer_than_one_job_is_refused(
         scorecard.main(["--jobs", "0"])
     assert exit_.value.code == 2
     assert "--jobs 0: expected a number of parallel processes" in capsys.readouterr().err
+
+
+def _as(row: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    out = copy.deepcopy(row)
+    out.update(changes)
+    return out
+
+
+def test_the_decision_targets_name_each_figure(
+    scorecard: ModuleType, rows: list[dict[str, Any]]
+) -> None:
+    planner = next(s for s in rows if s["label"] == "planner")
+    static = next(s for s in rows if s["label"] == "static-peak")
+    # an HPA that serves more of the requests for fewer GPU-hours than the planner
+    hpa = _as(
+        static,
+        label="hpa",
+        policy="hpa",
+        slo_attainment={**planner["slo_attainment"], "both": 1.0},
+        gpu_hours=planner["gpu_hours"] / 2,
+    )
+    worse = _as(planner, slo_attainment={**planner["slo_attainment"], "both": 0.9})
+    worse["flaps"] = {"prefill": 3, "decode": 0}
+    (line,) = scorecard.decision_targets([worse, hpa, *(s for s in rows if s is not planner)])
+    assert line.startswith("- **small step** (planner): ")
+    assert "MISSED attainment above hpa's 100.00%" in line
+    hours = worse["duration_s"] / 3600
+    assert f"MISSED 3 flaps = {3 / hours:.1f}/h <= 2/h" in line
+    if worse["oracle_slo_attainment"] >= 0.99:
+        assert "MISSED attainment 90.00% >= 99%" in line
+    # real traffic adds the ratio to the oracle; both at 99 %: fewer GPU-hours than hpa
+    real = _as(
+        planner, real_traffic=True, slo_attainment={**planner["slo_attainment"], "both": 1.0}
+    )
+    (line,) = scorecard.decision_targets([real, hpa])
+    ratio = real["gpu_hours"] / real["oracle_gpu_hours"]
+    assert f"{ratio:.2f}x oracle <= 1.25x" in line
+    assert (
+        f"MISSED fewer GPU-h than hpa ({real['gpu_hours']:.2f} vs {hpa['gpu_hours']:.2f})" in line
+    )
+
+
+def test_the_startup_sweep_checks_attainment_and_growth(
+    scorecard: ModuleType, rows: list[dict[str, Any]]
+) -> None:
+    planner = next(s for s in rows if s["label"] == "planner")
+    both = {**planner["slo_attainment"], "both": 0.995}
+    sweep = [
+        _as(planner, startup_delay_s=30.0, gpu_hours=1.0, slo_attainment=both),
+        _as(planner, startup_delay_s=300.0, gpu_hours=1.2, slo_attainment=both),
+        _as(planner, startup_delay_s=120.0, gpu_hours=1.1, slo_attainment=both),
+    ]
+    (line,) = scorecard.startup_sweep(sweep)
+    assert "30 s: 99.50% / 1.00 GPU-h (+0%); 120 s: 99.50% / 1.10 GPU-h (+10%); 300 s" in line
+    assert "MET attainment >= 99% at every delay" in line
+    assert "MISSED GPU-hours +20% <= +15%" in line
+    # one delay is no sweep
+    assert scorecard.startup_sweep(sweep[:1]) == []
+
+
+def test_a_bad_startup_sweep_is_refused(
+    scorecard: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for bad in ("30,soon", "30,-5"):
+        with pytest.raises(SystemExit) as exit_:
+            scorecard.main(["--startup-sweep", bad])
+        assert exit_.value.code == 2
+        assert f"--startup-sweep {bad!r}" in capsys.readouterr().err
