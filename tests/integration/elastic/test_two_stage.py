@@ -15,9 +15,13 @@ import pytest
 
 from disagg_planner.connectors.elastic_ep import (
     RECORD_ANNOTATION,
+    DynamoElasticEpAdmin,
     ElasticEpController,
     ElasticEpKubernetes,
     FollowersNotReady,
+    JoinProbe,
+    PartialReconfiguration,
+    RayDashboardJoinProbe,
     ResizeOutcome,
     ResizeOutcomeUnknown,
     ResizePhase,
@@ -31,7 +35,7 @@ from disagg_planner.runtime.connector_settings import (
     elastic_ep_settings,
 )
 from tests.integration.connectors.conftest import Cluster, frontend, k8s_config, worker
-from tests.integration.elastic.conftest import FakeVllmEngine
+from tests.integration.elastic.conftest import FakeDynamoWorker, FakeVllmEngine
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
@@ -99,8 +103,13 @@ async def operator(cluster: Cluster) -> AsyncIterator[dict[str, float | None]]:
 
 
 def make_controller(
-    api_client: Any, engine: FakeVllmEngine, **overrides: Any
+    api_client: Any,
+    engine: FakeVllmEngine | FakeDynamoWorker,
+    join_probe: JoinProbe | None = None,
+    **overrides: Any,
 ) -> tuple[ElasticEpController, ElasticEpKubernetes]:
+    """The two-stage controller of ``engine``: vLLM's route for a :class:`FakeVllmEngine`,
+    Dynamo's (which also reports joined GPUs) for a :class:`FakeDynamoWorker`."""
     values: dict[str, Any] = {
         "mode": "agg",
         "elastic_ep": "agg",
@@ -109,7 +118,6 @@ def make_controller(
         "elastic_ep_dp_step": 4,
         "elastic_ep_follower_service": FOLLOWER,
         "elastic_ep_admin_url": engine.url,
-        "elastic_ep_drain_timeout_seconds": 1,
         "elastic_ep_resize_timeout_seconds": 5.0,
         "scaling_max_wait_seconds": 5.0,
         "scaling_check_interval_seconds": 0.05,
@@ -119,16 +127,25 @@ def make_controller(
     values.update(overrides)
     cfg = k8s_config(**values)
     pool = ElasticEpKubernetes(elastic_ep_kubernetes_settings(cfg), api_client=api_client)
+    admin: VllmElasticEpAdmin | DynamoElasticEpAdmin
+    if isinstance(engine, FakeDynamoWorker):
+        admin = DynamoElasticEpAdmin(engine.url)
+        join_probe = join_probe or admin
+    else:
+        admin = VllmElasticEpAdmin(engine.url)
     ctl = ElasticEpController(
         elastic_ep_settings(cfg),
-        admin=VllmElasticEpAdmin(engine.url),
+        admin=admin,
         followers=pool,
+        join_probe=join_probe,
         poll_interval_s=0.02,
     )
     return ctl, pool
 
 
-def watch_scales(engine: FakeVllmEngine, cluster: Cluster) -> list[tuple[int, int, int]]:
+def watch_scales(
+    engine: FakeVllmEngine | FakeDynamoWorker, cluster: Cluster
+) -> list[tuple[int, int, int]]:
     """``(new_dp, follower replicas, followers ready)`` when each resize reaches the engine,
     read on the test's event loop (kmock's objects live there)."""
     loop = asyncio.get_running_loop()
@@ -194,7 +211,7 @@ async def test_shrink_resizes_first_then_lowers_followers(
 async def test_refused_grow_rolls_the_followers_back(cluster, api_client, engine_factory, operator):
     cluster.add_dgd(services(0))
     engine = engine_factory(dp=16)
-    engine.fail_next = [500]
+    engine.fail_next = ["a worker died"]
     seen = watch_scales(engine, cluster)
     ctl, _ = make_controller(api_client, engine)
 
@@ -222,6 +239,129 @@ async def test_followers_not_ready_in_time_are_lowered_and_the_engine_untouched(
     assert engine.scale_calls() == []
     assert follower_state(cluster)[0] == 0
     assert record_of(cluster) is None
+
+
+# --- readiness that means joined ----------------------------------------------------------
+
+
+async def test_dynamo_route_grows_once_the_followers_gpus_joined_ray(
+    cluster, api_client, dynamo_factory, operator
+):
+    """Issue 20, problems 1 and 3: a two-stage grow on Dynamo's route, resized only once the
+    follower's GPUs are in the engine's Ray cluster, not when its pod is Ready."""
+    cluster.add_dgd(services(0))
+    worker = dynamo_factory(dp=16)
+    seen_nodes: list[int] = []
+    worker.on_scale = lambda _dp: seen_nodes.append(len(worker.nodes))
+    ctl, _ = make_controller(api_client, worker, scaling_max_wait_seconds=5.0)
+
+    async def follower_joins_later() -> None:
+        await _until(lambda: follower_state(cluster) == (1, 1), timeout_s=5.0)
+        await asyncio.sleep(0.3)  # Ready, but the raylet has not registered yet
+        worker.join("10.0.0.2", 4.0)
+
+    joiner = asyncio.create_task(follower_joins_later())
+    result = await ctl.resize(20)
+    await joiner
+
+    assert result.dp == 20 and worker.dp == 20
+    assert seen_nodes == [2]  # the resize reached the engine after the join
+    assert result.followers_ready_s is not None and result.followers_ready_s >= 0.3
+    assert record_of(cluster) is None
+
+
+async def test_a_follower_that_never_joins_is_rolled_back_on_dynamos_route(
+    cluster, api_client, dynamo_factory, operator
+):
+    cluster.add_dgd(services(0))
+    worker = dynamo_factory(dp=16)
+    ctl, _ = make_controller(api_client, worker, scaling_max_wait_seconds=0.5)
+
+    with pytest.raises(
+        FollowersNotReady, match=r"ready but only 16 of the 20 GPUs.*stays at DP 16"
+    ):
+        await ctl.resize(20)
+
+    assert worker.scale_calls() == []
+    assert follower_state(cluster)[0] == 0
+    assert record_of(cluster) is None
+
+
+async def test_a_follower_that_never_joins_is_rolled_back_on_bare_vllm(
+    cluster, api_client, engine_factory, ray_factory, operator
+):
+    cluster.add_dgd(services(0))
+    engine = engine_factory(dp=16)
+    ray = ray_factory(head_gpus=16.0)
+    ray.join("10.0.0.9", 4.0, state="DEAD")  # a previous follower's node, gone
+    ctl, _ = make_controller(
+        api_client, engine, RayDashboardJoinProbe(ray.url), scaling_max_wait_seconds=0.5
+    )
+
+    with pytest.raises(FollowersNotReady, match=r"only 16 of the 20 GPUs.*api/v0/nodes"):
+        await ctl.resize(20)
+    assert engine.scale_calls() == [] and follower_state(cluster)[0] == 0
+
+    ray.join("10.0.0.2", 4.0)
+    assert (await ctl.resize(20)).dp == 20
+
+
+# --- a resize that may have half reconfigured the engine ------------------------------------
+
+
+async def test_a_408_after_reconfiguration_keeps_followers_and_record(
+    cluster, api_client, engine_factory, operator
+):
+    cluster.add_dgd(services(0))
+    engine = engine_factory(dp=16)
+    engine.new_engines_start_s = 0.05
+    ctl, _ = make_controller(api_client, engine)
+
+    with pytest.raises(PartialReconfiguration, match="408"):
+        await ctl.resize(20)
+
+    # the new ranks may live on the follower: it stays; the record says why
+    assert follower_state(cluster) == (1, 1)
+    record = ResizeRecord.from_json(record_of(cluster) or "", where="test")
+    assert record.phase is ResizePhase.RESIZING
+    assert record.message.startswith("partial reconfiguration")
+    assert await ctl.is_resizing() is True
+    calls = len(engine.scale_calls())
+    with pytest.raises(PartialReconfiguration, match=r"restart the engine and remove"):
+        await ctl.resize(24)
+    assert len(engine.scale_calls()) == calls
+
+
+# --- coexistence with Dynamo's own elastic-EP reconciler ------------------------------------
+
+
+def elastic_leader() -> dict[str, Any]:
+    service = worker("decode", 1, gpu_limit="16")
+    service["extraPodSpec"]["mainContainer"]["args"] = [
+        "--model",
+        "deepseek-ai/DeepSeek-V3",
+        "--enable-elastic-ep",
+        "--enable-eplb",
+        "--data-parallel-backend=ray",
+    ]
+    return service
+
+
+async def test_a_dgd_with_dynamos_synthesized_follower_is_claimed(
+    cluster, api_client, engine_factory
+):
+    """Issue 20, problem 2: with Dynamo's follower <leader>-flw the operator's reconciler
+    drives the engine; the planner sees it and refuses."""
+    cluster.add_dgd({"Frontend": frontend(), "decode": elastic_leader(), FOLLOWER: {}})
+    engine = engine_factory(dp=16)
+    _, pool = make_controller(api_client, engine)
+    await pool.status()
+    assert pool.role_services["agg"] == "decode"
+    assert await pool.reconciler_claim("agg") is None  # our declared follower only
+
+    cluster.edit_dgd({"status": {"services": {"decode-flw": {"replicas": 0}}}})
+    claim = await pool.reconciler_claim("agg")
+    assert claim is not None and "decode-flw" in claim and "ElasticEPAutoscale" in claim
 
 
 async def test_the_record_says_where_a_resize_stands(cluster, api_client, engine_factory, operator):
