@@ -29,11 +29,16 @@ from disagg_planner.connectors.elastic_ep import (
     ResizeRefused,
     VllmElasticEpAdmin,
 )
+from disagg_planner.core.types import TrafficObservation
 from disagg_planner.errors import DeploymentError
+from disagg_planner.profiles import load_profile
+from disagg_planner.profiles.registry import resolve_profile
 from disagg_planner.runtime.connector_settings import (
     elastic_ep_kubernetes_settings,
     elastic_ep_settings,
 )
+from disagg_planner.runtime.elastic import ElasticDriver
+from disagg_planner.runtime.outcome import ProblemKind
 from tests.integration.connectors.conftest import Cluster, frontend, k8s_config, worker
 from tests.integration.elastic.conftest import FakeDynamoWorker, FakeVllmEngine
 
@@ -531,3 +536,93 @@ async def _until(probe: Callable[[], bool], *, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not reached")
         await asyncio.sleep(0.02)
+
+
+# --- the live loop's elastic axis (ElasticDriver) on both routes ----------------------------
+
+PROFILE = load_profile(resolve_profile("gb200/vllm/deepseek-v3/tp1-dp16-ep16"))
+ISL, OSL, INTERVAL = 9000.0, 2000.0, 60.0
+
+
+def driver_config(url: str, **overrides: Any) -> Any:
+    values: dict[str, Any] = {
+        "mode": "agg",
+        "decode_engine_num_gpu": 16,
+        "ttft_ms": 5000.0,
+        "itl_ms": 100.0,
+        "max_gpu_budget": -1,
+        "elastic_ep": "agg",
+        "elastic_ep_mode": "nixl",
+        "elastic_ep_min_dp": 16,
+        "elastic_ep_max_dp": 20,
+        "elastic_ep_dp_step": 4,
+        "elastic_ep_follower_service": FOLLOWER,
+        "elastic_ep_admin_url": url,
+        "elastic_ep_follower_ready_seconds": 200.0,
+        "scaling_max_wait_seconds": 5.0,
+        "scaling_check_interval_seconds": 0.05,
+        "kubernetes_api_backoff_seconds": 0.05,
+    }
+    values.update(overrides)
+    return k8s_config(**values)
+
+
+def busy_window(end_s: float) -> TrafficObservation:
+    """A minute at 30 req/s: far above what 16 ranks of this profile serve."""
+    return TrafficObservation(
+        end_s=end_s, duration_s=INTERVAL, num_req=30.0 * INTERVAL, ttft_ms=800.0, isl=ISL, osl=OSL
+    )
+
+
+async def test_the_driver_finds_dynamos_route_resizes_and_learns_its_lead_time(
+    cluster, api_client, dynamo_factory, operator
+):
+    cluster.add_dgd(services(0))
+    worker = dynamo_factory(dp=16)
+    cfg = driver_config(worker.url)  # elastic_ep_api=auto
+    pool = ElasticEpKubernetes(elastic_ep_kubernetes_settings(cfg), api_client=api_client)
+    driver = ElasticDriver(cfg, profile=PROFILE, connector=pool)
+
+    async def join_when_ready() -> None:
+        await _until(lambda: follower_state(cluster) == (1, 1), timeout_s=5.0)
+        worker.join("10.0.0.2", 4.0)
+
+    joiner = asyncio.create_task(join_when_ready())
+    problems: list[Any] = []
+    status = await pool.status()
+    first = await driver.tick(INTERVAL, busy_window(INTERVAL), status, problems)
+    assert first.started_resize and first.decision is not None
+    assert first.decision.diagnostics.lead_s == pytest.approx(200.0 + 92.34 + INTERVAL)
+    await driver.wait_idle()
+    await joiner
+    later = await driver.tick(2 * INTERVAL, busy_window(2 * INTERVAL), status, problems)
+
+    assert problems == []
+    assert worker.dp == 20
+    assert [c.path for c in worker.scale_calls()] == ["/engine/control/scale_elastic_ep"]
+    assert later.decision is not None and later.decision.current_dp == 20
+    # the next lead time is what this resize took, not the configured 200 + 92.34 s
+    assert driver.planner.follower_ready_s() < 10.0
+    assert driver.planner.resize_total_s(grow=True) < 10.0
+
+
+async def test_the_driver_refuses_a_dgd_dynamos_reconciler_drives(
+    cluster, api_client, dynamo_factory
+):
+    """Issue 20, problem 2: two writers must not drive one engine."""
+    cluster.add_dgd({"Frontend": frontend(), "decode": elastic_leader(), "decode-flw": {}})
+    worker = dynamo_factory(dp=16)
+    cfg = driver_config(
+        worker.url, elastic_ep_api="dynamo", elastic_ep_follower_service="decode-flw"
+    )
+    pool = ElasticEpKubernetes(elastic_ep_kubernetes_settings(cfg), api_client=api_client)
+    driver = ElasticDriver(cfg, profile=PROFILE, connector=pool)
+    status = await pool.status()
+
+    for tick in (1, 2):
+        problems: list[Any] = []
+        outcome = await driver.tick(tick * INTERVAL, busy_window(tick * INTERVAL), status, problems)
+        assert outcome.decision is None and not outcome.started_resize
+        assert [p.kind for p in problems] == [ProblemKind.DEPLOYMENT_INVALID]
+        assert "ElasticEPAutoscale" in problems[0].detail
+    assert worker.calls == []
