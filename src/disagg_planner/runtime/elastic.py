@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.elastic_ep import (
+    CLAIM_REASON,
     DynamoElasticEpAdmin,
     ElasticEpAdmin,
     ElasticEpController,
@@ -180,10 +181,8 @@ class ElasticDriver:
 
     async def _recover(self) -> ResizeResult | None:
         controller = await self.connect()
-        if self.followers is not None:
-            claim = await self.followers.reconciler_claim(self.role)
-            if claim is not None:
-                raise DeploymentError(claim)
+        if self.followers is not None and await self.followers.reconciler_claim(self.role):
+            return None  # not ours to finish: every tick reports why
         return await controller.recover()
 
     async def close(self) -> None:
@@ -217,7 +216,15 @@ class ElasticDriver:
             if self.followers is not None:
                 claim = await self.followers.reconciler_claim(self.role)
                 if claim is not None:
-                    raise DeploymentError(f"elastic EP: not resizing: {claim}")
+                    problems.append(
+                        Problem(
+                            ProblemKind.DEPLOYMENT_INVALID,
+                            CLAIM_REASON,
+                            f"not resizing: {claim}",
+                            "elastic",
+                        )
+                    )
+                    return ElasticTick(None)
             current_dp = await controller.current_dp()
             resizing = await controller.is_resizing()
         except (ConnectorError, DeploymentError) as exc:

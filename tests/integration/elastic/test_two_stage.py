@@ -623,6 +623,8 @@ async def test_the_driver_refuses_a_dgd_dynamos_reconciler_drives(
         problems: list[Any] = []
         outcome = await driver.tick(tick * INTERVAL, busy_window(tick * INTERVAL), status, problems)
         assert outcome.decision is None and not outcome.started_resize
-        assert [p.kind for p in problems] == [ProblemKind.DEPLOYMENT_INVALID]
+        assert [(p.kind, p.reason) for p in problems] == [
+            (ProblemKind.DEPLOYMENT_INVALID, "DynamoElasticEpReconciler")
+        ]
         assert "ElasticEPAutoscale" in problems[0].detail
     assert worker.calls == []

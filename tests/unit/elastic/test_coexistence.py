@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from disagg_planner.connectors.elastic_ep import (
-    dynamo_reconciler_claim,
-    refusal_condition,
-)
+from disagg_planner.connectors.elastic_ep import dynamo_reconciler_claim
 
 
 def leader(*args: str, command: list[str] | None = None) -> dict[str, Any]:
@@ -42,9 +39,6 @@ def test_an_elastic_ray_leader_with_dynamos_follower_is_claimed():
         claim = dynamo_reconciler_claim(dgd(services, status), leader_service="VllmWorker")
         assert claim is not None
         assert "vllmworker-flw" in claim and "elastic_ep_follower_service" in claim
-        condition = refusal_condition(claim)
-        assert condition["status"] == "False"
-        assert condition["reason"] == "DynamoElasticEpReconciler"
 
 
 def test_every_spelling_of_the_ray_backend_counts():

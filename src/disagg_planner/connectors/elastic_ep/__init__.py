@@ -29,9 +29,9 @@ from disagg_planner.connectors.elastic_ep.admin_client import (
     detect_api,
 )
 from disagg_planner.connectors.elastic_ep.coexistence import (
+    CLAIM_REASON,
     DYNAMO_FOLLOWER_SUFFIX,
     dynamo_reconciler_claim,
-    refusal_condition,
 )
 from disagg_planner.connectors.elastic_ep.controller import (
     ElasticEpController,
@@ -61,6 +61,7 @@ from disagg_planner.connectors.elastic_ep.progress import (
 )
 
 __all__ = [
+    "CLAIM_REASON",
     "DYNAMO_FOLLOWER_SUFFIX",
     "RECORD_ANNOTATION",
     "DrainTimeout",
@@ -87,5 +88,4 @@ __all__ = [
     "VllmElasticEpAdmin",
     "detect_api",
     "dynamo_reconciler_claim",
-    "refusal_condition",
 ]

@@ -12,8 +12,9 @@ so with both on one engine there are two writers.
 The gate is an operator setting and leaves nothing on the DGD; what the object does show is
 the shape the reconciler drives: an elastic-EP Ray launch whose follower is the operator's
 synthesized ``<leader>-flw`` component. :func:`dynamo_reconciler_claim` is a pure function
-of the DGD (the planner's connector and its operator both call it); :func:`refusal_condition`
-is the condition saying why the planner does not drive that DGD.
+of the DGD; the live loop (``planner run`` and every loop of ``planner operator``) calls it
+each tick and reports a claim as a problem with reason :data:`CLAIM_REASON`, which the
+operator shows as its ``Degraded`` condition (``DeploymentInvalid``, the claim as message).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from disagg_planner.connectors.dgd_shape import flag_value, main_container_token
 DYNAMO_FOLLOWER_SUFFIX = "-flw"
 ELASTIC_EP_FLAG = "--enable-elastic-ep"
 DP_BACKEND_FLAGS = ("--data-parallel-backend", "-dpb")
-CONDITION_TYPE = "ElasticEpDrivenByPlanner"
-CONDITION_REASON = "DynamoElasticEpReconciler"
+CLAIM_REASON = "DynamoElasticEpReconciler"
 
 
 def is_elastic_ep_ray_launch(service: Mapping[str, Any]) -> bool:
@@ -67,13 +67,3 @@ def dynamo_reconciler_claim(dgd: Mapping[str, Any], *, leader_service: str) -> s
         "not drive it too. Turn the operator's gate off and declare a follower service "
         "(elastic_ep_follower_service), or leave this engine to Dynamo"
     )
-
-
-def refusal_condition(claim: str) -> dict[str, str]:
-    """The status condition of a DGD the planner refuses to resize (``claim`` says why)."""
-    return {
-        "type": CONDITION_TYPE,
-        "status": "False",
-        "reason": CONDITION_REASON,
-        "message": claim,
-    }
