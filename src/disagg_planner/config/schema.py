@@ -611,21 +611,24 @@ class PlannerConfig(BaseModel):
     elastic_ep_drain_timeout_seconds: int = Field(
         120,
         ge=1,
-        description="drain_timeout sent with each resize: how long vLLM waits for in-flight "
-        "requests before it gives the resize up with HTTP 408 (s).",
+        description="drain_timeout sent with each bare-vLLM resize: how long vLLM waits for "
+        "in-flight requests before it gives the resize up with HTTP 408; vLLM waits only with "
+        "VLLM_ELASTIC_EP_DRAIN_REQUESTS=1 (elastic_ep_engine_drains_requests) (s).",
         json_schema_extra=_extra("elastic"),
     )
     elastic_ep_resize_timeout_seconds: float = Field(
         900.0,
         gt=0,
         description="How long one resize call may run before the planner stops waiting for "
-        "its answer and follows it through /is_scaling_elastic_ep instead (s).",
+        "its answer and follows it until the engine is idle instead; also how long a resize "
+        "in flight is waited for (s).",
         json_schema_extra=_extra("elastic"),
     )
     elastic_ep_admin_url: str | None = Field(
         None,
-        description="Base URL of the vLLM API server that serves /scale_elastic_ep, e.g. "
-        "http://leader:8000 (an unauthenticated admin API: keep it off public networks).",
+        description="Base URL of the engine's resize route: vLLM's API server (e.g. "
+        "http://leader:8000) or a Dynamo vLLM worker's system port (an unauthenticated admin "
+        "API: keep it off public networks).",
         json_schema_extra=_extra("elastic"),
     )
     elastic_ep_api: Literal["auto", "vllm", "dynamo"] = Field(
