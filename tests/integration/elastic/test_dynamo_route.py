@@ -57,8 +57,10 @@ async def test_a_resize_end_to_end_through_the_worker_control_route(dynamo_facto
     assert result.outcome is ResizeOutcome.RESIZED and result.dp == 20
     assert result.message == "Scaled to data_parallel_size=20"
     assert worker.dp == 20
+    # the size read from ep_capacity, then one resize: no drain_timeout, no is_scaling
     assert [(c.path, c.body) for c in worker.calls] == [
-        (SCALE, {"new_data_parallel_size": 20})  # no drain_timeout, no is_scaling first
+        ("/engine/control/ep_capacity", {}),
+        (SCALE, {"new_data_parallel_size": 20}),
     ]
 
 
@@ -147,3 +149,13 @@ async def test_joined_gpus_come_from_ep_capacity(dynamo_factory):
     assert await admin.joined_gpus() == 16
     worker.join("10.0.0.7", 4.0)
     assert await admin.joined_gpus() == 20
+
+
+async def test_the_engines_own_size_is_read_from_ep_capacity(dynamo_factory):
+    """Without followers the controller cannot derive the size; Dynamo's worker reports it."""
+    worker = dynamo_factory(dp=24)
+    ctl = controller(worker.url)
+
+    assert await ctl.current_dp() == 24  # not elastic_ep_min_dp (16)
+    assert (await ctl.resize(24)).outcome is ResizeOutcome.UNCHANGED
+    assert worker.scale_calls() == []

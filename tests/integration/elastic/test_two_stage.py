@@ -311,6 +311,19 @@ async def test_a_follower_that_never_joins_is_rolled_back_on_bare_vllm(
     assert (await ctl.resize(20)).dp == 20
 
 
+async def test_an_engine_resized_by_someone_else_is_detected_on_dynamos_route(
+    cluster, api_client, dynamo_factory, operator
+):
+    cluster.add_dgd(services(1))
+    worker = dynamo_factory(dp=24)  # one follower makes 20; the engine says 24
+    ctl, _ = make_controller(api_client, worker)
+
+    with pytest.raises(DeploymentError, match=r"reports DP 24, but 1 follower\(s\) make DP 20"):
+        await ctl.current_dp()
+    worker.dp = 20
+    assert await ctl.current_dp() == 20
+
+
 # --- a resize that may have half reconfigured the engine ------------------------------------
 
 

@@ -86,6 +86,10 @@ class ElasticEpAdmin(Protocol):
 
     async def scale(self, new_dp: int, *, timeout_s: float) -> str: ...
 
+    async def engine_dp(self) -> int | None:
+        """The DP size the engine reports, None when its route reports none."""
+        ...
+
 
 class JoinProbe(Protocol):
     """How many GPUs the engine's Ray cluster has now (its own and joined followers')."""
@@ -271,6 +275,10 @@ class VllmElasticEpAdmin:
         """Whether the engine is resizing now. Raises ConnectorError when unreachable."""
         return await asyncio.to_thread(self._is_scaling)
 
+    async def engine_dp(self) -> int | None:
+        """vLLM's API server does not report its DP size."""
+        return None
+
     async def scale(self, new_dp: int, *, timeout_s: float) -> str:
         """Resize to ``new_dp`` ranks and return vLLM's message once the resize is done.
 
@@ -373,6 +381,13 @@ class DynamoElasticEpAdmin:
     async def joined_gpus(self) -> int:
         reply = await self.capacity()
         return _sum_gpus(reply.get("nodes"), self.where, key="total_gpus", alive=None)
+
+    async def engine_dp(self) -> int:
+        """The engine's DP size (``ep_capacity``'s ``data_parallel_size``)."""
+        value = (await self.capacity()).get("data_parallel_size")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConnectorError(f"{self.where}: data_parallel_size = {value!r}, expected >= 1")
+        return value
 
 
 class RayDashboardJoinProbe:

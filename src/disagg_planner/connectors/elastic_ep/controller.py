@@ -51,6 +51,7 @@ from disagg_planner.connectors.elastic_ep.progress import (
     ResizePhase,
     ResizeRecord,
 )
+from disagg_planner.errors import DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -157,14 +158,28 @@ class ElasticEpController:
         return self.min_dp + followers * self.step
 
     async def current_dp(self) -> int:
-        """The engine's DP size as far as can be told: from the followers and the record
-        (the size before a resize that is not confirmed), else the last resize's."""
+        """The engine's DP size as far as can be told: what the engine reports (Dynamo's
+        route), else from the followers and the record (the size before a resize that is not
+        confirmed), else the last resize's. With followers and no resize recorded, an engine
+        whose reported size is not ``min_dp + followers x step`` was resized by someone else:
+        DeploymentError, so the policy holds and says why."""
+        reported = await self.admin.engine_dp()
         if self.followers is None:
+            if reported is not None:
+                self._dp = reported
             return self._dp
         obs = await self.followers.observe_followers()
         record = obs.record
         if record is None:
-            return self.dp_for(obs.desired)
+            derived = self.dp_for(obs.desired)
+            if reported is not None and reported != derived:
+                raise DeploymentError(
+                    f"elastic EP: the engine at {self.admin.base_url} reports DP {reported}, "
+                    f"but {obs.desired} follower(s) make DP {derived} and no resize is "
+                    "recorded: someone else resized the engine or changed the followers; "
+                    "not resizing until they agree"
+                )
+            return derived
         return record.to_dp if record.phase is ResizePhase.REMOVING_FOLLOWERS else record.from_dp
 
     async def is_resizing(self) -> bool:
