@@ -225,6 +225,17 @@ class ElasticDriver:
                         )
                     )
                     return ElasticTick(None)
+            partial = await controller.partial_reconfiguration()
+            if partial is not None:
+                # Reported every tick: a person must restart the engine (the policy holds).
+                problems.append(
+                    Problem(
+                        ProblemKind.CONNECTOR_ERROR,
+                        "PartialReconfiguration",
+                        f"not resizing: {partial}",
+                        "elastic",
+                    )
+                )
             current_dp = await controller.current_dp()
             resizing = await controller.is_resizing()
         except (ConnectorError, DeploymentError) as exc:

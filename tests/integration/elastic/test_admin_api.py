@@ -270,6 +270,7 @@ async def test_after_a_partial_reconfiguration_the_controller_stops_resizing(eng
     calls = len(engine.scale_calls())
 
     assert await ctl.is_resizing() is True  # the policy holds
+    assert "408" in (await ctl.partial_reconfiguration() or "")
     with pytest.raises(PartialReconfiguration, match="not resizing"):
         await ctl.resize(24)
     assert len(engine.scale_calls()) == calls  # nothing sent to a wedged engine

@@ -344,6 +344,8 @@ async def test_a_408_after_reconfiguration_keeps_followers_and_record(
     assert record.phase is ResizePhase.RESIZING
     assert record.message.startswith("partial reconfiguration")
     assert await ctl.is_resizing() is True
+    reason = await ctl.partial_reconfiguration()
+    assert reason is not None and "408" in reason
     calls = len(engine.scale_calls())
     with pytest.raises(PartialReconfiguration, match=r"restart the engine and remove"):
         await ctl.resize(24)
@@ -641,3 +643,26 @@ async def test_the_driver_refuses_a_dgd_dynamos_reconciler_drives(
         ]
         assert "ElasticEPAutoscale" in problems[0].detail
     assert worker.calls == []
+
+
+async def test_the_driver_reports_a_half_reconfigured_engine_every_tick(
+    cluster, api_client, engine_factory, operator
+):
+    cluster.add_dgd(services(0))
+    engine = engine_factory(dp=16)
+    engine.new_engines_start_s = 0.05  # the 408 of new engines that never start
+    cfg = driver_config(engine.url, elastic_ep_api="vllm")
+    pool = ElasticEpKubernetes(elastic_ep_kubernetes_settings(cfg), api_client=api_client)
+    driver = ElasticDriver(cfg, profile=PROFILE, connector=pool)
+    status = await pool.status()
+
+    first = await driver.tick(INTERVAL, busy_window(INTERVAL), status, [])
+    assert first.started_resize
+    await driver.wait_idle()
+    for tick in (2, 3):
+        problems: list[Any] = []
+        outcome = await driver.tick(tick * INTERVAL, busy_window(tick * INTERVAL), status, problems)
+        assert "PartialReconfiguration" in [p.reason for p in problems]
+        assert outcome.decision is not None and outcome.decision.target_dp is None
+        assert outcome.decision.reason.value == "resize_in_flight"  # the policy holds
+    assert len(engine.scale_calls()) == 1

@@ -182,6 +182,17 @@ class ElasticEpController:
             return derived
         return record.to_dp if record.phase is ResizePhase.REMOVING_FOLLOWERS else record.from_dp
 
+    async def partial_reconfiguration(self) -> str | None:
+        """Why the engine may be half reconfigured (a resize of ours left it so; it needs a
+        restart before it resizes again), else None."""
+        if self._partial is not None:
+            return self._partial
+        if self.followers is not None:
+            record = (await self.followers.observe_followers()).record
+            if record is not None and record.message.startswith(PARTIAL_MARK):
+                return record.message
+        return None
+
     async def is_resizing(self) -> bool:
         """A resize of ours is running, one is recorded unfinished, or the engine says so."""
         if self.in_flight or self._partial is not None:
@@ -211,8 +222,9 @@ class ElasticEpController:
 
         Waits for a resize already in flight (ours or the engine's) first. Raises
         :class:`ResizeRefused`, :class:`DrainTimeout`, :class:`FollowersNotReady` (each after
-        rolling back), :class:`ResizeInFlight` or :class:`ResizeOutcomeUnknown` (the record
-        stays) or ConnectorError/DeploymentError from the backends.
+        rolling back), :class:`ResizeInFlight`, :class:`ResizeOutcomeUnknown` or
+        :class:`PartialReconfiguration` (the record stays) or ConnectorError/DeploymentError
+        from the backends.
         """
         self._check_target(new_dp)
         async with self._lock:
@@ -233,10 +245,10 @@ class ElasticEpController:
                 except PartialReconfiguration as exc:
                     self._partial = str(exc)
                     raise
-                old, self._dp = self._dp, new_dp
+                self._dp = new_dp
                 return ResizeResult(
                     ResizeOutcome.RESIZED,
-                    old,
+                    current,
                     new_dp,
                     new_dp,
                     message,
