@@ -611,21 +611,58 @@ class PlannerConfig(BaseModel):
     elastic_ep_drain_timeout_seconds: int = Field(
         120,
         ge=1,
-        description="drain_timeout sent with each resize: how long vLLM waits for in-flight "
-        "requests before it gives the resize up with HTTP 408 (s).",
+        description="drain_timeout sent with each bare-vLLM resize: how long vLLM waits for "
+        "in-flight requests before it gives the resize up with HTTP 408; vLLM waits only with "
+        "VLLM_ELASTIC_EP_DRAIN_REQUESTS=1 (elastic_ep_engine_drains_requests) (s).",
         json_schema_extra=_extra("elastic"),
     )
     elastic_ep_resize_timeout_seconds: float = Field(
         900.0,
         gt=0,
         description="How long one resize call may run before the planner stops waiting for "
-        "its answer and follows it through /is_scaling_elastic_ep instead (s).",
+        "its answer and follows it until the engine is idle instead; also how long a resize "
+        "in flight is waited for (s).",
         json_schema_extra=_extra("elastic"),
     )
     elastic_ep_admin_url: str | None = Field(
         None,
-        description="Base URL of the vLLM API server that serves /scale_elastic_ep, e.g. "
-        "http://leader:8000 (an unauthenticated admin API: keep it off public networks).",
+        description="Base URL of the engine's resize route: vLLM's API server (e.g. "
+        "http://leader:8000) or a Dynamo vLLM worker's system port (an unauthenticated admin "
+        "API: keep it off public networks).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_api: Literal["auto", "vllm", "dynamo"] = Field(
+        "auto",
+        description="Which resize route elastic_ep_admin_url serves: 'vllm' (vLLM's API server, "
+        "/scale_elastic_ep), 'dynamo' (a Dynamo vLLM worker's system port, "
+        "/engine/control/scale_elastic_ep), 'auto' (asked once at start).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_engine_drains_requests: bool = Field(
+        False,
+        description="The engine runs with VLLM_ELASTIC_EP_DRAIN_REQUESTS=1: only then does vLLM "
+        "wait elastic_ep_drain_timeout_seconds for in-flight requests, and a 408 in that window "
+        "leaves its size unchanged.",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_ray_dashboard_url: str | None = Field(
+        None,
+        description="Ray dashboard of a bare-vLLM engine (e.g. http://leader:8265): a grow waits "
+        "until the followers' GPUs have joined its Ray cluster, not only until the pods are "
+        "Ready (Dynamo's worker reports this itself).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_follower_ready_seconds: float = Field(
+        180.0,
+        ge=0,
+        description="Follower start-up plus Ray join time the grow lead time adds with "
+        "elastic_ep_follower_service, until the planner has measured its own (s).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_frontend_retries: bool = Field(
+        False,
+        description="The frontend retries requests vLLM rejects (503) while a resize pauses "
+        "serving: they are delayed, not lost, when the policy prices the pause.",
         json_schema_extra=_extra("elastic"),
     )
     elastic_ep_follower_service: str | None = Field(
@@ -748,7 +785,7 @@ class PlannerConfig(BaseModel):
             parse_elastic_ep_timing(value)
         return value
 
-    @field_validator("elastic_ep_admin_url")
+    @field_validator("elastic_ep_admin_url", "elastic_ep_ray_dashboard_url")
     @classmethod
     def _admin_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
@@ -970,6 +1007,30 @@ def _elastic_ep_problems(cfg: PlannerConfig) -> list[ConfigProblem]:
                 cfg.elastic_ep_max_dp,
                 f"must be elastic_ep_min_dp ({cfg.elastic_ep_min_dp}) plus a whole number of "
                 f"elastic_ep_dp_step ({cfg.elastic_ep_dp_step}) ranks",
+            )
+        )
+    if cfg.elastic_ep_api == "dynamo":
+        # Dynamo's route takes no drain_timeout and reports joined GPUs itself.
+        for name in ("elastic_ep_drain_timeout_seconds", "elastic_ep_ray_dashboard_url"):
+            if name in cfg.model_fields_set:
+                problems.append(
+                    ConfigProblem(
+                        name,
+                        getattr(cfg, name),
+                        "is not used with elastic_ep_api=dynamo (the worker's route takes no "
+                        "drain_timeout and reports joined GPUs through ep_capacity)",
+                    )
+                )
+    elif (
+        "elastic_ep_drain_timeout_seconds" in cfg.model_fields_set
+        and not cfg.elastic_ep_engine_drains_requests
+    ):
+        problems.append(
+            ConfigProblem(
+                "elastic_ep_drain_timeout_seconds",
+                cfg.elastic_ep_drain_timeout_seconds,
+                "is honoured by vLLM only with VLLM_ELASTIC_EP_DRAIN_REQUESTS=1; set that on "
+                "the engine and elastic_ep_engine_drains_requests=true",
             )
         )
     if cfg.elastic_ep_follower_service is not None and cfg.environment != "kubernetes":

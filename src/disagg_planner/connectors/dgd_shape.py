@@ -122,12 +122,12 @@ def service_gpus(service: Mapping[str, Any], name: str, ref: str) -> int | None:
     return None
 
 
-def service_model_name(service: Mapping[str, Any]) -> str | None:
-    """Served model name from the main container's command line (lower case), or None."""
+def main_container_tokens(service: Mapping[str, Any]) -> list[str]:
+    """The words of the main container's command and args (shell-split), [] without one."""
     pod = service.get("extraPodSpec")
     container = pod.get("mainContainer") if isinstance(pod, Mapping) else None
     if not isinstance(container, Mapping):
-        return None
+        return []
     tokens: list[str] = []
     for key in ("command", "args"):
         parts = container.get(key) or []
@@ -140,15 +140,26 @@ def service_model_name(service: Mapping[str, Any]) -> str | None:
                 tokens.extend(shlex.split(part))
             except ValueError:  # unbalanced quotes: still try the plain words
                 tokens.extend(part.split())
-    for flag in MODEL_NAME_FLAGS:
+    return tokens
+
+
+def flag_value(tokens: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value of the first of ``flags`` on a command line (``--f v`` or ``--f=v``)."""
+    for flag in flags:
         for i, token in enumerate(tokens):
             if token == flag and i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                return tokens[i + 1].lower()
+                return tokens[i + 1]
             if token.startswith(flag + "="):
                 value = token.split("=", 1)[1]
                 if value:
-                    return value.lower()
+                    return value
     return None
+
+
+def service_model_name(service: Mapping[str, Any]) -> str | None:
+    """Served model name from the main container's command line (lower case), or None."""
+    value = flag_value(main_container_tokens(service), MODEL_NAME_FLAGS)
+    return value.lower() if value else None
 
 
 def replicas_of(value: Any, where: str) -> int:

@@ -18,25 +18,33 @@ arguments and of the traffic history the planner keeps (no clock, no I/O).
    load ``r`` needs ``ceil(r g / gpus_per_rank)`` ranks, rounded up to the step grid
    ``min_dp + k * dp_step``. Per-rank throughput is taken as independent of the DP size
    (an assumption: the all-to-all grows with EP, the profile was measured at one size).
-3. **Lead time.** A resize started now is active ``total_s`` later (the mode's
-   :class:`disagg_planner.profiles.elastic_resize.ResizeTiming`), and the next chance to correct
-   it is one interval after that, so the DP size chosen now must carry the peak forecast load over
-   ``[now, now + up.total_s + interval]``: the planner acts at least the mode's total
-   operation time ahead of the load.
-4. **Worth it (scale-up).** Serving stops for the last ``downtime_s`` of the resize. Arrivals in
-   the pause that cannot absorb it within the TTFT target are lost to the SLO:
-   ``cost = rate(pause) * max(0, downtime - slack)`` with ``slack = TTFT target - observed
-   TTFT``. Without the resize, every arrival while the forecast load exceeds the current
-   capacity is lost: ``benefit = integral of rate(t) where rate(t) > capacity(current)`` over
+3. **Lead time.** A grow started now is active ``follower + up.total_s`` later: ``follower``
+   is the follower pods' start-up plus their GPUs joining the engine's Ray cluster (only with
+   ``elastic_ep_follower_service``: without it the GPUs are already there), ``up.total_s`` the
+   resize itself (the mode's :class:`disagg_planner.profiles.elastic_resize.ResizeTiming`).
+   Both are the median of the last resizes this planner measured (:meth:`ElasticPlanner.
+   observe_resize`) once it has any, configured until then (``elastic_ep_follower_ready_seconds``,
+   ``elastic_ep_timing`` or the mode's defaults). The next chance to correct it is one interval
+   after that, so the DP size chosen now must carry the peak forecast load over
+   ``[now, now + follower + up.total_s + interval]``.
+4. **Worth it (scale-up).** Serving stops for the last ``downtime_s`` of the resize, and vLLM
+   answers every request arriving meanwhile with 503: they are rejected,
+   ``cost = rate(pause) * downtime``. When the frontend retries them
+   (``elastic_ep_frontend_retries``) they are only delayed, and lost to the SLO only past what
+   the TTFT target absorbs: ``cost = rate(pause) * max(0, downtime - slack)`` with
+   ``slack = TTFT target - observed TTFT``. Without the resize, every arrival while the
+   forecast load exceeds the current capacity is lost:
+   ``benefit = integral of rate(t) where rate(t) > capacity(current)`` over
    ``elastic_ep_benefit_window_seconds`` after the new capacity would be active. The planner
    resizes only when ``benefit > cost``: with a blocking resize (~100 s paused) only a
    sustained overload pays; with NIXL EP (< 1 s) any overload does.
 5. **Scale-down.** The smaller size must carry the larger of the peak forecast over
-   ``[now, now + down.total_s + interval + up.total_s]`` (long enough to grow back before a
-   renewed rise arrives) and the highest rate observed in the trend window (the drop must be
-   sustained). A shrink whose downtime exceeds the TTFT slack while requests arrive costs SLO
-   for no SLO gain, so it waits for idle traffic (blocking and async modes); a NIXL-EP
-   shrink (~2 s) is free.
+   ``[now, now + down.total_s + interval + follower + up.total_s]`` (long enough to grow
+   back before a renewed rise arrives) and the highest rate observed in the trend window (the
+   drop must be sustained). A shrink whose downtime exceeds the TTFT slack while requests
+   arrive costs SLO for no SLO gain, so it waits for idle traffic (blocking and async
+   modes); a NIXL-EP shrink (~2 s) is free only when the frontend retries (else its 503s
+   cost requests too).
 
 GPU budget: the planner's one rule (:func:`disagg_planner.core.budget.apply_gpu_budget`), with
 the GPUs of the planner's other roles counted: ``max_gpu_budget`` caps the size,
@@ -47,6 +55,7 @@ holds (``gpu_budget_guard_hold``).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -58,6 +67,9 @@ from disagg_planner.core.throughput import CapacityProfile, LoadForecast, size_d
 from disagg_planner.core.types import MissingObservation, TrafficObservation
 from disagg_planner.profiles import elastic_resize
 from disagg_planner.profiles.elastic_resize import ElasticEpMode, ResizeTiming
+
+# How many of its own resizes the planner's measured lead time looks back on.
+MEASURED_RESIZES = 5
 
 
 class ElasticReason(StrEnum):
@@ -166,6 +178,7 @@ class ElasticDiagnostics:
     max_dp: int | None = None
     benefit_requests: float | None = None
     cost_requests: float | None = None
+    follower_ready_s: float | None = None  # the lead time's follower part (s)
 
 
 @dataclass(frozen=True)
@@ -365,6 +378,44 @@ class ElasticPlanner:
         self.gpus_per_rank = config.elastic_ep_gpus_per_rank
         self._history = _History()
         self._lengths: tuple[float, float] | None = None  # last (ISL, OSL) seen
+        # What this planner measured of its own resizes (the last few of each).
+        self._follower_ready_s: deque[float] = deque(maxlen=MEASURED_RESIZES)
+        self._grow_s: deque[float] = deque(maxlen=MEASURED_RESIZES)
+        self._shrink_s: deque[float] = deque(maxlen=MEASURED_RESIZES)
+
+    # --- what the planner measured ------------------------------------------------------
+
+    def observe_resize(
+        self, *, grow: bool, followers_ready_s: float | None, resize_s: float | None
+    ) -> None:
+        """Learn from one completed resize: how long its followers took to be ready and
+        joined (a grow with followers), and how long the resize call took."""
+        if followers_ready_s is not None and followers_ready_s >= 0:
+            self._follower_ready_s.append(followers_ready_s)
+        if resize_s is not None and resize_s >= 0:
+            (self._grow_s if grow else self._shrink_s).append(resize_s)
+
+    def follower_ready_s(self) -> float:
+        """The follower start-up + join part of a grow's lead time (module doc, step 3)."""
+        if self.config.elastic_ep_follower_service is None:
+            return 0.0
+        if self._follower_ready_s:
+            return statistics.median(self._follower_ready_s)
+        return self.config.elastic_ep_follower_ready_seconds
+
+    def resize_total_s(self, *, grow: bool) -> float:
+        """How long a resize call takes: measured once there is a measurement, else the
+        configured timing."""
+        measured = self._grow_s if grow else self._shrink_s
+        if measured:
+            return statistics.median(measured)
+        return (self.timing.up if grow else self.timing.down).total_s
+
+    def _pause_cost(self, rate_rps: float, downtime_s: float, slack_s: float) -> float:
+        """Requests a pause of ``downtime_s`` costs (module doc, step 4)."""
+        if self.config.elastic_ep_frontend_retries:
+            return rate_rps * max(0.0, downtime_s - slack_s)
+        return rate_rps * downtime_s
 
     # --- grid -----------------------------------------------------------------------------
 
@@ -555,7 +606,8 @@ class ElasticPlanner:
                 f"{cost.note or 'profile gives no throughput'}; holding DP {at.current_dp}",
             )
         rank_rps = self.gpus_per_rank / cost.gpu_seconds
-        lead_s = self.timing.up.total_s + self.interval_s
+        follower_s = self.follower_ready_s()
+        lead_s = follower_s + self.resize_total_s(grow=True) + self.interval_s
         peak_up = trend.peak(at.now_s, at.now_s + lead_s)
         need_up = self._ranks(peak_up, cost.gpu_seconds)
         diag = ElasticDiagnostics(
@@ -568,6 +620,7 @@ class ElasticPlanner:
             peak_rps=peak_up,
             ranks_needed=need_up,
             max_dp=top,
+            follower_ready_s=follower_s,
         )
         summary = (
             f"load {trend.level_rps:.2f} req/s ({trend.slope_rps_per_s * 60:+.2f}/min), "
@@ -599,20 +652,21 @@ class ElasticPlanner:
                 f"{s.need_up} ranks, but DP {current_dp} is the most allowed",
             )
         target = self.on_grid(s.need_up, s.top)
-        t_active = at.now_s + up.total_s
+        # The resize starts once the followers have joined; its pause ends it.
+        t_active = at.now_s + s.lead_s - self.interval_s
         benefit = trend.requests_above(
             t_active,
             t_active + self.config.elastic_ep_benefit_window_seconds,
             current_dp * s.rank_rps,
         )
-        lost = trend.rate_at(at.now_s + up.preparation_s) * max(0.0, up.downtime_s - s.slack_s)
+        lost = self._pause_cost(trend.rate_at(t_active - up.downtime_s), up.downtime_s, s.slack_s)
         diag = replace(at.diag, benefit_requests=benefit, cost_requests=lost)
         if not benefit > lost:
             return at.hold(
                 ElasticReason.HOLD_NOT_WORTH_DOWNTIME,
                 f"{s.summary}; DP {current_dp} -> {target} would save ~{benefit:.0f} "
                 f"requests from the TTFT target but its {up.downtime_s:.1f} s pause costs "
-                f"~{lost:.0f}; holding",
+                f"~{lost:.0f} ({self._pause_word()}); holding",
                 diag,
             )
         capped = s.need_up > target
@@ -620,10 +674,10 @@ class ElasticPlanner:
             target,
             ElasticReason.SCALE_UP_CAPPED if capped else ElasticReason.SCALE_UP,
             f"{s.summary}; peak {s.peak_up:.2f} req/s within {s.lead_s:.0f} s "
-            f"({self.timing.name} resize {up.total_s:.0f} s + interval) needs {s.need_up} "
+            f"({self._lead_words(s)}) needs {s.need_up} "
             f"ranks; DP {current_dp} -> {target}"
             + (f" (capped at {s.top})" if capped else "")
-            + f"; saves ~{benefit:.0f} requests, pause costs ~{lost:.0f}",
+            + f"; saves ~{benefit:.0f} requests, pause costs ~{lost:.0f} ({self._pause_word()})",
             diag,
         )
 
@@ -632,8 +686,13 @@ class ElasticPlanner:
         request past the TTFT target (module doc, step 5)."""
         at, trend = s.at, s.trend
         current_dp, now_s = at.current_dp, at.now_s
-        up, down = self.timing.up, self.timing.down
-        horizon_down = down.total_s + self.interval_s + up.total_s
+        down = self.timing.down
+        horizon_down = (
+            self.resize_total_s(grow=False)
+            + self.interval_s
+            + self.follower_ready_s()
+            + self.resize_total_s(grow=True)
+        )
         forecast_down = trend.peak(now_s, now_s + horizon_down)
         peak_down = max(forecast_down, trend.max_observed_rps)
         need_down = self._ranks(peak_down, s.gpu_seconds)
@@ -651,13 +710,15 @@ class ElasticPlanner:
                     diag,
                 )
             return at.hold(ElasticReason.NO_CHANGE, f"{s.summary}; DP {current_dp} fits", diag)
-        lost = trend.rate_at(now_s + down.preparation_s) * max(0.0, down.downtime_s - s.slack_s)
+        lost = self._pause_cost(
+            trend.rate_at(now_s + down.preparation_s), down.downtime_s, s.slack_s
+        )
         diag = replace(diag, benefit_requests=0.0, cost_requests=lost)
         if lost > 0:
             return at.hold(
                 ElasticReason.HOLD_SCALE_DOWN_COSTS_SLO,
                 f"{s.summary}; DP {target} would do, but a {self.timing.name} shrink pauses "
-                f"serving {down.downtime_s:.1f} s (~{lost:.0f} requests past the TTFT target); "
+                f"serving {down.downtime_s:.1f} s (~{lost:.0f} requests {self._pause_word()}); "
                 "waiting for idle traffic",
                 diag,
             )
@@ -668,6 +729,17 @@ class ElasticPlanner:
             f"{target} ranks; DP {current_dp} -> {target}",
             diag,
         )
+
+    def _pause_word(self) -> str:
+        if self.config.elastic_ep_frontend_retries:
+            return "retried, past the TTFT target"
+        return "rejected with 503"
+
+    def _lead_words(self, s: _Sizing) -> str:
+        follower = s.at.diag.follower_ready_s or 0.0
+        parts = [f"followers {follower:.0f} s"] if follower else []
+        parts.append(f"{self.timing.name} resize {self.resize_total_s(grow=True):.0f} s")
+        return " + ".join(parts) + " + interval"
 
     def _ranks(self, rate_rps: float, gpu_seconds: float) -> int:
         if rate_rps <= 0:

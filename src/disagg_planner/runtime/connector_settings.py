@@ -89,8 +89,8 @@ def elastic_ep_settings(config: PlannerConfig) -> ElasticEpSettings:
         min_dp=config.elastic_ep_min_dp,
         max_dp=config.elastic_ep_max_dp,
         dp_step=config.elastic_ep_dp_step,
-        drain_timeout_s=config.elastic_ep_drain_timeout_seconds,
         resize_timeout_s=config.elastic_ep_resize_timeout_seconds,
         scaling_max_wait_s=config.scaling_max_wait_seconds,
         scaling_check_interval_s=config.scaling_check_interval_seconds,
+        gpus_per_rank=config.elastic_ep_gpus_per_rank,
     )

@@ -5,14 +5,20 @@ of its engine (vLLM elastic EP) instead of its replica count. :class:`ElasticDri
 pure policy (:class:`disagg_planner.core.elastic.ElasticPlanner`) to the actuator
 (:class:`disagg_planner.connectors.elastic_ep.ElasticEpController`) for one :class:`DeploymentLoop`:
 
-- at start, an unfinished resize recorded on the deployment is finished or rolled back
-  (``recover()``) in the background;
+- at start, the engine's resize route is chosen (``elastic_ep_api``; "auto" asks the admin
+  URL which one it serves) and an unfinished resize recorded on the deployment is finished or
+  rolled back (``recover()``), in the background; until the route is known each tick tries
+  again and reports why it could not;
+- on Kubernetes, a DGD whose engine Dynamo's own elastic-EP reconciler drives is refused
+  every tick with a problem saying why (:func:`disagg_planner.connectors.elastic_ep.
+  dynamo_reconciler_claim`): two writers must not resize one engine;
 - each throughput tick reads the engine's DP size and whether a resize is in flight, asks
   the policy, and when it names a target (and the planner is not advisory) starts
   ``resize(target)`` as a background task: a resize takes seconds to minutes and the loop
   keeps its cadence meanwhile; the policy holds (``resize_in_flight``) until it is over;
 - a resize that failed is reported as a :class:`Problem` of the next tick (``source``
-  ``"elastic"``); nothing here raises into the loop except cancellation.
+  ``"elastic"``); one that succeeded teaches the policy its measured follower start-up + join
+  and resize times (the lead time); nothing here raises into the loop except cancellation.
 
 The controller's waits run on real time (``time.monotonic`` / ``asyncio.sleep``), not on the
 loop's clock: they bound HTTP calls and pod start-up, which a test's jumping clock does not
@@ -27,10 +33,16 @@ from dataclasses import dataclass
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.elastic_ep import (
+    CLAIM_REASON,
+    DynamoElasticEpAdmin,
+    ElasticEpAdmin,
     ElasticEpController,
     ElasticEpKubernetes,
+    JoinProbe,
+    RayDashboardJoinProbe,
     ResizeResult,
     VllmElasticEpAdmin,
+    detect_api,
 )
 from disagg_planner.core.elastic import ElasticDecision, ElasticPlanner
 from disagg_planner.core.types import DeploymentStatus, MissingObservation, TrafficObservation
@@ -102,22 +114,53 @@ class ElasticDriver:
             )
         if not config.elastic_ep_admin_url:
             raise SpecError(
-                f"elastic_ep={role}: elastic_ep_admin_url is required (the vLLM API server "
-                "that serves /scale_elastic_ep, e.g. http://leader:8000)"
+                f"elastic_ep={role}: elastic_ep_admin_url is required (vLLM's API server, "
+                "e.g. http://leader:8000, or a Dynamo vLLM worker's system port)"
             )
         self.config = config
         self.role: str = role
+        self.admin_url: str = config.elastic_ep_admin_url
         self.planner = ElasticPlanner(config=config, profile=profile)
-        followers = connector if isinstance(connector, ElasticEpKubernetes) else None
-        try:
-            admin = VllmElasticEpAdmin(config.elastic_ep_admin_url)
-        except ValueError as exc:
-            raise SpecError(f"elastic_ep_admin_url: {exc}") from None
-        self.controller = ElasticEpController(
-            elastic_ep_settings(config), admin=admin, followers=followers
-        )
+        self.followers = connector if isinstance(connector, ElasticEpKubernetes) else None
+        self._controller: ElasticEpController | None = None
+        if config.elastic_ep_api != "auto":
+            self._controller = self._make_controller(config.elastic_ep_api)
         self._task: asyncio.Task[ResizeResult | None] | None = None
         self._task_what = ""
+
+    def _make_controller(self, api: str) -> ElasticEpController:
+        """The controller of the engine behind ``elastic_ep_admin_url`` speaking ``api``."""
+        config = self.config
+        admin: ElasticEpAdmin
+        probe: JoinProbe | None = None
+        if api == "dynamo":
+            admin = probe = DynamoElasticEpAdmin(self.admin_url)
+        else:
+            admin = VllmElasticEpAdmin(
+                self.admin_url,
+                drain_timeout_s=config.elastic_ep_drain_timeout_seconds,
+                drains_requests=config.elastic_ep_engine_drains_requests,
+            )
+            if config.elastic_ep_ray_dashboard_url:
+                probe = RayDashboardJoinProbe(config.elastic_ep_ray_dashboard_url)
+        log.info("elastic EP (%s): %s route at %s", self.role, api, self.admin_url)
+        return ElasticEpController(
+            elastic_ep_settings(config), admin=admin, followers=self.followers, join_probe=probe
+        )
+
+    @property
+    def controller(self) -> ElasticEpController:
+        """The engine's controller; RuntimeError before :meth:`connect` found the route."""
+        if self._controller is None:
+            raise RuntimeError("elastic EP: the engine's route is not known yet")
+        return self._controller
+
+    async def connect(self) -> ElasticEpController:
+        """The controller, choosing the route first when ``elastic_ep_api = "auto"``
+        (ConnectorError when the admin URL serves neither)."""
+        if self._controller is None:
+            self._controller = self._make_controller(await detect_api(self.admin_url))
+        return self._controller
 
     @property
     def busy(self) -> bool:
@@ -134,7 +177,13 @@ class ElasticDriver:
         """Finish or roll back a resize a previous planner left unfinished (background)."""
         if self.config.advisory:
             return  # advisory never acts, not even to finish someone's resize
-        self._spawn(self.controller.recover(), "recovery of an unfinished resize")
+        self._spawn(self._recover(), "recovery of an unfinished resize")
+
+    async def _recover(self) -> ResizeResult | None:
+        controller = await self.connect()
+        if self.followers is not None and await self.followers.reconciler_claim(self.role):
+            return None  # not ours to finish: every tick reports why
+        return await controller.recover()
 
     async def close(self) -> None:
         """Cancel a resize in flight; its record on the deployment lets the next planner
@@ -163,8 +212,32 @@ class ElasticDriver:
             if r != self.role
         )
         try:
-            current_dp = await self.controller.current_dp()
-            resizing = await self.controller.is_resizing()
+            controller = await self.connect()
+            if self.followers is not None:
+                claim = await self.followers.reconciler_claim(self.role)
+                if claim is not None:
+                    problems.append(
+                        Problem(
+                            ProblemKind.DEPLOYMENT_INVALID,
+                            CLAIM_REASON,
+                            f"not resizing: {claim}",
+                            "elastic",
+                        )
+                    )
+                    return ElasticTick(None)
+            partial = await controller.partial_reconfiguration()
+            if partial is not None:
+                # Reported every tick: a person must restart the engine (the policy holds).
+                problems.append(
+                    Problem(
+                        ProblemKind.CONNECTOR_ERROR,
+                        "PartialReconfiguration",
+                        f"not resizing: {partial}",
+                        "elastic",
+                    )
+                )
+            current_dp = await controller.current_dp()
+            resizing = await controller.is_resizing()
         except (ConnectorError, DeploymentError) as exc:
             problems.append(_problem(exc))
             return ElasticTick(None)
@@ -174,7 +247,7 @@ class ElasticDriver:
         started = False
         if decision.target_dp is not None and not self.config.advisory and not self.busy:
             self._spawn(
-                self.controller.resize(decision.target_dp),
+                controller.resize(decision.target_dp),
                 f"resize DP {current_dp} -> {decision.target_dp}",
             )
             started = True
@@ -199,6 +272,11 @@ class ElasticDriver:
             result = task.result()
             if result is not None:
                 log.info("elastic EP (%s): %s: %s", self.role, self._task_what, result.message)
+                self.planner.observe_resize(
+                    grow=result.to_dp > result.from_dp,
+                    followers_ready_s=result.followers_ready_s,
+                    resize_s=result.resize_s,
+                )
             return
         if isinstance(exc, ConnectorError | DeploymentError):
             log.warning("elastic EP (%s): %s failed: %s", self.role, self._task_what, exc)

@@ -1,20 +1,40 @@
-"""A vLLM-like elastic-EP admin server on a loopback port, and fixtures around it.
+"""Two elastic-EP servers on loopback ports, each following one real implementation, and
+fixtures around them.
 
-:class:`FakeVllmEngine` answers ``POST /scale_elastic_ep`` and ``POST /is_scaling_elastic_ep``
-the way vLLM's API server does (``vllm/frontend/entrypoints/serve/elastic_ep``):
+:class:`FakeVllmEngine` follows **vLLM 0.17.0**'s API server
+(``vllm/entrypoints/serve/elastic_ep/api_router.py``, its scaling middleware, and
+``AsyncLLM.scale_elastic_ep``):
 
-- 400 for bad JSON, a missing or non-positive ``new_data_parallel_size`` or ``drain_timeout``
-  (FastAPI ``{"detail": ...}`` bodies), and for a size the engine refuses (a ValueError);
-- the current size is a no-op 200;
-- a resize marks the engine as scaling, drains (408 "Scale failed due to request drain
-  timeout after N seconds" when requests are stuck, after ``drain_timeout`` seconds), then
-  reconfigures for ``resize_s`` seconds (500 "Scale failed" when told to fail) and answers
-  200 ``{"message": "Scaled to N data parallel engines"}``;
-- while scaling, with ``middleware_503`` (older vLLM's ScalingMiddleware) every request gets
-  503 ``{"error": "The model is currently scaling. Please try again later."}``; without it
-  ``/is_scaling_elastic_ep`` answers true and a second resize is refused with 400.
+- ``POST /scale_elastic_ep``: 400 (FastAPI ``{"detail": ...}``) only for bad JSON and a missing
+  or non-positive ``new_data_parallel_size`` or ``drain_timeout`` (default 120); the current
+  size is a no-op 200; otherwise the router marks the engine as scaling and the engine
+  resizes: it waits for in-flight requests only when started with
+  ``VLLM_ELASTIC_EP_DRAIN_REQUESTS`` (``drain_requests``), a drain that does not finish is a
+  ``TimeoutError``; the running engines are then told to reconfigure, and new engines that
+  never start is a ``TimeoutError`` too, after which the reconfiguration stays active and
+  every later resize fails ("Elastic EP reconfiguration is already active", in the log).
+  Any ``TimeoutError`` answers 408 "Scale failed due to request drain timeout after N
+  seconds"; any other error (a size beyond the engine's limit, a failed step) 500
+  "Scale failed"; success 200 ``{"message": "Scaled to N data parallel engines"}``;
+- while scaling, the middleware answers every request 503
+  ``{"error": "The model is currently scaling. Please try again later."}``;
+- ``POST /is_scaling_elastic_ep`` -> ``{"is_scaling_elastic_ep": bool}``.
 
-It counts calls and the most resizes it ever ran at once, and ``on_scale`` runs (in the
+:class:`FakeDynamoWorker` follows Dynamo's vLLM worker's system-port control routes
+(``components/src/dynamo/vllm/handlers.py``):
+
+- ``POST /engine/control/scale_elastic_ep {"new_data_parallel_size": N}`` always answers 200:
+  ``{"status": "ok", "message": ..., "new_data_parallel_size": N}``, or
+  ``{"status": "error", "message": ...}`` for a missing, non-integer or < 2 size and for any
+  engine error (the exception's text), or, during another resize, ``"busy"`` (what Dynamo's
+  operator reconciler expects) or ``"error"`` "... already in progress; rejecting concurrent
+  request ..." (the handler's older wording, ``busy_status="error"``);
+- ``POST /engine/control/ep_capacity`` -> ``{"status": "ok", "data_parallel_size": D,
+  "total_gpus": G, "nodes": [{"node_ip": ..., "total_gpus": g}]}`` (the Ray cluster's view;
+  followers appear when :meth:`FakeDynamoWorker.join` is called);
+- no ``is_scaling`` route and no ``drain_timeout`` (404 for any other path).
+
+Both count calls and the most resizes they ever ran at once; ``on_scale`` runs (in the
 server's thread) when a resize begins, so tests can look at the deployment at that moment.
 """
 
@@ -30,6 +50,8 @@ from typing import Any
 
 import pytest
 
+DRAIN_TIMEOUT_DEFAULT_S = 120  # the router's default
+
 
 @dataclass(frozen=True)
 class Call:
@@ -38,26 +60,14 @@ class Call:
     status: int
 
 
-class FakeVllmEngine:
-    def __init__(
-        self,
-        *,
-        dp: int = 16,
-        max_dp: int = 64,
-        resize_s: float = 0.05,
-        middleware_503: bool = True,
-    ) -> None:
-        self.dp = dp
-        self.max_dp = max_dp
-        self.resize_s = resize_s
-        self.middleware_503 = middleware_503
-        self.stuck_requests = False  # drain never finishes -> 408
-        self.fail_next: list[int] = []  # 500 for the next resizes, one each
-        self.on_scale: Callable[[int], None] | None = None
+class _Server:
+    """A threaded loopback HTTP server answering POSTs through ``self._post``."""
+
+    def __init__(self) -> None:
         self.calls: list[Call] = []
+        self.on_scale: Callable[[int], None] | None = None
         self.active = 0
         self.max_active = 0
-        self._scaling = False
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -70,16 +80,75 @@ class FakeVllmEngine:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
 
-    @property
-    def scaling(self) -> bool:
-        return self._scaling
-
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+    def _post(self, path: str, raw: bytes) -> tuple[int, Any, Any]:
+        raise NotImplementedError
+
+    def _begin(self) -> None:
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._answer(b"")
+
+            def do_POST(self) -> None:
+                self._answer(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
+            def _answer(self, raw: bytes) -> None:
+                status, payload, body = server._post(self.path, raw)
+                server.calls.append(Call(self.path, body, status))
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a test of lost answers)
+
+        return Handler
+
+
+class FakeVllmEngine(_Server):
+    """vLLM 0.17.0's elastic-EP API server and engine (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        dp: int = 16,
+        max_dp: int = 64,
+        resize_s: float = 0.05,
+        drain_requests: bool = False,
+    ) -> None:
+        super().__init__()
+        self.dp = dp
+        self.max_dp = max_dp  # beyond it the engine raises (500 "Scale failed")
+        self.resize_s = resize_s
+        self.drain_requests = drain_requests  # VLLM_ELASTIC_EP_DRAIN_REQUESTS=1
+        self.stuck_requests = False  # in-flight requests never finish
+        self.new_engines_start_s: float | None = None  # None: start; else fail after this
+        self.fail_next: list[str] = []  # engine errors for the next resizes, one each
+        self.reconfiguration_active = False  # a failed reconfiguration left it so
+        self.log: list[str] = []  # what the engine logs (vLLM hides it from the answer)
+        self._scaling = False
+
+    @property
+    def scaling(self) -> bool:
+        return self._scaling
 
     def scale_calls(self) -> list[Call]:
         return [c for c in self.calls if c.path == "/scale_elastic_ep"]
@@ -99,113 +168,215 @@ class FakeVllmEngine:
         thread.start()
         return thread
 
-    # --- the resize, as the engine runs it --------------------------------------------
+    def _engine_scale(self, new_dp: int, drain_timeout: int) -> None:
+        """``AsyncLLM.scale_elastic_ep``: raises TimeoutError or another error."""
+        if self.drain_requests and self.stuck_requests:
+            time.sleep(drain_timeout)
+            raise TimeoutError(f"Timeout reached after {drain_timeout} seconds")
+        if self.reconfiguration_active:
+            raise RuntimeError("Elastic EP reconfiguration is already active")
+        if new_dp > self.max_dp:
+            raise ValueError(f"Cannot scale to data_parallel_size {new_dp} > {self.max_dp}")
+        if self.new_engines_start_s is not None:
+            self.reconfiguration_active = True  # the running engines were told to
+            time.sleep(self.new_engines_start_s)
+            raise TimeoutError("new engine cores did not start")
+        time.sleep(self.resize_s)
+        if self.fail_next:
+            raise RuntimeError(self.fail_next.pop(0))
+        self.dp = new_dp
 
-    def _resize(self, new_dp: int, drain_timeout: int) -> tuple[int, dict[str, Any]]:
+    def _post(self, path: str, raw: bytes) -> tuple[int, Any, Any]:
+        if self._scaling:  # the scaling middleware
+            return 503, {"error": "The model is currently scaling. Please try again later."}, None
+        if path == "/is_scaling_elastic_ep":
+            return 200, {"is_scaling_elastic_ep": self._scaling}, None
+        if path != "/scale_elastic_ep":
+            return 404, {"detail": "Not Found"}, None
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return 400, {"detail": "Invalid JSON format"}, None
+        new_dp = body.get("new_data_parallel_size")
+        drain = body.get("drain_timeout", DRAIN_TIMEOUT_DEFAULT_S)
+        if new_dp is None:
+            return 400, {"detail": "new_data_parallel_size is required"}, body
+        if not isinstance(new_dp, int) or new_dp <= 0:
+            return 400, {"detail": "new_data_parallel_size must be a positive integer"}, body
+        if not isinstance(drain, int) or drain <= 0:
+            return 400, {"detail": "drain_timeout must be a positive integer"}, body
+        if new_dp == self.dp:
+            return 200, {"message": f"Scaled to {new_dp} data parallel engines"}, body
         with self._lock:
-            if new_dp == self.dp:
-                return 200, {"message": f"Scaled to {new_dp} data parallel engines"}
-            if self._scaling:  # newer vLLM without the middleware: the engine refuses
-                return 400, {"detail": "a scale operation is already in progress"}
-            if new_dp > self.max_dp:
-                return 400, {
-                    "detail": f"new_data_parallel_size {new_dp} exceeds the {self.max_dp} "
-                    "GPUs available to the Ray cluster"
-                }
             self._scaling = True
-            self.active += 1
-            self.max_active = max(self.max_active, self.active)
+            self._begin()
         try:
             if self.on_scale is not None:
                 self.on_scale(new_dp)
-            if self.stuck_requests:
-                time.sleep(drain_timeout)
-                return 408, {
-                    "detail": "Scale failed due to request drain timeout "
-                    f"after {drain_timeout} seconds"
-                }
-            time.sleep(self.resize_s)
-            with self._lock:
-                if self.fail_next:
-                    return self.fail_next.pop(0), {"detail": "Scale failed"}
-                self.dp = new_dp
-            return 200, {"message": f"Scaled to {new_dp} data parallel engines"}
+            self._engine_scale(new_dp, drain)
+            return 200, {"message": f"Scaled to {new_dp} data parallel engines"}, body
+        except TimeoutError:
+            detail = f"Scale failed due to request drain timeout after {drain} seconds"
+            return 408, {"detail": detail}, body
+        except Exception as exc:
+            self.log.append(f"Scale failed: {exc}")
+            return 500, {"detail": "Scale failed"}, body
         finally:
             with self._lock:
                 self.active -= 1
                 self._scaling = False
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        engine = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
+class FakeDynamoWorker(_Server):
+    """Dynamo's vLLM worker's elastic-EP control routes (see the module doc)."""
 
-            def _answer(self, status: int, payload: Any, body: Any) -> None:
-                engine.calls.append(Call(self.path, body, status))
-                data = json.dumps(payload).encode()
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up waiting (a test of lost answers)
+    def __init__(
+        self,
+        *,
+        dp: int = 16,
+        gpus_per_rank: int = 1,
+        resize_s: float = 0.05,
+        busy_status: str = "busy",
+    ) -> None:
+        super().__init__()
+        self.dp = dp
+        self.gpus_per_rank = gpus_per_rank
+        self.resize_s = resize_s
+        self.busy_status = busy_status
+        self.fail_next: list[str] = []  # engine errors for the next resizes
+        self.echo_size: int | None = None  # answer ok for this size instead of the asked one
+        self.nodes: list[dict[str, Any]] = [
+            {"node_ip": "10.0.0.1", "total_gpus": float(dp * gpus_per_rank)}
+        ]
+        self._in_progress = False
 
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if engine.middleware_503 and engine.scaling:
-                    self._answer(
-                        503,
-                        {"error": "The model is currently scaling. Please try again later."},
-                        None,
-                    )
-                    return
-                if self.path == "/is_scaling_elastic_ep":
-                    self._answer(200, {"is_scaling_elastic_ep": engine.scaling}, None)
-                    return
-                if self.path != "/scale_elastic_ep":
-                    self._answer(404, {"detail": "Not Found"}, None)
-                    return
-                try:
-                    body = json.loads(raw)
-                except ValueError:
-                    self._answer(400, {"detail": "Invalid JSON format"}, None)
-                    return
-                new_dp = body.get("new_data_parallel_size")
-                drain = body.get("drain_timeout", 120)
-                if new_dp is None:
-                    self._answer(400, {"detail": "new_data_parallel_size is required"}, body)
-                    return
-                if not isinstance(new_dp, int) or new_dp <= 0:
-                    self._answer(
-                        400, {"detail": "new_data_parallel_size must be a positive integer"}, body
-                    )
-                    return
-                if not isinstance(drain, int) or drain <= 0:
-                    self._answer(400, {"detail": "drain_timeout must be a positive integer"}, body)
-                    return
-                status, payload = engine._resize(new_dp, drain)
-                self._answer(status, payload, body)
+    def join(self, node_ip: str, gpus: float) -> None:
+        """A follower's raylet joined the leader's Ray cluster."""
+        with self._lock:
+            self.nodes.append({"node_ip": node_ip, "total_gpus": gpus})
 
-        return Handler
+    def scale_calls(self) -> list[Call]:
+        return [c for c in self.calls if c.path == "/engine/control/scale_elastic_ep"]
+
+    def _post(self, path: str, raw: bytes) -> tuple[int, Any, Any]:
+        body = json.loads(raw) if raw else {}
+        if path == "/engine/control/ep_capacity":
+            with self._lock:
+                total = sum(n["total_gpus"] for n in self.nodes)
+                return (
+                    200,
+                    {
+                        "status": "ok",
+                        "data_parallel_size": self.dp,
+                        "tensor_parallel_size": self.gpus_per_rank,
+                        "data_parallel_backend": "ray",
+                        "total_gpus": total,
+                        "nodes": list(self.nodes),
+                    },
+                    body,
+                )
+        if path != "/engine/control/scale_elastic_ep":
+            return 404, {"detail": "Not Found"}, body
+        new_dp = body.get("new_data_parallel_size")
+        if new_dp is None:
+            return (
+                200,
+                {"status": "error", "message": "Missing required field: new_data_parallel_size"},
+                body,
+            )
+        if not isinstance(new_dp, int) or new_dp < 2:
+            message = "new_data_parallel_size must be >= 2 when elastic EP/ePLB is enabled"
+            return 200, {"status": "error", "message": message}, body
+        with self._lock:
+            if self._in_progress:
+                if self.busy_status == "busy":
+                    return 200, {"status": "busy", "message": "scale in progress"}, body
+                message = (
+                    "A scale_elastic_ep operation is already in progress; rejecting "
+                    f"concurrent request for new_data_parallel_size={new_dp}"
+                )
+                return 200, {"status": "error", "message": message}, body
+            self._in_progress = True
+            self._begin()
+        try:
+            if self.on_scale is not None:
+                self.on_scale(new_dp)
+            if new_dp != self.dp:
+                time.sleep(self.resize_s)
+                if self.fail_next:
+                    return 200, {"status": "error", "message": self.fail_next.pop(0)}, body
+                self.dp = new_dp
+            echoed = self.echo_size if self.echo_size is not None else new_dp
+            return (
+                200,
+                {
+                    "status": "ok",
+                    "message": f"Scaled to data_parallel_size={echoed}",
+                    "new_data_parallel_size": echoed,
+                },
+                body,
+            )
+        finally:
+            with self._lock:
+                self.active -= 1
+                self._in_progress = False
+
+
+class FakeRayDashboard(_Server):
+    """A Ray dashboard's state API: ``GET /api/v0/nodes`` lists the cluster's nodes
+    (``{"result": true, "msg": ..., "data": {"result": {"total": n, "result": [node, ...]}}}``,
+    each node with ``node_ip``, ``state`` and ``resources_total``)."""
+
+    def __init__(self, *, head_gpus: float = 16.0) -> None:
+        super().__init__()
+        self.nodes: list[dict[str, Any]] = [
+            {"node_ip": "10.0.0.1", "state": "ALIVE", "resources_total": {"GPU": head_gpus}}
+        ]
+
+    def join(self, node_ip: str, gpus: float, state: str = "ALIVE") -> None:
+        with self._lock:
+            self.nodes.append(
+                {"node_ip": node_ip, "state": state, "resources_total": {"CPU": 8.0, "GPU": gpus}}
+            )
+
+    def _post(self, path: str, raw: bytes) -> tuple[int, Any, Any]:
+        if path.split("?")[0] != "/api/v0/nodes":
+            return 404, {"detail": "Not Found"}, None
+        with self._lock:
+            rows = list(self.nodes)
+        data = {"result": {"total": len(rows), "num_after_truncation": len(rows), "result": rows}}
+        return 200, {"result": True, "msg": "", "data": data}, None
+
+
+def _factory(cls: type[_Server]) -> Iterator[Callable[..., Any]]:
+    servers: list[_Server] = []
+
+    def start(**kwargs: Any) -> Any:
+        server = cls(**kwargs)
+        server.start()
+        servers.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            server.stop()
 
 
 @pytest.fixture
 def engine_factory() -> Iterator[Callable[..., FakeVllmEngine]]:
     """``start(**kwargs)`` -> a running :class:`FakeVllmEngine`, stopped after the test."""
-    engines: list[FakeVllmEngine] = []
+    yield from _factory(FakeVllmEngine)
 
-    def start(**kwargs: Any) -> FakeVllmEngine:
-        engine = FakeVllmEngine(**kwargs)
-        engine.start()
-        engines.append(engine)
-        return engine
 
-    try:
-        yield start
-    finally:
-        for engine in engines:
-            engine.stop()
+@pytest.fixture
+def dynamo_factory() -> Iterator[Callable[..., FakeDynamoWorker]]:
+    """``start(**kwargs)`` -> a running :class:`FakeDynamoWorker`, stopped after the test."""
+    yield from _factory(FakeDynamoWorker)
+
+
+@pytest.fixture
+def ray_factory() -> Iterator[Callable[..., FakeRayDashboard]]:
+    """``start(**kwargs)`` -> a running :class:`FakeRayDashboard`, stopped after the test."""
+    yield from _factory(FakeRayDashboard)

@@ -83,3 +83,33 @@ def test_bad_timing_is_rejected_with_the_item(text, problem):
 def test_admin_url_must_be_http():
     with pytest.raises(ConfigError, match=r"elastic_ep_admin_url.*http:// or https://"):
         load_config(environ={}, flags=elastic(elastic_ep_admin_url="leader:8000"))
+
+
+def test_drain_timeout_is_refused_where_vllm_would_ignore_it():
+    """Issue 20, problem 4: vLLM honours drain_timeout only with
+    VLLM_ELASTIC_EP_DRAIN_REQUESTS=1; Dynamo's route takes none at all."""
+    with pytest.raises(ConfigError, match=r"elastic_ep_drain_timeout_seconds.*DRAIN_REQUESTS"):
+        load_config(environ={}, flags=elastic(elastic_ep_drain_timeout_seconds=30))
+    drains = load_config(
+        environ={},
+        flags=elastic(elastic_ep_drain_timeout_seconds=30, elastic_ep_engine_drains_requests=True),
+    )
+    assert drains.config.elastic_ep_drain_timeout_seconds == 30
+    with pytest.raises(
+        ConfigError, match=r"elastic_ep_drain_timeout_seconds.*elastic_ep_api=dynamo"
+    ):
+        load_config(
+            environ={},
+            flags=elastic(
+                elastic_ep_api="dynamo",
+                elastic_ep_drain_timeout_seconds=30,
+                elastic_ep_engine_drains_requests=True,
+            ),
+        )
+    with pytest.raises(ConfigError, match=r"elastic_ep_ray_dashboard_url.*ep_capacity"):
+        load_config(
+            environ={},
+            flags=elastic(elastic_ep_api="dynamo", elastic_ep_ray_dashboard_url="http://h:8265"),
+        )
+    # the default is accepted everywhere: it is what vLLM's router uses anyway
+    assert load_config(environ={}, flags=elastic()).config.elastic_ep_api == "auto"

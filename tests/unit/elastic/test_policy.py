@@ -196,10 +196,9 @@ def test_blocking_resize_needs_an_overload_longer_than_its_pause():
     d = decision.diagnostics
     assert d.benefit_requests is not None and d.cost_requests is not None
     assert 0 < d.benefit_requests < d.cost_requests
-    # cost = arrivals in the pause that cannot absorb it: rate x (downtime - TTFT slack)
+    # cost = every arrival in the pause: vLLM answers them 503
     up = short.timing.up
-    slack = (5000.0 - TTFT_OBSERVED_MS) / 1000.0
-    expected = rate(1800.0 + up.preparation_s) * (up.downtime_s - slack)
+    expected = rate(1800.0 + up.preparation_s) * up.downtime_s
     assert d.cost_requests == pytest.approx(expected, rel=1e-6)
 
     # ... while a sustained overload (10 minutes counted) does, and so does NIXL EP's
@@ -211,7 +210,37 @@ def test_blocking_resize_needs_an_overload_longer_than_its_pause():
         profile=PROFILE,
     )
     t, decision = run_until_decision(nixl, rate, current_dp=16, end_s=1800.0)
-    assert t < 1200.0 and decision.diagnostics.cost_requests == 0.0
+    # NIXL EP's 0.82 s pause still rejects the requests arriving in it
+    assert t < 1200.0
+    assert decision.diagnostics.cost_requests == pytest.approx(rate(t + 92.34 - 0.82) * 0.82)
+
+
+def test_a_pause_rejects_its_arrivals_unless_the_frontend_retries_them():
+    """Issue 20, problem 5: vLLM answers requests during the pause with 503, so a grow's
+    pause costs every arrival in it; only a retrying frontend turns them into delays, which
+    the TTFT slack absorbs."""
+
+    def rate(t: float) -> float:
+        return CAP16 + 0.01 * (t - 1200.0)
+
+    costs = {}
+    for retries in (False, True):
+        planner = ElasticPlanner(
+            config=config(elastic_ep_mode="nixl", elastic_ep_frontend_retries=retries),
+            profile=PROFILE,
+        )
+        t, decision = run_until_decision(planner, rate, current_dp=16, end_s=1800.0)
+        assert decision.target_dp is not None
+        costs[retries] = (t, decision)
+    t, rejected = costs[False]
+    up = ElasticPlanner(config=config(elastic_ep_mode="nixl"), profile=PROFILE).timing.up
+    assert rejected.diagnostics.cost_requests == pytest.approx(
+        rate(t + up.preparation_s) * up.downtime_s
+    )
+    assert "rejected with 503" in rejected.message
+    # retried: the 0.82 s pause fits in the TTFT slack (5 s target, 0.8 s observed)
+    assert costs[True][1].diagnostics.cost_requests == 0.0
+    assert "retried" in costs[True][1].message
 
 
 def test_no_resize_for_an_overload_that_is_over_before_the_capacity_would_arrive():
@@ -241,13 +270,28 @@ def steady(planner: ElasticPlanner, value: float, *, current_dp: int, until_s: f
     return decision
 
 
-def test_nixl_shrinks_when_a_lower_load_is_sustained():
-    planner = ElasticPlanner(config=config(elastic_ep_mode="nixl"), profile=PROFILE)
+def test_nixl_shrinks_when_a_lower_load_is_sustained_and_the_frontend_retries():
+    planner = ElasticPlanner(
+        config=config(elastic_ep_mode="nixl", elastic_ep_frontend_retries=True), profile=PROFILE
+    )
 
     decision = steady(planner, CAP16 * 0.5, current_dp=20, until_s=600.0)
 
     assert decision.reason is ElasticReason.SCALE_DOWN and decision.target_dp == 16
     assert decision.diagnostics.cost_requests == 0.0  # a 1.96 s pause within the TTFT slack
+
+
+def test_without_retries_a_nixl_shrink_under_load_waits_for_idle_traffic():
+    """Its 1.96 s pause answers the arrivals 503: ~2 s of requests would be rejected."""
+    planner = ElasticPlanner(config=config(elastic_ep_mode="nixl"), profile=PROFILE)
+
+    decision = steady(planner, CAP16 * 0.5, current_dp=20, until_s=600.0)
+
+    assert decision.reason is ElasticReason.HOLD_SCALE_DOWN_COSTS_SLO
+    assert decision.diagnostics.cost_requests == pytest.approx(CAP16 * 0.5 * 1.96)
+    assert "rejected with 503" in decision.message
+    idle = steady(planner, 0.0, current_dp=20, until_s=1500.0)
+    assert idle.target_dp == 16
 
 
 @pytest.mark.parametrize("mode", ["blocking", "async"])
@@ -389,3 +433,53 @@ def test_requests_above_matches_numeric_integration(level, slope, threshold):
         if r > threshold:
             numeric += r * dt
     assert trend.requests_above(t0, t1, threshold) == pytest.approx(numeric, rel=1e-3, abs=1e-2)
+
+
+# --- lead time that matches the engine ---------------------------------------------------------
+
+
+def test_lead_time_adds_follower_start_up_and_join_when_followers_bring_the_gpus():
+    """Issue 20, problem 3: a grow with followers waits for pods and a Ray join before the
+    resize even starts; the lead time must carry that too."""
+    bare = ElasticPlanner(config=config(elastic_ep_mode="nixl"), profile=PROFILE)
+    two_stage = ElasticPlanner(
+        config=config(
+            elastic_ep_mode="nixl",
+            elastic_ep_follower_service="decode-elastic",
+            environment="kubernetes",
+            elastic_ep_follower_ready_seconds=180.0,
+        ),
+        profile=PROFILE,
+    )
+    assert bare.follower_ready_s() == 0.0
+    assert two_stage.follower_ready_s() == 180.0
+
+    def rate(t: float) -> float:
+        return CAP16 * 0.9 + 0.005 * (t - 300.0)
+
+    t_bare, d_bare = run_until_decision(bare, rate, current_dp=16, end_s=3000.0)
+    t_two, d_two = run_until_decision(two_stage, rate, current_dp=16, end_s=3000.0)
+    assert d_bare.diagnostics.lead_s == pytest.approx(92.34 + INTERVAL)
+    assert d_two.diagnostics.lead_s == pytest.approx(180.0 + 92.34 + INTERVAL)
+    assert t_two < t_bare  # acts earlier by the follower time
+    assert "followers 180 s" in d_two.message
+
+
+def test_measured_resizes_replace_the_configured_times():
+    planner = ElasticPlanner(
+        config=config(
+            elastic_ep_mode="nixl",
+            elastic_ep_follower_service="decode-elastic",
+            environment="kubernetes",
+        ),
+        profile=PROFILE,
+    )
+    assert planner.follower_ready_s() == 180.0
+    assert planner.resize_total_s(grow=True) == pytest.approx(92.34)
+    for followers_s, resize_s in ((300.0, 40.0), (260.0, 50.0), (280.0, 45.0)):
+        planner.observe_resize(grow=True, followers_ready_s=followers_s, resize_s=resize_s)
+    planner.observe_resize(grow=False, followers_ready_s=None, resize_s=12.0)
+
+    assert planner.follower_ready_s() == 280.0  # the median of what it measured
+    assert planner.resize_total_s(grow=True) == 45.0
+    assert planner.resize_total_s(grow=False) == 12.0

@@ -14,6 +14,7 @@ import pytest
 from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.profiles import elastic_resize, load_profile
 from disagg_planner.profiles.registry import resolve_profile
+from disagg_planner.simulator.elastic_ep import ResizePlan
 from disagg_planner.simulator.request import RequestRecord
 
 
@@ -138,7 +139,19 @@ def test_fixed_policy_meters_16_gpus_to_the_last_arrival(profile):
         "max_rolling_p95_ttft_s",
         "seconds_above_slo",
         "gpu_hours",
+        "arrived_in_pause",
     }
+    assert result.arrived_in_pause == 0  # no resize, no pause
+
+
+def test_arrivals_during_a_pause_are_counted_as_vllm_would_reject_them():
+    requests = [TraceRequest(float(t), 1000, 100) for t in range(0, 100)]
+    pause = ResizePlan(
+        "w0", 16, 20, "nixl_ep", start_s=10.0, downtime_start_s=50.0, end_s=52.5
+    )  # arrivals at 50, 51 and 52 s
+
+    assert ramp.arrivals_in_pauses(requests, [pause]) == 3
+    assert ramp.arrivals_in_pauses(requests, []) == 0
 
 
 def test_light_load_leaves_the_elastic_engine_at_16(profile):

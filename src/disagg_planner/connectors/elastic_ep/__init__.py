@@ -2,8 +2,12 @@
 
 One module per piece:
 
-- :mod:`.admin_client`: :class:`VllmElasticEpAdmin`, a client of vLLM's admin API
-  (``/scale_elastic_ep``, ``/is_scaling_elastic_ep``) on the engine's API server;
+- :mod:`.admin_client`: the two resize routes, :class:`VllmElasticEpAdmin` (vLLM's API
+  server: ``/scale_elastic_ep``, ``/is_scaling_elastic_ep``) and :class:`DynamoElasticEpAdmin`
+  (Dynamo's vLLM worker: ``/engine/control/scale_elastic_ep``, ``/engine/control/ep_capacity``),
+  :func:`detect_api`, and the probes of joined GPUs (:class:`RayDashboardJoinProbe`);
+- :mod:`.coexistence`: :func:`dynamo_reconciler_claim`, whether Dynamo's own elastic-EP
+  reconciler drives a DGD's engine (then the planner must not);
 - :mod:`.followers`: :class:`ElasticEpKubernetes`, the DGD connector plus the follower pods
   that bring the new ranks' GPUs on Kubernetes;
 - :mod:`.progress`: :class:`ResizeRecord`, the progress of a resize kept on the deployment
@@ -16,7 +20,19 @@ One module per piece:
 
 from __future__ import annotations
 
-from disagg_planner.connectors.elastic_ep.admin_client import VllmElasticEpAdmin
+from disagg_planner.connectors.elastic_ep.admin_client import (
+    DynamoElasticEpAdmin,
+    ElasticEpAdmin,
+    JoinProbe,
+    RayDashboardJoinProbe,
+    VllmElasticEpAdmin,
+    detect_api,
+)
+from disagg_planner.connectors.elastic_ep.coexistence import (
+    CLAIM_REASON,
+    DYNAMO_FOLLOWER_SUFFIX,
+    dynamo_reconciler_claim,
+)
 from disagg_planner.connectors.elastic_ep.controller import (
     ElasticEpController,
     ElasticEpSettings,
@@ -27,6 +43,7 @@ from disagg_planner.connectors.elastic_ep.errors import (
     DrainTimeout,
     ElasticEpError,
     FollowersNotReady,
+    PartialReconfiguration,
     ResizeInFlight,
     ResizeOutcomeUnknown,
     ResizeRefused,
@@ -44,8 +61,12 @@ from disagg_planner.connectors.elastic_ep.progress import (
 )
 
 __all__ = [
+    "CLAIM_REASON",
+    "DYNAMO_FOLLOWER_SUFFIX",
     "RECORD_ANNOTATION",
     "DrainTimeout",
+    "DynamoElasticEpAdmin",
+    "ElasticEpAdmin",
     "ElasticEpController",
     "ElasticEpError",
     "ElasticEpKubernetes",
@@ -54,6 +75,9 @@ __all__ = [
     "FollowerObservation",
     "FollowerPool",
     "FollowersNotReady",
+    "JoinProbe",
+    "PartialReconfiguration",
+    "RayDashboardJoinProbe",
     "ResizeInFlight",
     "ResizeOutcome",
     "ResizeOutcomeUnknown",
@@ -62,4 +86,6 @@ __all__ = [
     "ResizeRefused",
     "ResizeResult",
     "VllmElasticEpAdmin",
+    "detect_api",
+    "dynamo_reconciler_claim",
 ]

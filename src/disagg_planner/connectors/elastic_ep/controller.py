@@ -1,16 +1,23 @@
 """Single-flight resizes of one engine:
 
-- grow: record ``AddingFollowers``; raise the followers; wait until they are ready
-  (``scaling_max_wait_seconds``, else lower them again); record ``Resizing``; call the
-  resize; clear the record;
+- grow: record ``AddingFollowers``; raise the followers; wait until they are ready *and*
+  their GPUs have joined the engine's Ray cluster (a :class:`JoinProbe`, when one is given),
+  all within ``scaling_max_wait_seconds`` of the start, else lower them again; record
+  ``Resizing``; call the resize; clear the record;
 - shrink: record ``Resizing``; call the resize; record ``RemovingFollowers``; lower the
   followers; clear the record;
-- a refused resize (400, 408, 500) rolls the followers back and raises a typed error;
+- a refused resize (vLLM 400/500, a drain 408, Dynamo "error") rolls the followers back and
+  raises a typed error; a resize that may have half reconfigured the engine
+  (:class:`PartialReconfiguration`: a 408 past the drain, "reconfiguration is already
+  active") keeps the followers and the record, and every later resize is refused until a
+  person restarts the engine and removes the record;
 - never two resizes at once: callers queue on a lock, and a resize the engine reports in
-  flight (someone else's) is waited for (``elastic_ep_resize_timeout_seconds``);
+  flight (someone else's) is waited for (``elastic_ep_resize_timeout_seconds``): through
+  ``/is_scaling_elastic_ep`` on bare vLLM, by retrying "busy" answers on Dynamo's route
+  (which has no such query);
 - a resize call that gets no answer in ``elastic_ep_resize_timeout_seconds`` (or loses its
-  connection) is followed through ``/is_scaling_elastic_ep`` and then re-issued once: a
-  completed resize makes it a no-op;
+  connection) is followed until the engine is idle and then re-issued once: a completed
+  resize makes it a no-op;
 - :meth:`ElasticEpController.recover` (called by every resize, and by a restarted
   controller) finishes or rolls back what the record says was in progress: followers not
   ready by the recorded deadline are lowered again; an interrupted resize call is waited
@@ -28,16 +35,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from disagg_planner.connectors.elastic_ep.admin_client import IS_SCALING_PATH, VllmElasticEpAdmin
+from disagg_planner.connectors.elastic_ep.admin_client import ElasticEpAdmin, JoinProbe
 from disagg_planner.connectors.elastic_ep.errors import (
     DrainTimeout,
     FollowersNotReady,
     NoAnswer,
+    PartialReconfiguration,
     ResizeInFlight,
     ResizeOutcomeUnknown,
     ResizeRefused,
 )
-from disagg_planner.connectors.elastic_ep.progress import FollowerPool, ResizePhase, ResizeRecord
+from disagg_planner.connectors.elastic_ep.progress import (
+    RECORD_ANNOTATION,
+    FollowerPool,
+    ResizePhase,
+    ResizeRecord,
+)
+from disagg_planner.errors import DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +59,8 @@ log = logging.getLogger(__name__)
 DEFAULT_POLL_S = 5.0
 # 503 answers (another resize started between our check and our call) waited out per call.
 MAX_BUSY_RETRIES = 3
+# The record's message of a resize that may have half reconfigured the engine.
+PARTIAL_MARK = "partial reconfiguration"
 
 
 class ResizeOutcome(StrEnum):
@@ -55,13 +71,19 @@ class ResizeOutcome(StrEnum):
 
 @dataclass(frozen=True)
 class ResizeResult:
-    """What a resize (or a recovery) did; ``dp`` is the engine's size afterwards."""
+    """What a resize (or a recovery) did; ``dp`` is the engine's size afterwards.
+
+    ``followers_ready_s`` is how long added followers took from the raise until their GPUs
+    had joined (a grow of this controller's, else None); ``resize_s`` how long the resize
+    call took (None when none was made): the measurements the policy's lead time learns."""
 
     outcome: ResizeOutcome
     from_dp: int
     to_dp: int
     dp: int
     message: str
+    followers_ready_s: float | None = None
+    resize_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,27 +95,32 @@ class ElasticEpSettings:
     min_dp: int  # elastic_ep_min_dp: the engine's size without followers
     max_dp: int  # elastic_ep_max_dp
     dp_step: int  # elastic_ep_dp_step: ranks per follower
-    drain_timeout_s: int  # elastic_ep_drain_timeout_seconds, sent to vLLM
     resize_timeout_s: float  # elastic_ep_resize_timeout_seconds: one resize call, or a wait
     scaling_max_wait_s: float  # scaling_max_wait_seconds: until added followers are ready
     scaling_check_interval_s: float  # scaling_check_interval_seconds: polling the followers
+    gpus_per_rank: int = 1  # elastic_ep_gpus_per_rank: GPUs that must join per rank
 
 
 class ElasticEpController:
     """Single-flight resizes of one engine (see the module doc).
 
-    ``followers`` (a :class:`FollowerPool`, e.g. :class:`ElasticEpKubernetes`) enables the
-    two-stage flow; without it only the engine is resized and ``initial_dp`` (default
-    ``settings.min_dp``) is its size at start. ``clock`` (monotonic) bounds waits,
-    ``wall_clock`` (epoch) stamps records, ``sleep`` waits; all injectable for tests.
+    ``admin`` is the engine's resize route (:class:`VllmElasticEpAdmin` or
+    :class:`DynamoElasticEpAdmin`). ``followers`` (a :class:`FollowerPool`, e.g.
+    :class:`ElasticEpKubernetes`) enables the two-stage flow; without it only the engine is
+    resized and ``initial_dp`` (default ``settings.min_dp``) is its size at start.
+    ``join_probe`` says how many GPUs the engine's Ray cluster has: with it a grow waits
+    until ``to_dp x gpus_per_rank`` have joined, not only until the pods are Ready.
+    ``clock`` (monotonic) bounds waits, ``wall_clock`` (epoch) stamps records, ``sleep``
+    waits; all injectable for tests.
     """
 
     def __init__(
         self,
         settings: ElasticEpSettings,
         *,
-        admin: VllmElasticEpAdmin,
+        admin: ElasticEpAdmin,
         followers: FollowerPool | None = None,
+        join_probe: JoinProbe | None = None,
         initial_dp: int | None = None,
         poll_interval_s: float = DEFAULT_POLL_S,
         clock: Callable[[], float] = time.monotonic,
@@ -103,6 +130,7 @@ class ElasticEpController:
         self.settings = settings
         self.admin = admin
         self.followers = followers
+        self.join_probe = join_probe
         self.min_dp = settings.min_dp
         self.max_dp = settings.max_dp
         self.step = settings.dp_step
@@ -112,6 +140,9 @@ class ElasticEpController:
         self._sleep = sleep
         self._lock = asyncio.Lock()
         self._dp = initial_dp if initial_dp is not None else self.min_dp
+        # Why the engine may be half reconfigured (no record store to keep it in), else None.
+        self._partial: str | None = None
+        self._followers_ready_s: float | None = None
 
     # --- state ----------------------------------------------------------------------------
 
@@ -127,19 +158,44 @@ class ElasticEpController:
         return self.min_dp + followers * self.step
 
     async def current_dp(self) -> int:
-        """The engine's DP size as far as can be told: from the followers and the record
-        (the size before a resize that is not confirmed), else the last resize's."""
+        """The engine's DP size as far as can be told: what the engine reports (Dynamo's
+        route), else from the followers and the record (the size before a resize that is not
+        confirmed), else the last resize's. With followers and no resize recorded, an engine
+        whose reported size is not ``min_dp + followers x step`` was resized by someone else:
+        DeploymentError, so the policy holds and says why."""
+        reported = await self.admin.engine_dp()
         if self.followers is None:
+            if reported is not None:
+                self._dp = reported
             return self._dp
         obs = await self.followers.observe_followers()
         record = obs.record
         if record is None:
-            return self.dp_for(obs.desired)
+            derived = self.dp_for(obs.desired)
+            if reported is not None and reported != derived:
+                raise DeploymentError(
+                    f"elastic EP: the engine at {self.admin.base_url} reports DP {reported}, "
+                    f"but {obs.desired} follower(s) make DP {derived} and no resize is "
+                    "recorded: someone else resized the engine or changed the followers; "
+                    "not resizing until they agree"
+                )
+            return derived
         return record.to_dp if record.phase is ResizePhase.REMOVING_FOLLOWERS else record.from_dp
+
+    async def partial_reconfiguration(self) -> str | None:
+        """Why the engine may be half reconfigured (a resize of ours left it so; it needs a
+        restart before it resizes again), else None."""
+        if self._partial is not None:
+            return self._partial
+        if self.followers is not None:
+            record = (await self.followers.observe_followers()).record
+            if record is not None and record.message.startswith(PARTIAL_MARK):
+                return record.message
+        return None
 
     async def is_resizing(self) -> bool:
         """A resize of ours is running, one is recorded unfinished, or the engine says so."""
-        if self.in_flight:
+        if self.in_flight or self._partial is not None:
             return True
         if self.followers is not None and (await self.followers.observe_followers()).record:
             return True
@@ -166,22 +222,38 @@ class ElasticEpController:
 
         Waits for a resize already in flight (ours or the engine's) first. Raises
         :class:`ResizeRefused`, :class:`DrainTimeout`, :class:`FollowersNotReady` (each after
-        rolling back), :class:`ResizeInFlight` or :class:`ResizeOutcomeUnknown` (the record
-        stays) or ConnectorError/DeploymentError from the backends.
+        rolling back), :class:`ResizeInFlight`, :class:`ResizeOutcomeUnknown` or
+        :class:`PartialReconfiguration` (the record stays) or ConnectorError/DeploymentError
+        from the backends.
         """
         self._check_target(new_dp)
         async with self._lock:
             await self._recover_locked()
+            if self._partial is not None:
+                raise PartialReconfiguration(f"elastic EP: not resizing: {self._partial}")
             await self._wait_engine_idle()
             current = await self.current_dp()
             if new_dp == current:
                 return ResizeResult(
                     ResizeOutcome.UNCHANGED, current, new_dp, current, f"already at DP {current}"
                 )
+            self._followers_ready_s = None
             if self.followers is None:
-                message = await self._scale(new_dp)
-                old, self._dp = self._dp, new_dp
-                return ResizeResult(ResizeOutcome.RESIZED, old, new_dp, new_dp, message)
+                started = self._clock()
+                try:
+                    message = await self._scale(new_dp)
+                except PartialReconfiguration as exc:
+                    self._partial = str(exc)
+                    raise
+                self._dp = new_dp
+                return ResizeResult(
+                    ResizeOutcome.RESIZED,
+                    current,
+                    new_dp,
+                    new_dp,
+                    message,
+                    resize_s=self._clock() - started,
+                )
             obs = await self.followers.observe_followers()
             now = self._wall()
             record = ResizeRecord(
@@ -222,24 +294,39 @@ class ElasticEpController:
         """Drive ``record`` from its phase to the end (or a rollback)."""
         pool = self.followers
         assert pool is not None
+        if record.message.startswith(PARTIAL_MARK):
+            raise PartialReconfiguration(
+                f"elastic EP: DP {record.from_dp} -> {record.to_dp} left the engine possibly "
+                f"half reconfigured ({record.message}); restart the engine and remove the "
+                f"DGD annotation {RECORD_ANNOTATION} before the planner resizes it again"
+            )
+        resize_s: float | None = None
         if record.phase is ResizePhase.ADDING_FOLLOWERS:
+            raised_at = self._clock()
             await pool.set_followers(record.to_followers)
-            if not await self._wait_followers_ready(record):
+            missing = await self._wait_followers_ready(record)
+            if missing is not None:
                 await self._roll_back(record)
                 raise FollowersNotReady(
-                    f"elastic EP: {record.to_followers} follower pod(s) of DP {record.to_dp} "
-                    f"were not ready by the deadline ({self.settings.scaling_max_wait_s:g} s"
-                    f" after the start); followers lowered to {record.from_followers}, engine "
-                    f"stays at DP {record.from_dp}"
+                    f"elastic EP: {missing} by the deadline "
+                    f"({self.settings.scaling_max_wait_s:g} s after the start); followers "
+                    f"lowered to {record.from_followers}, engine stays at DP {record.from_dp}"
                 )
+            self._followers_ready_s = self._clock() - raised_at
             record = replace(record, phase=ResizePhase.RESIZING)
             await pool.write_record(record)
         if record.phase is ResizePhase.RESIZING:
             try:
                 await self._wait_engine_idle()  # e.g. the call a restarted controller made
+                started = self._clock()
                 message = await self._scale(record.to_dp)
+                resize_s = self._clock() - started
             except (ResizeRefused, DrainTimeout):
                 await self._roll_back(record)
+                raise
+            except PartialReconfiguration as exc:
+                # The new ranks may live on the followers: leave them, keep the record.
+                await pool.write_record(replace(record, message=f"{PARTIAL_MARK}: {exc}"))
                 raise
             except ResizeOutcomeUnknown as exc:
                 await pool.write_record(replace(record, message=f"outcome unknown: {exc}"))
@@ -248,7 +335,13 @@ class ElasticEpController:
                 await pool.write_record(None)
                 self._dp = record.to_dp
                 return ResizeResult(
-                    ResizeOutcome.RESIZED, record.from_dp, record.to_dp, record.to_dp, message
+                    ResizeOutcome.RESIZED,
+                    record.from_dp,
+                    record.to_dp,
+                    record.to_dp,
+                    message,
+                    followers_ready_s=self._followers_ready_s,
+                    resize_s=resize_s,
                 )
             record = replace(record, phase=ResizePhase.REMOVING_FOLLOWERS, message=message)
             await pool.write_record(record)
@@ -261,6 +354,7 @@ class ElasticEpController:
             record.to_dp,
             record.to_dp,
             record.message or f"DP {record.to_dp}",
+            resize_s=resize_s,
         )
 
     async def _roll_back(self, record: ResizeRecord) -> None:
@@ -277,21 +371,41 @@ class ElasticEpController:
             record.from_dp,
         )
 
-    async def _wait_followers_ready(self, record: ResizeRecord) -> bool:
+    async def _wait_followers_ready(self, record: ResizeRecord) -> str | None:
+        """Wait until the followers are Ready and (with a join probe) their GPUs have joined;
+        None when they have, else what was missing at the record's deadline."""
         assert self.followers is not None
         remaining_wall = record.deadline_s - self._wall()
         deadline = self._clock() + max(0.0, remaining_wall)
+        need_gpus = record.to_dp * self.settings.gpus_per_rank
         while True:
             obs = await self.followers.observe_followers()
-            if obs.ready >= record.to_followers:
-                return True
+            if obs.ready < record.to_followers:
+                missing = (
+                    f"{record.to_followers} follower pod(s) of DP {record.to_dp} were not "
+                    f"ready ({obs.ready} ready)"
+                )
+            elif self.join_probe is None:
+                return None
+            else:
+                joined = await self.join_probe.joined_gpus()
+                if joined >= need_gpus:
+                    return None
+                missing = (
+                    f"the follower pods are ready but only {joined} of the {need_gpus} GPUs "
+                    f"DP {record.to_dp} needs had joined the engine's Ray cluster "
+                    f"({self.join_probe.where})"
+                )
             left = deadline - self._clock()
             if left <= 0:
-                return False
+                return missing
             await self._sleep(min(self.settings.scaling_check_interval_s, left))
 
     async def _wait_engine_idle(self) -> None:
-        """Wait until the engine reports no resize in flight."""
+        """Wait until the engine reports no resize in flight (a route that cannot tell, like
+        Dynamo's, shows a resize in flight only as a "busy" answer to the next call)."""
+        if not self.admin.reports_scaling:
+            return
         timeout = self.settings.resize_timeout_s
         deadline = self._clock() + timeout
         while await self.admin.is_scaling():
@@ -304,20 +418,38 @@ class ElasticEpController:
                 )
             await self._sleep(min(self.poll_interval_s, left))
 
+    async def _busy_wait(self, deadline: float, exc: ResizeInFlight) -> None:
+        """A "busy" answer on a route without ``is_scaling``: wait a poll, or give up at
+        ``deadline``."""
+        left = deadline - self._clock()
+        if left <= 0:
+            raise ResizeInFlight(
+                f"{exc}; still busy after {self.settings.resize_timeout_s:g} s "
+                "(elastic_ep_resize_timeout_seconds); not starting another resize"
+            ) from None
+        await self._sleep(min(self.poll_interval_s, left))
+
     async def _scale(self, new_dp: int) -> str:
-        """One resize call, made safe: a 503 (someone else resizing) is waited out; a call
+        """One resize call, made safe: a resize in flight (503, "busy") is waited out; a call
         without an answer is followed until the engine is idle, then re-issued once."""
-        settings = self.settings
+        timeout = self.settings.resize_timeout_s
         reissued = False
         busy = 0
+        deadline = self._clock() + timeout
         while True:
             try:
-                return await self.admin.scale(
-                    new_dp,
-                    drain_timeout_s=settings.drain_timeout_s,
-                    timeout_s=settings.resize_timeout_s,
-                )
-            except ResizeInFlight:
+                return await self.admin.scale(new_dp, timeout_s=timeout)
+            except ResizeInFlight as exc:
+                if not self.admin.reports_scaling:
+                    try:
+                        await self._busy_wait(deadline, exc)
+                    except ResizeInFlight as still:
+                        if reissued:  # our first call may still be running
+                            raise ResizeOutcomeUnknown(
+                                f"elastic EP: DP {new_dp}: {still}"
+                            ) from None
+                        raise
+                    continue
                 busy += 1
                 if busy > MAX_BUSY_RETRIES:
                     raise
@@ -327,10 +459,13 @@ class ElasticEpController:
                     raise ResizeOutcomeUnknown(
                         f"elastic EP: DP {new_dp}: {exc}; re-issued once without an answer"
                     ) from None
-                log.warning("elastic EP: %s; following it through %s", exc, IS_SCALING_PATH)
+                log.warning("elastic EP: %s; following it until the engine is idle", exc)
                 try:
                     await self._wait_engine_idle()
                 except ResizeInFlight as still:
-                    raise ResizeOutcomeUnknown(f"elastic EP: DP {new_dp}: {exc}; {still}") from None
-                # A completed resize makes this a no-op; a failed one is tried once more.
+                    raise ResizeOutcomeUnknown(f"elastic EP: DP {new_dp}: {still}") from None
+                # A completed resize makes this a no-op; a failed one is tried once more. On a
+                # route without is_scaling the re-issued call answers "busy" until the first
+                # one is over, and is waited out above.
                 reissued = True
+                deadline = self._clock() + timeout

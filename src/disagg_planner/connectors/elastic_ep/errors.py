@@ -10,7 +10,9 @@ class ElasticEpError(ConnectorError):
 
 
 class ResizeRefused(ElasticEpError):
-    """The engine answered 400 or 500: it did not resize and keeps its old size."""
+    """The engine refused or failed the resize before reconfiguring anything (vLLM: 400 or a
+    500 on a resize that never reached the engines; Dynamo: ``"status": "error"``): it keeps
+    its old size."""
 
     def __init__(self, message: str, *, status: int, detail: str) -> None:
         super().__init__(message)
@@ -19,8 +21,15 @@ class ResizeRefused(ElasticEpError):
 
 
 class DrainTimeout(ElasticEpError):
-    """The engine answered 408: in-flight requests did not drain within ``drain_timeout``;
-    the engine keeps its old size."""
+    """vLLM answered 408 while draining (only with ``VLLM_ELASTIC_EP_DRAIN_REQUESTS``, before
+    anything was reconfigured): the engine keeps its old size."""
+
+
+class PartialReconfiguration(ElasticEpError):
+    """The engine may be half reconfigured: vLLM answered 408 after the running engines were
+    told to reconfigure (the new engines never started), or refused a resize because an
+    earlier prepare/commit left a reconfiguration active. The followers are left in place and
+    the record stays; the engine needs a restart before it resizes again."""
 
 
 class ResizeInFlight(ElasticEpError):
@@ -32,12 +41,13 @@ class ResizeOutcomeUnknown(ElasticEpError):
 
 
 class FollowersNotReady(ElasticEpError):
-    """The follower pods a grow needs were not ready in time; they were lowered again."""
+    """The follower pods a grow needs were not ready, or their GPUs had not joined the
+    engine's Ray cluster, in time; they were lowered again."""
 
 
 class NoAnswer(Exception):
     """The resize call timed out or lost its connection: the outcome is unknown.
 
-    Internal to this package (the admin client raises it, the controller follows the resize
+    Internal to this package (the admin clients raise it, the controller follows the resize
     through); callers see :class:`ResizeOutcomeUnknown` instead.
     """

@@ -22,6 +22,7 @@ from typing import Any
 from kubernetes import client as k8s_client
 
 from disagg_planner.connectors.dgd_shape import dgd_services, ready_count
+from disagg_planner.connectors.elastic_ep.coexistence import dynamo_reconciler_claim
 from disagg_planner.connectors.elastic_ep.progress import (
     RECORD_ANNOTATION,
     FollowerObservation,
@@ -97,6 +98,15 @@ class ElasticEpKubernetes(KubernetesConnector):
         return FollowerObservation(
             desired=desired, ready=ready_count(dgd, self.follower_service), record=record
         )
+
+    async def reconciler_claim(self, role: str) -> str | None:
+        """Why Dynamo's elastic-EP reconciler drives ``role``'s engine on this DGD, or None
+        (:func:`disagg_planner.connectors.elastic_ep.coexistence.dynamo_reconciler_claim`);
+        the role's service is the one the last status read resolved."""
+        service = self.role_services.get(role)
+        if service is None:
+            return None  # not resolved yet: the first status read does, before any resize
+        return dynamo_reconciler_claim(await self._get_dgd(), leader_service=service)
 
     async def set_followers(self, replicas: int) -> None:
         if replicas < 0:
