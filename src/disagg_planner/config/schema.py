@@ -331,6 +331,14 @@ class PlannerConfig(BaseModel):
         "demand as that many tokens over this many seconds.",
         json_schema_extra=_extra("slo"),
     )
+    prefill_length_mix: bool = Field(
+        True,
+        description="Size prefill for the observed prompt lengths (the frontend's ISL "
+        "histogram: each length at its own profiled throughput), not for as many prompts of "
+        "the mean length; long prompts run at a lower throughput per GPU, so a mix with long "
+        "prompts needs more prefill than its mean says. false sizes at the mean ISL.",
+        json_schema_extra=_extra("slo"),
+    )
     prefill_queueing: Literal["pooled", "per_engine"] = Field(
         "pooled",
         description="Queueing model of the prefill headroom: 'pooled' (one GI/G/c queue over "

@@ -12,6 +12,8 @@ can serve, not for the window just past:
 - :func:`burst_factor`: the upper quantile of short-window arrival rates relative to their
   interval's mean, so that prefill is sized for the bursts inside an interval;
 - :func:`backlog_tokens`: the work already waiting, which the demand must also drain;
+- :func:`length_mix`: what the spread of prompt lengths adds to the prefill work of their
+  mean (long prompts run at a lower throughput per GPU);
 - :func:`scale_down_allowed`: up fast, down slowly: no scale-down within one time-to-ready
   of the last scale-up;
 - :func:`slo_at_risk`: the fast path's trigger, from the frontend alone.
@@ -22,7 +24,7 @@ No I/O, no clock: every input is an argument.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from disagg_planner.core.types import Histogram
@@ -101,6 +103,54 @@ def burst_factor(ratios: Sequence[float], quantile: float | None) -> RuleValue:
         f"burst factor {factor:.2f} (p{quantile * 100:g} of {len(finite)} short-window rates "
         "over their interval's mean)",
     )
+
+
+def length_mix(
+    histogram: Histogram | None,
+    thpt_per_gpu: Callable[[float], float],
+    *,
+    enabled: bool = True,
+) -> RuleValue:
+    """Prefill work of the observed prompt-length mix over the work of as many prompts of
+    its mean length: ``E[isl / thpt(isl)] / (mean / thpt(mean))``, each bucket at its
+    midpoint (:func:`histogram_points`). Throughput per GPU falls with the prompt (attention
+    grows with it), so a mix with long prompts costs more than its mean says: 1.43 on the
+    Mooncake conversation trace with the bundled H200 8B profile. Prompts above the last
+    bucket are left out (past every model's context: the engine refuses them). 1 when off,
+    with no histogram, or where the profile gives no throughput."""
+    if not enabled:
+        return RuleValue(1.0, "prompt-length mix off (sized at the mean ISL)")
+    points = histogram_points(histogram, overflow=False) if histogram is not None else []
+    total = sum(w for _p, w in points)
+    if total <= 0:
+        return RuleValue(1.0, "prompt-length mix 1 (no ISL histogram yet)")
+    mean = sum(p * w for p, w in points) / total
+    at_mean = thpt_per_gpu(mean) if mean > 0 else 0.0
+    rates = [(p, w, thpt_per_gpu(p)) for p, w in points if w > 0]
+    if at_mean <= 0 or any(t <= 0 or not math.isfinite(t) for _p, _w, t in rates):
+        return RuleValue(1.0, "prompt-length mix 1 (the profile has no throughput at some ISL)")
+    work = sum(w * p / t for p, w, t in rates) / total
+    factor = work / (mean / at_mean)
+    return RuleValue(
+        factor,
+        f"prompt-length mix {factor:.2f} (prefill work of the observed ISLs over that of "
+        f"their mean {mean:.0f})",
+    )
+
+
+def histogram_points(histogram: Histogram, *, overflow: bool = True) -> list[tuple[float, float]]:
+    """``(value, count)`` per bucket of a histogram, each bucket at its midpoint; the
+    overflow (above the last bound) at 1.5x that bound, or left out."""
+    if not histogram.bounds:
+        return []
+    lows = (0.0, *histogram.bounds[:-1])
+    points = [
+        ((lo + hi) / 2, float(w))
+        for lo, hi, w in zip(lows, histogram.bounds, histogram.counts, strict=True)
+    ]
+    if overflow:
+        points.append((histogram.bounds[-1] * 1.5, float(histogram.overflow)))
+    return points
 
 
 def slo_request_seconds(*, ttft_ms: float, itl_ms: float, osl: float) -> float:

@@ -30,7 +30,9 @@ from disagg_planner.core.rules import (
     arrival_envelope,
     backlog_tokens,
     burst_factor,
+    histogram_points,
     histogram_quantile,
+    length_mix,
     scale_down_allowed,
     slo_at_risk,
     slo_request_seconds,
@@ -201,8 +203,13 @@ def size_prefill(
     pooled: bool = False,
     burst: float = 1.0,
     backlog_tokens_per_s: float = 0.0,
+    length_mix: float = 1.0,
 ) -> RoleSizing:
     """``ceil(num_req x isl / interval x min(1, corr) / (thpt_per_gpu(isl) x rho) / gpus)``.
+
+    ``length_mix`` (:func:`disagg_planner.core.rules.length_mix`) scales the work, the
+    backlog's included, and the mean service time: the prompts' own lengths cost more than
+    their mean at the mean's throughput.
 
     ``burst`` multiplies the arrival demand (sized for a short-window peak, not the mean)
     and ``backlog_tokens_per_s`` is added to it (the work already waiting). With ``pooled``
@@ -224,6 +231,8 @@ def size_prefill(
     """
     demand = forecast.num_req * forecast.isl / interval_s * min(1.0, correction) * max(1.0, burst)
     demand += max(0.0, backlog_tokens_per_s)
+    mix = length_mix if math.isfinite(length_mix) and length_mix > 0 else 1.0
+    demand *= mix
     thpt = prefill.thpt_per_gpu(forecast.isl) if forecast.isl > 0 else 0.0
     if demand <= 0:
         return RoleSizing("prefill", 0, 0.0, thpt, gpus_per_replica, note="no prefill demand")
@@ -240,7 +249,7 @@ def size_prefill(
     rho, note = 1.0, ""
     if ttft_target_ms is not None and attainment is not None:
         own_ms = prefill.ttft_ms(forecast.isl)
-        service_s = forecast.isl / (thpt * gpus_per_replica)
+        service_s = mix * forecast.isl / (thpt * gpus_per_replica)
         slack_s = (ttft_target_ms - own_ms) / 1000.0
         if slack_s > 0 and pooled:
             offered = demand / (thpt * gpus_per_replica)  # engines' worth of work
@@ -300,11 +309,7 @@ def histogram_scv(histogram: Histogram) -> float | None:
     total = histogram.total
     if total <= 0 or not histogram.bounds:
         return None
-    lows = (0.0, *histogram.bounds[:-1])
-    points = [(lo + hi) / 2 for lo, hi in zip(lows, histogram.bounds, strict=True)]
-    weights = list(histogram.counts)
-    points.append(histogram.bounds[-1] * 1.5)
-    weights.append(histogram.overflow)
+    points, weights = zip(*histogram_points(histogram), strict=True)
     mean = sum(p * w for p, w in zip(points, weights, strict=True)) / total
     if mean <= 0:
         return None
@@ -412,6 +417,8 @@ class ThroughputPlanner:
         # Variability of prompt lengths (squared coefficient of variation) from the observed
         # ISL histogram; until one is seen, the exponential case (1.0) is assumed.
         self.isl_scv = 1.0
+        # the last window's ISL histogram, for the prompt-length mix rule
+        self.isl_histogram: Histogram | None = None
         self.predictors: dict[str, LoadPredictor] = dict(predictor_factory(SERIES))
         self.corrections = CorrectionFactors()
         self._last_action_s: float | None = None
@@ -497,13 +504,15 @@ class ThroughputPlanner:
         sized_for, rules = self._size_for_arrival(fresh, forecast)
         burst = burst_factor(self.burst_ratios, self.config.burst_quantile)
         backlog = self._backlog(fresh, sized_for.isl, queued_prefill_tokens)
-        rules += [burst.reason, backlog.reason]
+        mix = self._length_mix()
+        rules += [burst.reason, backlog.reason, mix.reason]
         gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
         sizing = self._size(
             sized_for,
             gpus,
             burst=burst.value,
             backlog_tokens_per_s=backlog.value / self.config.backlog_drain_seconds,
+            length_mix=mix.value,
         )
         diagnostics = ThroughputDiagnostics(
             observed=fresh,
@@ -581,8 +590,13 @@ class ThroughputPlanner:
         gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
         burst = burst_factor(self.burst_ratios, self.config.burst_quantile)
         drain_s = self.config.backlog_drain_seconds
+        mix = self._length_mix()
         sizing = self._size(
-            observed, gpus, burst=burst.value, backlog_tokens_per_s=backlog.value / drain_s
+            observed,
+            gpus,
+            burst=burst.value,
+            backlog_tokens_per_s=backlog.value / drain_s,
+            length_mix=mix.value,
         )
         if any(not s.feasible for s in sizing.values()):
             return self._hold_if_infeasible(now_s, sizing, diagnostics) or self._hold(
@@ -608,7 +622,7 @@ class ThroughputPlanner:
             diagnostics,
             sizing=sizing,
             stages={"proposed": proposed, "budget": dict(target)},
-            rules=(risk.reason, burst.reason, backlog.reason),
+            rules=(risk.reason, burst.reason, backlog.reason, mix.reason),
         )
         explain = "fast check: " + "; ".join((risk.reason, backlog.reason))
         explain += f" (drained over {drain_s:.0f} s); " + self._explain(observed, sizing, target)
@@ -678,6 +692,7 @@ class ThroughputPlanner:
             scv = histogram_scv(traffic.isl_histogram)
             if scv is not None:
                 self.isl_scv = scv
+                self.isl_histogram = traffic.isl_histogram
         return forecast
 
     def _size_for_arrival(
@@ -888,6 +903,15 @@ class ThroughputPlanner:
             decode=d_corr if d_corr is not None else self.corrections.decode,
         )
 
+    def _length_mix(self) -> RuleValue:
+        if "prefill" not in self.config.roles and self.config.mode != "agg":
+            return RuleValue(1.0, "prompt-length mix: no prefill role")
+        return length_mix(
+            self.isl_histogram,
+            self.profile.prefill.thpt_per_gpu,
+            enabled=self.config.prefill_length_mix,
+        )
+
     def _size(
         self,
         forecast: LoadForecast,
@@ -895,6 +919,7 @@ class ThroughputPlanner:
         *,
         burst: float = 1.0,
         backlog_tokens_per_s: float = 0.0,
+        length_mix: float = 1.0,
     ) -> dict[str, RoleSizing]:
         cfg = self.config
         interval = cfg.throughput_adjustment_interval_seconds
@@ -914,6 +939,7 @@ class ThroughputPlanner:
             pooled=cfg.prefill_queueing == "pooled",
             burst=burst,
             backlog_tokens_per_s=backlog_tokens_per_s,
+            length_mix=length_mix,
         )
         decode = size_decode(
             forecast,

@@ -12,6 +12,7 @@ from disagg_planner.core.rules import (
     backlog_tokens,
     burst_factor,
     histogram_quantile,
+    length_mix,
     scale_down_allowed,
     slo_at_risk,
     time_to_ready,
@@ -28,6 +29,14 @@ class Row:
     value: float
     reason: str  # a part of the reason
 
+
+def falling_thpt(isl: float) -> float:
+    """40k tokens/s/GPU up to 4096 tokens, then falling as 1/ISL (attention-bound)."""
+    return 40_000.0 if isl <= 4096 else 40_000.0 * 4096 / isl
+
+
+# 90 prompts around 2.5k, 10 around 35k (bucket midpoints), 5 past the last bound
+MIXED = Histogram(bounds=(1024.0, 4096.0, 65536.0), counts=(0.0, 90.0, 10.0), overflow=5.0)
 
 ROWS = [
     Row(
@@ -179,6 +188,46 @@ ROWS = [
         },
         0.0,
         "not at risk",
+    ),
+    Row(
+        "length mix: long prompts cost more than their mean says",
+        length_mix,
+        # mean 5785.6; (0.9 x 2560 / 40k + 0.1 x 34816 / thpt(34816)) / (5785.6 / thpt(5785.6));
+        # the 5 prompts past 65536 are left out (the engine refuses them)
+        {"histogram": MIXED, "thpt_per_gpu": falling_thpt},
+        3.9032030699349987,
+        "prompt-length mix 3.90 (prefill work of the observed ISLs over that of their mean 5786)",
+    ),
+    Row(
+        "length mix: one length is its mean",
+        length_mix,
+        {
+            "histogram": Histogram(bounds=(1024.0, 4096.0), counts=(0.0, 40.0)),
+            "thpt_per_gpu": falling_thpt,
+        },
+        1.0,
+        "prompt-length mix 1.00",
+    ),
+    Row(
+        "length mix: off",
+        length_mix,
+        {"histogram": MIXED, "thpt_per_gpu": falling_thpt, "enabled": False},
+        1.0,
+        "prompt-length mix off (sized at the mean ISL)",
+    ),
+    Row(
+        "length mix: no histogram yet",
+        length_mix,
+        {"histogram": None, "thpt_per_gpu": falling_thpt},
+        1.0,
+        "no ISL histogram yet",
+    ),
+    Row(
+        "length mix: the profile has no throughput at some length",
+        length_mix,
+        {"histogram": MIXED, "thpt_per_gpu": lambda isl: 0.0 if isl > 30_000 else 1e4},
+        1.0,
+        "the profile has no throughput at some ISL",
     ),
 ]
 
