@@ -77,9 +77,11 @@ FIRST_REQUEST_ANCHOR_S = 45.0
 # lower half mirrors the upper one on a log scale (not published); draws stop at p1 and p99.
 SPREAD_QUANTILES: tuple[tuple[float, float], ...] = (
     (0.0, 22.7 / 51.9),
+    (0.01, 22.7 / 51.9),
     (0.10, 22.7 / 42.0),
     (0.50, 1.0),
     (0.90, 42.0 / 22.7),
+    (0.99, 51.9 / 22.7),
     (1.0, 51.9 / 22.7),
 )
 # The quantile of a replica's total start-up that the clairvoyant references order replicas
