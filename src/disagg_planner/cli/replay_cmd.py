@@ -84,8 +84,9 @@ def register(sub: Any) -> None:
         "--startup-delay",
         type=_seconds_or_none,
         help="Seconds from scale-up to ready, the same for every replica, GPUs charged "
-        "throughout (default: each replica's start-up drawn phase by phase for its model, "
-        "scheduling, image pull, weight load, engine init, first request; see CALIBRATION.md).",
+        "throughout (default, or 'none': each replica's start-up drawn phase by phase for "
+        "its model, scheduling, image pull, weight load, engine init, first request; see "
+        "CALIBRATION.md).",
     )
     sim.add_argument(
         "--drain-grace",
