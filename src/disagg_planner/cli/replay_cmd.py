@@ -29,10 +29,8 @@ from disagg_planner.replay.parallel import available_cores, resolve_jobs, run_po
 from disagg_planner.replay.report import outputs_message
 from disagg_planner.replay.session import WorkloadSpec, prepare
 from disagg_planner.replay.summary import summary_table
+from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S
 from disagg_planner.simulator.workloads import KINDS
-
-# With no arguments: the workload, settings and policies of replay/default_workload.py.
-DEFAULT_STARTUP_DELAY_S = 120.0
 
 
 def register(sub: Any) -> None:
@@ -84,9 +82,24 @@ def register(sub: Any) -> None:
     )
     sim.add_argument(
         "--startup-delay",
-        type=float,
-        default=DEFAULT_STARTUP_DELAY_S,
-        help=f"Seconds from scale-up to ready (default {DEFAULT_STARTUP_DELAY_S:g}).",
+        type=_seconds_or_none,
+        help="Seconds from scale-up to ready, the same for every replica, GPUs charged "
+        "throughout (default, or 'none': each replica's start-up drawn phase by phase for "
+        "its model, scheduling, image pull, weight load, engine init, first request; see "
+        "CALIBRATION.md).",
+    )
+    sim.add_argument(
+        "--drain-grace",
+        type=_seconds_or_none,
+        default=DEFAULT_DRAIN_GRACE_S,
+        help="Seconds a removed replica may drain before the requests left on it are "
+        f"cancelled (default {DEFAULT_DRAIN_GRACE_S:g}, as Dynamo; 'none': no limit).",
+    )
+    sim.add_argument(
+        "--migrate-on-drain",
+        action="store_true",
+        help="After the grace period, move the removed replica's requests to another replica "
+        "(Dynamo's request migration) instead of cancelling them.",
     )
     sim.add_argument("--seed", type=int, default=0, help="Seed of every random choice.")
     sim.add_argument(
@@ -171,6 +184,8 @@ def _replay(args: argparse.Namespace) -> int:
         startup_delay_s=args.startup_delay,
         initial=_parse_initial(args.initial) or None,
         router=args.router,
+        drain_grace_s=args.drain_grace,
+        migrate_on_drain=args.migrate_on_drain,
     )
     out_dir = Path(args.output_dir)
     policies = args.policy or (list(DEFAULT_POLICIES) if no_workload else ["planner"])
@@ -184,6 +199,19 @@ def _replay(args: argparse.Namespace) -> int:
         print(summary_table(summaries))
         print(outputs_message(out_dir, policies))
     return 0
+
+
+def _seconds_or_none(text: str) -> float | None:
+    """argparse type: seconds >= 0, or ``none`` (no value)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds >= 0 or 'none'")
+    return value
 
 
 def _parse_initial(items: list[str]) -> dict[str, int]:

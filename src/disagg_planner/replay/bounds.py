@@ -55,6 +55,7 @@ from disagg_planner.replay.oracle import (
 from disagg_planner.replay.runner import ClusterSetup, run_policy
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.request import RequestLike
+from disagg_planner.simulator.startup import planning_lead_s
 
 if TYPE_CHECKING:
     from disagg_planner.replay.session import ReplayPlan
@@ -202,7 +203,8 @@ def compute_references(
         wall["best_static_search"] = static.wall_s
         _store(cache_dir, key, feasible, static)
     needs = feasible.needs(plan.needs)
-    oracle = OraclePolicy(needs, window_s=window_s, startup_delay_s=setup.startup_delay_s)
+    lead = planning_lead_s(setup.startup_delay_s, setup.specs)
+    oracle = OraclePolicy(needs, window_s=window_s, startup_delay_s=lead)
     t1 = time.perf_counter()
     oracle_run = _run(plan, oracle, oracle.initial_replicas)
     wall["oracle_run"] = time.perf_counter() - t1
@@ -256,7 +258,8 @@ def compute_references(
 
 
 def _memo_key(fingerprint: str, setup: ClusterSetup) -> str:
-    return f"{fingerprint}:{float(setup.startup_delay_s)}"
+    delay = "phases" if setup.startup_delay_s is None else float(setup.startup_delay_s)
+    return f"{fingerprint}:{delay}"
 
 
 def references_key(plan: ReplayPlan, *, window_s: float, target: float = DEFAULT_SLO_TARGET) -> str:
@@ -337,6 +340,8 @@ def _fingerprint(
         "slo": dataclasses.asdict(slo),
         "window_s": float(window_s),  # 60 and 60.0 are one window
         "floors": dict(floors),
+        "drain_grace_s": setup.drain_grace_s,
+        "migrate_on_drain": setup.migrate_on_drain,
     }
     digest.update(json.dumps(facts, sort_keys=True).encode())
     n = len(requests)

@@ -37,9 +37,10 @@ from disagg_planner.replay.summary import (
 )
 from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
 from disagg_planner.runtime.observation import engine_queues
-from disagg_planner.simulator.cluster import Cluster, Replica
+from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S, Cluster, Replica
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.request import RequestLike
+from disagg_planner.simulator.startup import STARTUP_PHASES
 
 # How long after the last arrival a replay waits for its backlog to clear; a policy that has
 # not served every request by then has its unfinished requests counted as failed.
@@ -53,13 +54,15 @@ class ClusterSetup:
     mode: str  # "disagg" | "agg"
     specs: dict[str, EngineSpec]
     initial_replicas: dict[str, int]
-    startup_delay_s: float
+    startup_delay_s: float | None  # None: the phase model of simulator/startup.py
     seed: int
     # Dynamo's prefill workers pull from a shared queue and its KV router balances decode
     # load, so a request goes to the least-loaded engine rather than the next in turn.
     router: str = "least_loaded"
     model_label: str = "model"
     namespace: str = "dynamo"
+    drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S  # None: drains are not bounded
+    migrate_on_drain: bool = False
 
     def build(self, requests: Sequence[RequestLike]) -> Cluster:
         cluster = Cluster(
@@ -71,6 +74,8 @@ class ClusterSetup:
             seed=self.seed,
             model_label=self.model_label,
             namespace=self.namespace,
+            drain_grace_s=self.drain_grace_s,
+            migrate_on_drain=self.migrate_on_drain,
         )
         cluster.submit(requests)
         return cluster
@@ -174,6 +179,11 @@ def run_policy(
     summary["metered_span_s"] = end_s
     summary["last_arrival_s"] = last_arrival
     summary["scale_actions"] = {r: scale_log.actions().get(r, 0) for r in roles}
+    summary["drain"] = {
+        "grace_s": setup.drain_grace_s,
+        "cancelled": cluster.cancelled_at_drain,
+        "migrated": cluster.migrated_at_drain,
+    }
     summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
     summary["flap_window_s"] = flap_window_s
     summary["max_replicas"] = max_replicas
@@ -199,7 +209,8 @@ def replica_timeline(
     """The policy's decisions merged with every change of any replica's state, each row
     giving the deployment just after everything that happened at its instant.
 
-    The counts come from the replicas' own history (start, ready, drain, stop and GPU changes)
+    The counts come from the replicas' own history (start, start-up phases, ready, drain,
+    stop and GPU changes)
     rather than from what the runner saw at its ticks, so the rows integrate to exactly the
     GPU-seconds the cluster meters: a row at t = 0, one at each tick and at each change
     between ticks, and one at ``end_s`` closing the span.
@@ -214,6 +225,8 @@ def replica_timeline(
         if x.stop_s is not None:
             changes.add(x.stop_s)
         changes.update(t for t, _ in x.gpu_segments)
+        if x.startup_plan is not None:
+            changes.update(t for _, t in x.startup_plan.phase_starts(x.start_s))
     tick_times = {row.t_s for row in ticks}
     # at one instant a tick's row comes first: it already shows the state after that instant
     pending: list[tuple[float, TimelineRow | None]] = [(row.t_s, row) for row in ticks]
@@ -228,17 +241,21 @@ def replica_timeline(
         starting = dict.fromkeys(roles, 0)
         ready = dict.fromkeys(roles, 0)
         draining = dict.fromkeys(roles, 0)
+        phases = {p: dict.fromkeys(roles, 0) for p in STARTUP_PHASES}
         gpus = 0
         for x in replicas:
             if x.start_s > t or (x.stop_s is not None and x.stop_s <= t):
                 continue
             if x.ready_s > t:
                 starting[x.role] += 1
+                phase = x.startup_phase(t)
+                if phase in phases:  # a constant start-up has no phases to show
+                    phases[phase][x.role] += 1
             elif x.drain_s is not None and x.drain_s <= t:
                 draining[x.role] += 1
             else:
                 ready[x.role] += 1
-            gpus += next((g for s, g in reversed(x.gpu_segments) if s <= t), x.gpus)
+            gpus += x.gpus_at(t)
         if tick is not None:
             event = "tick"
         else:
@@ -255,6 +272,7 @@ def replica_timeline(
                 replicas={r: starting[r] + ready[r] + draining[r] for r in roles},
                 starting=starting,
                 draining=draining,
+                startup_phases=phases,
                 event=event,
             )
         )

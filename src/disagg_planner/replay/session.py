@@ -28,6 +28,8 @@ from disagg_planner.replay.runner import (
 from disagg_planner.replay.summary import FLAP_WINDOW_S
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.simulator import engine_spec as engine_specs
+from disagg_planner.simulator import startup
+from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.workloads import parse_workload, scale_load, speedup
 from disagg_planner.wiring import profile_for
@@ -103,10 +105,16 @@ def prepare(
     workload: WorkloadSpec,
     *,
     engine: str | None = None,
-    startup_delay_s: float = 120.0,
+    startup_delay_s: float | None = None,
     initial: dict[str, int] | None = None,
     router: str = "least_loaded",
+    drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S,
+    migrate_on_drain: bool = False,
 ) -> ReplayPlan:
+    """The shared part of one replay. ``startup_delay_s``: a constant start-up of every new
+    replica, or ``None`` for the phase model of :mod:`disagg_planner.simulator.startup`.
+    ``drain_grace_s`` bounds a removed replica's drain (``None``: unbounded); after it the
+    requests left on it are cancelled, or with ``migrate_on_drain`` moved to another."""
     if config.elastic_ep is not None:
         # Better a clear refusal than a setting the replay would silently ignore.
         raise SpecError(
@@ -140,7 +148,8 @@ def prepare(
     )
     # Every policy starts warm, sized for what the trace needs until a first decision could
     # land (one interval plus one startup): the trace begins mid-day, not at a cold start.
-    lead = startup_delay_s + config.throughput_adjustment_interval_seconds
+    lead = startup.planning_lead_s(startup_delay_s, specs)
+    lead += config.throughput_adjustment_interval_seconds
     start = initial or initial_replicas(needs, window_s=ORACLE_WINDOW_S, lead_s=lead)
     setup = ClusterSetup(
         mode=config.mode,
@@ -151,6 +160,8 @@ def prepare(
         router=router,
         model_label=config.model_name or spec.model.name,
         namespace=config.namespace,
+        drain_grace_s=drain_grace_s,
+        migrate_on_drain=migrate_on_drain,
     )
     return ReplayPlan(config, profile, setup, requests, needs)
 
@@ -194,7 +205,8 @@ def make_policy(name: str, plan: ReplayPlan) -> tuple[Policy, PlannerConfig | No
     if name == "oracle":
         refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
         policy = refs.oracle_policy(
-            window_s=ORACLE_WINDOW_S, startup_delay_s=plan.setup.startup_delay_s
+            window_s=ORACLE_WINDOW_S,
+            startup_delay_s=startup.planning_lead_s(plan.setup.startup_delay_s, plan.setup.specs),
         )
         return policy, None
     if name == "best-static":
@@ -252,6 +264,7 @@ def run(
         refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
         result.summary |= reference_summary(result.summary["gpu_hours"], refs)
     result.summary["startup_delay_s"] = setup.startup_delay_s
+    result.summary["startup"] = startup.describe(setup.startup_delay_s, setup.specs)
     result.summary["initial_replicas"] = setup.initial_replicas
     result.summary["engine"] = str(next(iter(plan.setup.specs.values())))
     result.summary["slo"] = slo_of(plan.config)

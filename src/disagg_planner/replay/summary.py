@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from disagg_planner.simulator.request import RequestRecord
+from disagg_planner.simulator.startup import STARTUP_PHASES
 
 REQUEST_COLUMNS = (
     "arrival_s",
@@ -49,6 +50,9 @@ class TimelineRow:
     replicas: dict[str, int] = field(default_factory=dict)
     starting: dict[str, int] = field(default_factory=dict)
     draining: dict[str, int] = field(default_factory=dict)
+    # of the starting ones, how many are in each start-up phase (simulator/startup.py), per
+    # role; all zero under a constant --startup-delay, which has no phases
+    startup_phases: dict[str, dict[str, int]] = field(default_factory=dict)
     # "start" (t = 0), "tick" (the policy decided), "state" (a replica started, became ready,
     # began draining or stopped between ticks) or "end" (the last request finished)
     event: str = "tick"
@@ -147,6 +151,7 @@ def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[
             + [f"starting_{r}" for r in roles]
             + [f"draining_{r}" for r in roles]
             + [f"replicas_{r}" for r in roles]
+            + [f"{p}_{r}" for p in STARTUP_PHASES for r in roles]
             + ["gpus_in_use", "event", "decision", "reason", "message"]
         )
         for row in rows:
@@ -158,6 +163,7 @@ def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[
                 + [row.starting.get(r, 0) for r in roles]
                 + [row.draining.get(r, 0) for r in roles]
                 + [row.replicas.get(r, 0) for r in roles]
+                + [row.startup_phases.get(p, {}).get(r, 0) for p in STARTUP_PHASES for r in roles]
                 + [row.gpus_in_use, row.event, row.decision, row.reason, row.message]
             )
 

@@ -6,10 +6,15 @@ picks a decode rank -> the decode engine loads the KV, recomputes the last promp
 streams every output token (so TTFT includes the transfer and the first decode pass, as in
 vLLM's disaggregated flow). Aggregated mode runs prefill and decode in one engine.
 
-Replicas: ``set_replicas(role, n)`` starts new replicas, which serve after the startup delay,
-or removes replicas: starting ones are cancelled first, then the least-loaded ready ones
-drain (no new requests; in-flight ones finish). The GPU meter counts a replica from the start
-of its startup to the end of its drain (or cancellation). ``resize_dp`` changes one engine's
+Replicas: ``set_replicas(role, n)`` starts new replicas, which serve after their start-up
+(a constant delay, or the phases of :mod:`disagg_planner.simulator.startup`), or removes
+replicas: starting ones are cancelled first, then the least-loaded ready ones drain (no new
+requests; in-flight ones go on). A drain lasts at most the grace period (60 s by default, as
+Dynamo's graceful shutdown); then the replica stops and the requests still on it are
+cancelled (failed), or, with migration, re-queued on another replica of the role, which
+recomputes their prompt and the tokens generated so far and goes on generating. The GPU
+meter counts a replica from the start-up phase that holds GPUs to the end of its drain (or
+cancellation). ``resize_dp`` changes one engine's
 data-parallel size with the elastic-EP timing of :mod:`disagg_planner.simulator.elastic_ep`.
 
 Virtual time only advances in :meth:`Cluster.run_until`; everything read after it (frontend
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from disagg_planner.signals.fpm import ForwardPassMetrics
-from disagg_planner.simulator import catalogue, elastic_ep
+from disagg_planner.simulator import catalogue, elastic_ep, startup
 from disagg_planner.simulator.engine_model import EngineCapabilities, EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec, coerce
 from disagg_planner.simulator.errors import SimulatorInputError, WorkloadError
@@ -41,7 +46,11 @@ RouterPolicy = Literal["round_robin", "least_loaded"]
 ROLES_BY_MODE: dict[str, tuple[Role, ...]] = {"disagg": ("prefill", "decode"), "agg": ("agg",)}
 DEFAULT_KV_TRANSFER_BPS = 64e9  # Dynamo mocker default ("inter-node InfiniBand")
 
-_EV_ENGINE, _EV_DISPATCH, _EV_KV_DONE, _EV_READY, _EV_RESIZE, _EV_TIMEOUT = range(6)
+# Dynamo's graceful shutdown: a removed worker's pod gets 60 s before its requests are ended
+DEFAULT_DRAIN_GRACE_S = 60.0
+DRAIN_CANCELLED = "cancelled: its replica was removed and the drain grace period ended"
+
+_EV_ENGINE, _EV_DISPATCH, _EV_KV_DONE, _EV_READY, _EV_RESIZE, _EV_TIMEOUT, _EV_GRACE = range(7)
 
 
 class ReplicaState(enum.StrEnum):
@@ -70,6 +79,30 @@ class Replica:
     gpu_segments: list[tuple[float, int]] = field(default_factory=list)
     resizing: elastic_ep.ResizePlan | None = None
     paused: bool = False
+    # the start-up it went through (None: ready at time 0)
+    startup_plan: startup.StartupPlan | None = None
+
+    def startup_phase(self, t: float) -> str | None:
+        """The start-up phase at time ``t`` (None when not starting then)."""
+        if self.startup_plan is None or not self.start_s <= t < self.ready_s:
+            return None
+        if self.stop_s is not None and t >= self.stop_s:
+            return None
+        phase = None
+        for name, begin in self.startup_plan.phase_starts(self.start_s):
+            if begin > t:
+                break
+            phase = name
+        return phase
+
+    def gpus_at(self, t: float) -> int:
+        """GPUs held at time ``t`` (none before the start-up phase that takes them)."""
+        held = 0
+        for s, gpus in self.gpu_segments:
+            if s > t:
+                break
+            held = gpus
+        return held
 
     def gpu_seconds(self, now: float) -> float:
         end = self.stop_s if self.stop_s is not None else now
@@ -93,7 +126,11 @@ class Cluster:
     ``engines`` maps each role of the mode (``prefill`` and ``decode``, or ``agg``) to an
     engine spec (object or ``sim:...`` string); ``replicas`` gives the replicas ready at
     time 0 (default one per role). ``startup_delay_s`` (one value or one per role) is the
-    scheduling plus weight-loading time of a replica added later. ``on_fpm`` receives every
+    constant start-up of a replica added later; ``None`` draws each replica's start-up from
+    the phase model of :mod:`disagg_planner.simulator.startup` (seeded by ``seed``).
+    ``drain_grace_s`` bounds a removed replica's drain (``None``: no bound, every in-flight
+    request finishes); after it, its requests fail, or with ``migrate_on_drain`` move to
+    another replica. ``on_fpm`` receives every
     iteration's ForwardPassMetrics (slower; without it only the latest per rank is kept);
     ``on_record`` receives each request's record as it finishes (it may call ``submit``, e.g.
     for a closed-loop client). ``bulk_decode=False`` steps every decode iteration on its own
@@ -106,7 +143,9 @@ class Cluster:
         engines: Mapping[str, EngineSpec | str],
         mode: Mode = "disagg",
         replicas: Mapping[str, int] | None = None,
-        startup_delay_s: float | Mapping[str, float] = 120.0,
+        startup_delay_s: float | Mapping[str, float | None] | None = 120.0,
+        drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S,
+        migrate_on_drain: bool = False,
         router: RouterPolicy = "round_robin",
         seed: int = 0,
         kv_transfer_bandwidth_bps: float = DEFAULT_KV_TRANSFER_BPS,
@@ -139,14 +178,26 @@ class Cluster:
         self.roles: tuple[Role, ...] = roles
         self._specs: dict[Role, EngineSpec] = {r: coerce(engines[r]) for r in roles}
         self._models: dict[Role, EngineModel] = {r: EngineModel(s) for r, s in self._specs.items()}
+        delays: dict[str, float | None]
         if isinstance(startup_delay_s, Mapping):
-            delays = {r: float(startup_delay_s.get(r, 120.0)) for r in roles}
+            delays = {r: startup_delay_s.get(r, 120.0) for r in roles}
         else:
-            delays = dict.fromkeys(roles, float(startup_delay_s))
+            delays = dict.fromkeys(roles, startup_delay_s)
         for r, d in delays.items():
-            if d < 0 or not math.isfinite(d):
+            if d is not None and (d < 0 or not math.isfinite(d)):
                 raise SimulatorInputError(f"startup_delay_s[{r}]={d}: must be finite and >= 0")
-        self._startup: dict[Role, float] = delays
+        specs: dict[str, EngineSpec] = {str(r): s for r, s in self._specs.items()}
+        self._startup = startup.StartupSampler(delays, specs, seed=seed)
+        if drain_grace_s is not None and (drain_grace_s < 0 or not math.isfinite(drain_grace_s)):
+            raise SimulatorInputError(
+                f"drain_grace_s={drain_grace_s}: must be finite and >= 0 (None: no limit)"
+            )
+        self.drain_grace_s = drain_grace_s
+        self.migrate_on_drain = migrate_on_drain
+        # requests taken off a replica whose grace period ended, waiting for another one
+        self._migrating: dict[Role, deque[SimRequest]] = {r: deque() for r in roles}
+        self.cancelled_at_drain = 0
+        self.migrated_at_drain = 0
         self.router: RouterPolicy = router
         self.seed = seed
         self._rng = random.Random(seed)
@@ -243,7 +294,8 @@ class Cluster:
         return out
 
     def gpus_in_use(self) -> int:
-        return sum(r.gpus for r in self.replicas if r.state is not ReplicaState.STOPPED)
+        now = self._now
+        return sum(r.gpus_at(now) for r in self.replicas if r.state is not ReplicaState.STOPPED)
 
     @property
     def in_flight(self) -> int:
@@ -349,6 +401,8 @@ class Cluster:
                     self._on_resize_phase(obj, arg, t)
                 elif kind == _EV_TIMEOUT:
                     self._on_timeout(obj, arg, t)
+                elif kind == _EV_GRACE:
+                    self._on_grace_end(obj, t)
             if stop_when_idle and not sources and self.submitted == len(self.records):
                 stopped_idle = True
                 break
@@ -530,7 +584,12 @@ class Cluster:
         index = self._counter[role]
         self._counter[role] += 1
         now = self._now
-        delay = 0.0 if ready_now else self._startup[role]
+        plan = None if ready_now else self._startup.plan(role)
+        delay = 0.0 if plan is None else plan.total_s
+        segments = [(now, spec.gpus)]
+        if plan is not None and plan.gpu_hold_offset_s > 0:
+            # a pending pod holds no GPU yet (startup module doc)
+            segments = [(now, 0), (now + plan.gpu_hold_offset_s, spec.gpus)]
         replica = Replica(
             role=role,
             worker_id=f"{role}-{index}",
@@ -539,7 +598,8 @@ class Cluster:
             state=ReplicaState.READY if ready_now else ReplicaState.STARTING,
             start_s=now,
             ready_s=now + delay,
-            gpu_segments=[(now, spec.gpus)],
+            gpu_segments=segments,
+            startup_plan=plan,
         )
         replica.ranks = [self._make_rank(replica, rank) for rank in range(spec.dp)]
         self.replicas.append(replica)
@@ -572,6 +632,12 @@ class Cluster:
         self._flush_frontend_queue(replica.role, now)
 
     def _flush_frontend_queue(self, role: Role, now: float) -> None:
+        migrating = self._migrating[role]
+        while migrating:
+            engine = self._pick(role)
+            if engine is None:
+                return
+            self._migrate_to(migrating.popleft(), engine, now)
         queue = self._frontend_queue[role]
         while queue:
             engine = self._pick(role)
@@ -619,6 +685,41 @@ class Cluster:
             self._targets[r] = None
             if x.is_empty():
                 self._stop(x, now)
+            elif self.drain_grace_s is not None:
+                self._push(now + self.drain_grace_s, _EV_GRACE, x)
+
+    def _on_grace_end(self, replica: Replica, now: float) -> None:
+        """The drain's grace period ended: stop the replica; cancel or migrate what is left."""
+        if replica.state is not ReplicaState.DRAINING:
+            return  # it emptied in time
+        for e in replica.ranks:
+            e.sync(now)  # tokens of a planned decode run up to now were delivered
+            if replica.state is ReplicaState.STOPPED:
+                return  # those were its last requests
+        left = [req for e in replica.ranks for req in e.evacuate()]
+        self._stop(replica, now)
+        for req in left:
+            if self.migrate_on_drain:
+                self.migrated_at_drain += 1
+                engine = self._pick(replica.role)
+                if engine is None:
+                    self._migrating[replica.role].append(req)
+                else:
+                    self._migrate_to(req, engine, now)
+            else:
+                self.cancelled_at_drain += 1
+                self._fail(req, now, DRAIN_CANCELLED)
+
+    def _migrate_to(self, req: SimRequest, engine: EngineCore, now: float) -> None:
+        """Go on with ``req`` on ``engine``: it recomputes the prompt and the tokens sent so
+        far (evacuation reset them) and generates the rest."""
+        if engine.role == "prefill":
+            req.prefill_worker = engine.worker_id
+        elif engine.role == "decode":
+            req.decode_worker = engine.worker_id
+        else:
+            req.prefill_worker = req.decode_worker = engine.worker_id
+        engine.add(req, now)
 
     # ------------------------------------------------------------------------------------------
     # Elastic EP
@@ -680,6 +781,7 @@ class Cluster:
             self._resize_log.append(plan)
         if replica is None:
             self._specs[r] = spec.with_dp(new_dp)
+            self._startup.set_spec(r, self._specs[r])
         return plans
 
     def _resized_model(self, spec: EngineSpec) -> EngineModel:
@@ -730,6 +832,8 @@ class Cluster:
             "submitted": self.submitted,
             "finished": len(self.records) - self.failed,
             "failed": self.failed,
+            "cancelled_at_drain": self.cancelled_at_drain,
+            "migrated_at_drain": self.migrated_at_drain,
             "in_flight": self.in_flight,
             "gpu_seconds": self.gpu_seconds,
             "replicas": {r: self.replica_counts(r) for r in self.roles},

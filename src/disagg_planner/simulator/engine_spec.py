@@ -12,8 +12,9 @@ Grammar (the string form is what the command line and configs use)::
 Examples: ``sim:llama-3.1-8b-fp8@h200_sxm:tp1``, ``sim:deepseek-r1@gb200:tp1:dp16:ep16``,
 ``sim:llama-3.3-70b-fp8@h100_sxm:tp4:mnbt=4096``.
 
-Defaults follow vLLM (block size 16, ``gpu_memory_utilization`` 0.9) and Dynamo's mocker
-(``max_num_batched_tokens`` 8192, ``max_num_seqs`` 256). MoE models default to wide expert
+Defaults follow vLLM (block size 16, ``gpu_memory_utilization`` 0.9; ``max_num_seqs`` and
+``max_num_batched_tokens`` as its OpenAI server sets them per GPU, :func:`vllm_batch_defaults`;
+other backends keep Dynamo's mocker's 256 and 8192). MoE models default to wide expert
 parallelism (``ep = tp * dp``); dense models cannot set ``ep``.
 """
 
@@ -60,8 +61,9 @@ class EngineSpec:
     tp: int = 1
     dp: int = 1
     ep: int = 1
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    # 0: the backend's default on this GPU (batch_defaults)
+    max_num_batched_tokens: int = 0
+    max_num_seqs: int = 0
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
@@ -69,6 +71,11 @@ class EngineSpec:
     backend: str = "vllm"
 
     def __post_init__(self) -> None:
+        seqs, tokens = batch_defaults(self.gpu, self.backend)
+        if self.max_num_seqs == 0:
+            object.__setattr__(self, "max_num_seqs", seqs)
+        if self.max_num_batched_tokens == 0:
+            object.__setattr__(self, "max_num_batched_tokens", tokens)
         problems = []
         for name in ("tp", "dp", "ep", "max_num_batched_tokens", "max_num_seqs", "block_size"):
             if getattr(self, name) < 1:
@@ -107,9 +114,13 @@ class EngineSpec:
         if self.ep != 1:
             parts.append(f"ep{self.ep}")
         defaults = _DEFAULTS
-        for key in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
-            if getattr(self, key) != getattr(defaults, key):
-                parts.append(f"{key}={getattr(self, key)}")
+        seqs, tokens = batch_defaults(self.gpu, self.backend)
+        if self.max_num_batched_tokens != tokens:
+            parts.append(f"max_num_batched_tokens={self.max_num_batched_tokens}")
+        if self.max_num_seqs != seqs:
+            parts.append(f"max_num_seqs={self.max_num_seqs}")
+        if self.block_size != defaults.block_size:
+            parts.append(f"block_size={self.block_size}")
         if self.gpu_memory_utilization != defaults.gpu_memory_utilization:
             parts.append(f"gpu_memory_utilization={self.gpu_memory_utilization:g}")
         if self.max_model_len is not None:
@@ -123,13 +134,30 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class _Defaults:
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
 
 
 _DEFAULTS = _Defaults()
+
+# vLLM's EngineArgs.get_batch_defaults (v1 engine): GPUs with at least 70 GiB, other than the
+# A100, get max_num_seqs 1024 and, for the OpenAI server, max_num_batched_tokens 8192; other
+# GPUs 256 and 2048 (engine-calibration.md 6.2).
+VLLM_LARGE_GPU_MIN_BYTES = 70 * 2**30
+VLLM_LARGE_GPU = (1024, 8192)
+VLLM_OTHER_GPU = (256, 2048)
+# Dynamo's mocker, for the backends whose own defaults are not modelled
+MOCKER_DEFAULTS = (256, 8192)
+
+
+def batch_defaults(gpu: GpuSpec, backend: str = "vllm") -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) an engine of ``backend`` on ``gpu`` gets when
+    neither is set."""
+    if backend != "vllm":
+        return MOCKER_DEFAULTS
+    if gpu.memory_bytes >= VLLM_LARGE_GPU_MIN_BYTES and not gpu.name.startswith("a100"):
+        return VLLM_LARGE_GPU
+    return VLLM_OTHER_GPU
 
 
 def _int(text: str, key: str, spec: str) -> int:
@@ -182,6 +210,9 @@ def parse(text: str) -> EngineSpec:
             )
         if key in ("max_num_batched_tokens", "max_num_seqs", "block_size", "max_model_len"):
             fields[key] = _int(value, key, text)
+            if key in ("max_num_batched_tokens", "max_num_seqs") and int(value) < 1:
+                # 0 is the field's "backend default" marker, not a value to accept
+                raise EngineSpecError(f"engine spec {text!r}: {key}={value} must be >= 1")
         elif key == "gpu_memory_utilization":
             try:
                 fields[key] = float(value)

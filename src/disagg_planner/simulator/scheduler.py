@@ -470,7 +470,9 @@ class EngineCore:
                 break
             cache.move_to_end(h)
             hits += 1
-        return min(hits * self._prefix_block_tokens, req.prompt_len - 1)
+        # the hashes cover the prompt only (its last block may be partial), not the tokens a
+        # resumed request generated before its preemption
+        return min(hits * self._prefix_block_tokens, req.isl, req.prompt_len - 1)
 
     def _prefix_insert(self, req: SimRequest) -> None:
         cache = self._prefix
@@ -579,7 +581,7 @@ class EngineCore:
             req = waiting[0]
             computed = req.computed
             hit = 0
-            if computed == 0 and req.generated == 0:
+            if computed == 0:  # new, or resumed after a preemption: vLLM looks both up
                 hit = self._prefix_hit(req)
                 computed = hit
             n = min(req.prompt_len - computed, budget)

@@ -78,7 +78,8 @@ def test_unknown_names_list_the_known_ones():
 def test_engine_spec_parse_and_round_trip():
     s = engine_spec.parse("sim:llama-3.1-8b-fp8@h200_sxm:tp1")
     assert (s.model.name, s.gpu.name, s.tp, s.dp, s.ep) == ("llama-3.1-8b-fp8", "h200_sxm", 1, 1, 1)
-    assert (s.max_num_batched_tokens, s.max_num_seqs, s.block_size) == (8192, 256, 16)
+    # vLLM's server defaults on a GPU of >= 70 GiB (test_cluster_vllm_defaults.py)
+    assert (s.max_num_batched_tokens, s.max_num_seqs, s.block_size) == (8192, 1024, 16)
     assert str(s) == "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
     t = engine_spec.parse("sim:llama-3.3-70b-fp8@h100:tp4:mnbt=4096:seqs=128:block=32:mem=0.85")
     assert (t.tp, t.max_num_batched_tokens, t.max_num_seqs, t.block_size) == (4, 4096, 128, 32)

@@ -135,7 +135,9 @@ def _sha(text: str) -> str:
 
 
 def _replay(out: Path, *extra: str) -> dict[str, Any]:
-    code = main(["replay", "--workload", STEP, "--no-progress", "-o", str(out), *extra])
+    # recorded with a constant 120 s start-up (the replay's default then; now the phase model)
+    args = ["replay", "--workload", STEP, "--no-progress", "--startup-delay", "120"]
+    code = main([*args, "-o", str(out), *extra])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     with (out / "timeline.csv").open() as handle:
