@@ -11,6 +11,8 @@ from disagg_planner.cli.arguments import (
     add_force,
     add_skip_bad_rows,
     check_output_dir,
+    non_negative_seconds,
+    positive_number,
     positive_seconds,
 )
 from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_profile
@@ -66,15 +68,17 @@ def register(sub: Any) -> None:
         "(keys: README, Workloads and traces), e.g. 'sinusoid:min=5,max=45,period=600,"
         "duration=1800,isl=3000,osl=300' or 'onoff:rate=4,duration=1h,isl=2000,osl=200'.",
     )
-    src.add_argument("--speedup", type=float, help="Compress time by X.")
-    src.add_argument("--scale-load", type=float, help="Clone each request K times (jittered).")
+    src.add_argument("--speedup", type=positive_number, help="Compress time by X.")
+    src.add_argument(
+        "--scale-load", type=positive_number, help="Clone each request K times (jittered)."
+    )
     src.add_argument(
         "--duration", type=positive_seconds, help="Keep arrivals before this time (600, 10m)."
     )
     add_skip_bad_rows(src)
     src.add_argument(
         "--clone-jitter",
-        type=float,
+        type=non_negative_seconds,
         default=30.0,
         help="Seconds over which the clones of --scale-load spread (default 30).",
     )
@@ -84,7 +88,7 @@ def register(sub: Any) -> None:
     )
     sim.add_argument(
         "--startup-delay",
-        type=float,
+        type=non_negative_seconds,
         default=DEFAULT_STARTUP_DELAY_S,
         help=f"Seconds from scale-up to ready (default {DEFAULT_STARTUP_DELAY_S:g}).",
     )

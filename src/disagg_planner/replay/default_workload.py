@@ -69,7 +69,7 @@ DEFAULT_PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 DEFAULT_SPEEDUP = 2.0
 DEFAULT_SCALE_LOAD = 4.0
 DEFAULT_DURATION_S: float | None = None  # the whole generated hour
-DEFAULT_POLICIES = ("planner", "hpa", "static:3,1")
+DEFAULT_POLICIES = ("planner", "hpa", "best-static")
 # Settings the default run changes where the user set nothing (config file, env or flag).
 DEFAULT_SETTINGS: dict[str, object] = {"enable_load_scaling": True}
 # Any replay: a simulated cluster has no GPU budget unless given one.

@@ -14,7 +14,7 @@ from disagg_planner.errors import SpecError
 from disagg_planner.predictors.traces import read_trace
 from disagg_planner.profiles import Profile
 from disagg_planner.replay import default_workload
-from disagg_planner.replay.bounds import compute_references, reference_summary
+from disagg_planner.replay.bounds import References, compute_references, reference_summary
 from disagg_planner.replay.hpa import HpaBehavior
 from disagg_planner.replay.oracle import WindowNeed, initial_replicas, plan_needs
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
@@ -212,7 +212,7 @@ def run(
     out_dir: Path | None = None,
     progress: bool | Callable[[float, float], None] = True,
     write_report: bool = True,
-    references: bool = True,
+    references: bool | Callable[[], References] = True,
     flap_window_s: float = FLAP_WINDOW_S,
 ) -> ReplayResult:
     """Run one policy of ``plan``; with ``out_dir``, write its files there. With
@@ -249,7 +249,12 @@ def run(
         progress=_progress_callback(progress, plan),
     )
     if references:
-        refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+        # a callable: what hands over the references found elsewhere (replay/parallel)
+        refs = (
+            references()
+            if callable(references)
+            else compute_references(plan, window_s=ORACLE_WINDOW_S)
+        )
         result.summary |= reference_summary(result.summary["gpu_hours"], refs)
     result.summary["startup_delay_s"] = setup.startup_delay_s
     result.summary["initial_replicas"] = setup.initial_replicas
