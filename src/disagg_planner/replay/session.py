@@ -13,7 +13,7 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.predictors.traces import read_trace
 from disagg_planner.profiles import Profile
-from disagg_planner.replay import default_workload
+from disagg_planner.replay import bounds, default_workload
 from disagg_planner.replay.bounds import References, compute_references, reference_summary
 from disagg_planner.replay.hpa import HpaBehavior
 from disagg_planner.replay.oracle import WindowNeed, initial_replicas, plan_needs
@@ -127,8 +127,11 @@ def prepare(
     requests = load_requests(workload)
     duration = max(r.arrival_s for r in requests)
     floors = {r: config.min_endpoint_for(r) for r in roles}
+    if warning := bounds.refused_warning(requests, specs):
+        log.warning("replay: %s", warning)
+    sized = [r for r in requests if bounds.fits_context(r, specs)]  # refused: not sized for
     needs = plan_needs(
-        requests,
+        sized,
         specs=specs,
         mode=config.mode,
         window_s=ORACLE_WINDOW_S,
@@ -142,6 +145,16 @@ def prepare(
     # land (one interval plus one startup): the trace begins mid-day, not at a cold start.
     lead = startup_delay_s + config.throughput_adjustment_interval_seconds
     start = initial or initial_replicas(needs, window_s=ORACLE_WINDOW_S, lead_s=lead)
+    if not initial:
+        start, oversized = bounds.sane_initial(
+            start, sized, specs=specs, floors=floors, profile=profile, lead_s=lead,
+            ttft_ms=config.ttft_ms, itl_ms=config.itl_ms,
+        )  # fmt: skip
+        start, over_budget = bounds.within_budget(
+            start, specs=specs, floors=floors, max_gpus=config.max_gpu_budget
+        )
+        for warning in filter(None, (oversized, over_budget)):
+            log.warning("replay: %s", warning)
     setup = ClusterSetup(
         mode=config.mode,
         specs=specs,
