@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
         "no arguments it replays, on a bundled profile, a workload generated from facts measured "
         "from the hour of the Azure 2023 conversation trace (per-minute request counts, "
         "ISL/OSL distribution), compressed 2x, four times its load, under the planner (load "
-        "loop on), an HPA and static:3,1. Writes summary.json, requests.csv, timeline.csv and "
+        "loop on), an HPA and best-static. Writes summary.json, requests.csv, timeline.csv and "
         "report.html to -o (to -o/<policy>/ with several policies, and comparison.html to -o).",
     )
     src = parser.add_argument_group("workload")
