@@ -269,7 +269,10 @@ def _run_all(
                         bar.finish(i)
         finally:
             if not handed_over:
-                # a policy failed first: the others waiting for the references stop too
+                # a policy failed first: the others waiting for the references stop too,
+                # and those not started yet do not start
+                for future in pending:
+                    future.cancel()
                 for _ in early:
                     handed.put(None)
             searcher.shutdown(wait=False, cancel_futures=True)
@@ -277,7 +280,9 @@ def _run_all(
     return [by_index[i] for i in range(len(policies))]
 
 
-def _hand_over(finding: concurrent.futures.Future[References], handed: Any, copies: int) -> Any:
+def _hand_over(
+    finding: concurrent.futures.Future[References], handed: Any, copies: int
+) -> References:
     """The references found, put on ``handed`` once for each early policy; where finding
     them failed, ``None`` instead (each of those policies stops), and the error raised."""
     try:
