@@ -5,6 +5,7 @@ overwritten without ``--force``."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from disagg_planner.errors import SpecError
@@ -19,6 +20,28 @@ def positive_seconds(text: str) -> float:
         value = 0.0
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a duration > 0 in {DURATION_HINT}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """argparse type: a finite number > 0 (a time compression, a load factor)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number > 0")
+    return value
+
+
+def non_negative_seconds(text: str) -> float:
+    """argparse type: a number of seconds >= 0 (a delay, a spread)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds >= 0")
     return value
 
 

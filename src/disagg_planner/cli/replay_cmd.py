@@ -11,6 +11,8 @@ from disagg_planner.cli.arguments import (
     add_force,
     add_skip_bad_rows,
     check_output_dir,
+    non_negative_seconds,
+    positive_number,
     positive_seconds,
 )
 from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_profile
@@ -44,7 +46,7 @@ def register(sub: Any) -> None:
         "no arguments it replays, on a bundled profile, a workload generated from facts measured "
         "from the hour of the Azure 2023 conversation trace (per-minute request counts, "
         "ISL/OSL distribution), compressed 2x, four times its load, under the planner (load "
-        "loop on), an HPA and static:3,1. Writes summary.json, requests.csv, timeline.csv and "
+        "loop on), an HPA and best-static. Writes summary.json, requests.csv, timeline.csv and "
         "report.html to -o (to -o/<policy>/ with several policies, and comparison.html to -o).",
     )
     src = parser.add_argument_group("workload")
@@ -64,15 +66,17 @@ def register(sub: Any) -> None:
         "(keys: README, Workloads and traces), e.g. 'sinusoid:min=5,max=45,period=600,"
         "duration=1800,isl=3000,osl=300' or 'onoff:rate=4,duration=1h,isl=2000,osl=200'.",
     )
-    src.add_argument("--speedup", type=float, help="Compress time by X.")
-    src.add_argument("--scale-load", type=float, help="Clone each request K times (jittered).")
+    src.add_argument("--speedup", type=positive_number, help="Compress time by X.")
+    src.add_argument(
+        "--scale-load", type=positive_number, help="Clone each request K times (jittered)."
+    )
     src.add_argument(
         "--duration", type=positive_seconds, help="Keep arrivals before this time (600, 10m)."
     )
     add_skip_bad_rows(src)
     src.add_argument(
         "--clone-jitter",
-        type=float,
+        type=non_negative_seconds,
         default=30.0,
         help="Seconds over which the clones of --scale-load spread (default 30).",
     )
@@ -206,12 +210,11 @@ def _seconds_or_none(text: str) -> float | None:
     if text.strip().lower() == "none":
         return None
     try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds >= 0 or 'none'")
-    return value
+        return non_negative_seconds(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a number of seconds >= 0 or 'none'"
+        ) from None
 
 
 def _parse_initial(items: list[str]) -> dict[str, int]:

@@ -30,15 +30,18 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from disagg_planner.core.budget import apply_gpu_budget
 from disagg_planner.profiles import Profile
 from disagg_planner.replay.best_static import BestStatic, BestStaticPolicy, search_best_static
 from disagg_planner.replay.oracle import (
@@ -54,6 +57,8 @@ from disagg_planner.replay.oracle import (
 )
 from disagg_planner.replay.runner import ClusterSetup, run_policy
 from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.startup import planning_lead_s
 
@@ -383,3 +388,112 @@ def _store(cache_dir: Path | None, key: str, plan: FeasiblePlan, static: BestSta
     tmp = cache_dir / f".references-{key}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(cache_dir / f"references-{key}.json")
+
+
+# --- the requests an engine refuses, and an initial sizing that says why it is large --------
+
+# An initial sizing above this many times the GPUs the first minutes take at the profile's best
+# throughput (plus a few) is sized by latency, not by load: it is said why.
+OVERSIZED_FACTOR = 8.0
+OVERSIZED_SLACK_GPUS = 8
+
+
+def fits_context(request: RequestLike, specs: Mapping[str, EngineSpec]) -> bool:
+    """Whether every engine admits ``request``: its prompt plus what the role generates (one
+    token for prefill, the output for the others) within the engine's ``max_model_len``, the
+    rule the simulated cluster refuses requests by on arrival, as vLLM does (a client error)."""
+    for role, spec in specs.items():
+        need = request.input_length + (1 if role == "prefill" else request.output_length)
+        if need > _max_model_len(spec):
+            return False
+    return True
+
+
+@cache
+def _max_model_len(spec: EngineSpec) -> int:
+    return EngineModel(spec).max_model_len
+
+
+def refused_warning(requests: Sequence[RequestLike], specs: Mapping[str, EngineSpec]) -> str:
+    """The warning for the requests that exceed the engines' context ('' when none)."""
+    refused = sum(1 for r in requests if not fits_context(r, specs))
+    if not refused:
+        return ""
+    limits = ", ".join(f"{role} {_max_model_len(s)}" for role, s in specs.items())
+    return (
+        f"{refused} of {len(requests)} requests exceed the engines' max_model_len ({limits} "
+        "tokens, prompt plus output): the engine refuses them on arrival as vLLM does (client "
+        "errors, counted as failed), and no sizing is made for them"
+    )
+
+
+def sane_initial(
+    start: Mapping[str, int],
+    requests: Sequence[RequestLike],
+    *,
+    specs: Mapping[str, EngineSpec],
+    floors: Mapping[str, int],
+    profile: Profile | None,
+    lead_s: float,
+    ttft_ms: float,
+    itl_ms: float,
+) -> tuple[dict[str, int], str]:
+    """The initial replicas ``start`` (what the first ``lead_s`` seconds need), or, where
+    they are far above what serving those seconds at the profile's best throughput per GPU
+    takes (the fluid bound of :func:`fluid_bound_gpu_hours`; :data:`OVERSIZED_FACTOR` times
+    it plus :data:`OVERSIZED_SLACK_GPUS`), that bound, and the warning saying why ('' when
+    they are within it, or without a profile). A prompt whose own prefill outlasts the TTFT
+    target sizes its window for a latency no replica count reaches."""
+    first = [r for r in requests if r.arrival_s < lead_s]
+    if profile is None or not first or lead_s <= 0:
+        return dict(start), ""
+    fluid_gpus = fluid_bound_gpu_hours(first, profile, ttft_ms=ttft_ms, itl_ms=itl_ms)
+    fluid_gpus *= 3600.0 / lead_s
+    gpus = sum(n * specs[role].gpus for role, n in start.items())
+    bound = math.ceil(OVERSIZED_FACTOR * fluid_gpus) + OVERSIZED_SLACK_GPUS
+    if gpus <= bound:
+        return dict(start), ""
+    capped, _ = within_budget(start, specs=specs, floors=floors, max_gpus=bound)
+    longest = int(np.max(profile.prefill.data.isl))
+    beyond = sum(1 for r in first if r.input_length > longest)
+    mean_isl = sum(r.input_length for r in first) / len(first)
+    return capped, (
+        f"initial replicas {dict(start)} ({gpus} GPUs) are {gpus / max(fluid_gpus, 1e-9):.0f}x "
+        f"the {fluid_gpus:.1f} GPUs that serving the first {lead_s:g} s at the profile's best "
+        f"throughput takes: they are sized to hold the TTFT target of {ttft_ms:g} ms for the "
+        f"windows' mean prompt ({mean_isl:.0f} tokens), not "
+        "for the load"
+        + (
+            f" ({beyond} of those {len(first)} prompts are longer than the profile's longest "
+            f"ISL {longest}, where its TTFT is extrapolated)"
+            if beyond
+            else ""
+        )
+        + f"; starting with {capped} ({OVERSIZED_FACTOR:g}x those GPUs plus "
+        f"{OVERSIZED_SLACK_GPUS}); pass --initial ROLE=N to start elsewhere, or a looser --ttft"
+    )
+
+
+def within_budget(
+    start: Mapping[str, int],
+    *,
+    specs: Mapping[str, EngineSpec],
+    floors: Mapping[str, int],
+    max_gpus: int,
+) -> tuple[dict[str, int], str]:
+    """``start`` cut to ``max_gpus`` (-1: no budget) as the planner's budget stage cuts a
+    proposal, and the warning saying so ('' when it fits)."""
+    result = apply_gpu_budget(
+        start,
+        gpus_per_replica={role: spec.gpus for role, spec in specs.items()},
+        floors=floors,
+        max_gpus=max_gpus,
+        min_gpus=-1,
+        order=tuple(start),
+    )
+    if result.replicas == dict(start) or result.hold:
+        return dict(start), ""
+    return result.replicas, (
+        f"initial replicas {dict(start)} exceed max_gpu_budget {max_gpus}: starting with "
+        f"{result.replicas}"
+    )

@@ -1,11 +1,13 @@
 """Several policies of one replay, in parallel processes, with one progress bar.
 
 The references every summary compares with (the oracle, the best static deployment, the fluid
-bound: :mod:`disagg_planner.replay.bounds`) are found once, in this process, before any
-policy runs; each worker process is handed them with the plan, so the policies it runs do
-not search again. Every policy runs exactly as :func:`disagg_planner.replay.session.run`
-runs it alone, so its outputs do not depend on ``jobs`` (the simulator is deterministic for
-a seed; only ``wall_s`` differs).
+bound: :mod:`disagg_planner.replay.bounds`) are found once, in a thread of this process,
+while the policies that need none to run (all but ``oracle`` and ``best-static``) simulate in
+the worker processes; each of those waits for them only to write its summary, and the oracle
+and best-static policies, which need them to start, are handed them then. No policy searches
+again. Every policy runs exactly as :func:`disagg_planner.replay.session.run` runs it alone,
+so its outputs do not depend on ``jobs`` (the simulator is deterministic for a seed; only
+``wall_s`` differs); with ``jobs`` 1 all of it runs in this process, one after the other.
 
 The bar counts simulated seconds over all policies (each policy's span is its last
 arrival), with an ETA from the rate so far; it is drawn on stderr only when that is a
@@ -25,12 +27,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from disagg_planner.errors import SpecError
-from disagg_planner.replay.bounds import adopt_references, compute_references, references_key
+from disagg_planner.replay.bounds import (
+    References,
+    adopt_references,
+    compute_references,
+    references_key,
+)
 from disagg_planner.replay.report import write_comparison
 from disagg_planner.replay.runner import ReplayResult
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, make_policy, run
 
 BAR_WIDTH = 30
+# The policies that are the references' searches: they start once those are found.
+REFERENCE_POLICIES = ("oracle", "best-static")
 # A redraw at most this often (s): a policy reports progress at every decision instant.
 REDRAW_S = 0.2
 
@@ -193,44 +202,98 @@ def _run_all(
     progress: bool,
     stream: TextIO | None,
 ) -> list[ReplayResult]:
-    workers = min(resolve_jobs(jobs), len(policies))
+    jobs = resolve_jobs(jobs)
     for name in policies:
-        if name not in ("oracle", "best-static"):  # those two are the references' searches
+        if name not in REFERENCE_POLICIES:  # those two are the references' searches
             make_policy(name, plan)  # a bad name refused before minutes of searching
     span = max(r.arrival_s for r in plan.requests)
     bar = RunProgress(len(policies), span, stream=stream, enabled=progress)
-    bar.note("finding the references (oracle plan, best static deployment, fluid bound)")
-    refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
     dirs = [None if out_dir is None else output_dir_for(out_dir, p, policies) for p in policies]
-    if workers == 1:
+    if jobs == 1:
+        bar.note("finding the references (oracle plan, best static deployment, fluid bound)")
+        compute_references(plan, window_s=ORACLE_WINDOW_S)
         results = []
         for i, name in enumerate(policies):
             results.append(run(plan, name, out_dir=dirs[i], progress=bar.callback(i)))
             bar.finish(i)
         bar.close()
         return results
+    # The policies that need no reference to run start at once; the references are found
+    # meanwhile, in a thread of this process, and handed to each of them when its simulation
+    # ends (its summary compares with them), then to the oracle and best-static policies,
+    # which start only then.
+    early = [i for i, name in enumerate(policies) if name not in REFERENCE_POLICIES]
+    late = [i for i, name in enumerate(policies) if name in REFERENCE_POLICIES]
     context = multiprocessing.get_context()
     reports = context.SimpleQueue()
+    handed = context.SimpleQueue()  # the references, one copy per early policy
     key = references_key(plan, window_s=ORACLE_WINDOW_S)
     pending: dict[concurrent.futures.Future[ReplayResult], int] = {}
     by_index: dict[int, ReplayResult] = {}
+    bar.note(
+        "finding the references (oracle plan, best static deployment, fluid bound)"
+        + (" while the other policies run" if early else "")
+    )
+    searcher = concurrent.futures.ThreadPoolExecutor(1)
+    handed_over = False
     with concurrent.futures.ProcessPoolExecutor(
-        workers,
+        min(jobs, len(policies)),
         mp_context=context,
         initializer=_install,
-        initargs=(plan, key, refs, reports),
+        initargs=(plan, key, reports, handed),
     ) as pool:
-        for i, name in enumerate(policies):
-            pending[pool.submit(_run_in_worker, i, name, dirs[i])] = i
-        while pending:
-            done, _ = concurrent.futures.wait(pending, timeout=REDRAW_S)
-            _drain(reports, bar)
-            for future in done:
-                i = pending.pop(future)
-                by_index[i] = future.result()
-                bar.finish(i)
+        try:
+            for i in early:
+                pending[pool.submit(_run_in_worker, i, policies[i], dirs[i], None)] = i
+            finding: concurrent.futures.Future[References] | None = searcher.submit(
+                compute_references, plan, window_s=ORACLE_WINDOW_S
+            )
+            while pending or finding is not None:
+                watched: list[concurrent.futures.Future[Any]] = list(pending)
+                if finding is not None:
+                    watched.append(finding)
+                done, _ = concurrent.futures.wait(
+                    watched, timeout=REDRAW_S, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                _drain(reports, bar)
+                if finding is not None and finding.done():
+                    handed_over = True
+                    refs = _hand_over(finding, handed, len(early))
+                    finding = None
+                    for i in late:
+                        pending[pool.submit(_run_in_worker, i, policies[i], dirs[i], refs)] = i
+                for future in done:
+                    if future in pending:
+                        i = pending.pop(future)
+                        by_index[i] = future.result()
+                        bar.finish(i)
+        finally:
+            if not handed_over:
+                # a policy failed first: the others waiting for the references stop too,
+                # and those not started yet do not start
+                for future in pending:
+                    future.cancel()
+                for _ in early:
+                    handed.put(None)
+            searcher.shutdown(wait=False, cancel_futures=True)
     bar.close()
     return [by_index[i] for i in range(len(policies))]
+
+
+def _hand_over(
+    finding: concurrent.futures.Future[References], handed: Any, copies: int
+) -> References:
+    """The references found, put on ``handed`` once for each early policy; where finding
+    them failed, ``None`` instead (each of those policies stops), and the error raised."""
+    try:
+        refs = finding.result()
+    except BaseException:
+        for _ in range(copies):
+            handed.put(None)
+        raise
+    for _ in range(copies):
+        handed.put(refs)
+    return refs
 
 
 def _drain(reports: Any, bar: RunProgress) -> None:
@@ -247,12 +310,25 @@ def _drain(reports: Any, bar: RunProgress) -> None:
 _WORKER: dict[str, Any] = {}
 
 
-def _install(plan: ReplayPlan, key: str, refs: Any, reports: Any) -> None:
-    adopt_references(key, refs)
-    _WORKER.update(plan=plan, reports=reports)
+def _install(plan: ReplayPlan, key: str, reports: Any, handed: Any) -> None:
+    _WORKER.update(plan=plan, key=key, reports=reports, handed=handed)
 
 
-def _run_in_worker(index: int, name: str, out_dir: Path | None) -> ReplayResult:
+def _references_handed() -> References:
+    """The references the parent found, once it has (an early policy waits here when its
+    simulation is over)."""
+    refs = _WORKER["handed"].get()
+    if refs is None:
+        raise RuntimeError("finding the references failed (the main process says why)")
+    adopt_references(_WORKER["key"], refs)
+    return refs
+
+
+def _run_in_worker(
+    index: int, name: str, out_dir: Path | None, refs: References | None
+) -> ReplayResult:
+    """Run policy ``name``: with ``refs`` (an oracle or best-static policy, which needs them
+    to start), or else waiting for them only when its simulation is over."""
     reports = _WORKER["reports"]
     step = 0.005 * max(r.arrival_s for r in _WORKER["plan"].requests)
     last = [-math.inf]
@@ -263,4 +339,9 @@ def _run_in_worker(index: int, name: str, out_dir: Path | None) -> ReplayResult:
             last[0] = now_s
             reports.put((index, now_s))
 
-    return run(_WORKER["plan"], name, out_dir=out_dir, progress=report)
+    if refs is not None:
+        adopt_references(_WORKER["key"], refs)
+        return run(_WORKER["plan"], name, out_dir=out_dir, progress=report)
+    return run(
+        _WORKER["plan"], name, out_dir=out_dir, progress=report, references=_references_handed
+    )

@@ -13,8 +13,8 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.predictors.traces import read_trace
 from disagg_planner.profiles import Profile
-from disagg_planner.replay import default_workload
-from disagg_planner.replay.bounds import compute_references, reference_summary
+from disagg_planner.replay import bounds, default_workload
+from disagg_planner.replay.bounds import References, compute_references, reference_summary
 from disagg_planner.replay.hpa import HpaBehavior
 from disagg_planner.replay.oracle import WindowNeed, initial_replicas, plan_needs
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
@@ -135,8 +135,11 @@ def prepare(
     requests = load_requests(workload)
     duration = max(r.arrival_s for r in requests)
     floors = {r: config.min_endpoint_for(r) for r in roles}
+    if warning := bounds.refused_warning(requests, specs):
+        log.warning("replay: %s", warning)
+    sized = [r for r in requests if bounds.fits_context(r, specs)]  # refused: not sized for
     needs = plan_needs(
-        requests,
+        sized,
         specs=specs,
         mode=config.mode,
         window_s=ORACLE_WINDOW_S,
@@ -151,6 +154,16 @@ def prepare(
     lead = startup.planning_lead_s(startup_delay_s, specs)
     lead += config.throughput_adjustment_interval_seconds
     start = initial or initial_replicas(needs, window_s=ORACLE_WINDOW_S, lead_s=lead)
+    if not initial:
+        start, oversized = bounds.sane_initial(
+            start, sized, specs=specs, floors=floors, profile=profile, lead_s=lead,
+            ttft_ms=config.ttft_ms, itl_ms=config.itl_ms,
+        )  # fmt: skip
+        start, over_budget = bounds.within_budget(
+            start, specs=specs, floors=floors, max_gpus=config.max_gpu_budget
+        )
+        for warning in filter(None, (oversized, over_budget)):
+            log.warning("replay: %s", warning)
     setup = ClusterSetup(
         mode=config.mode,
         specs=specs,
@@ -224,7 +237,7 @@ def run(
     out_dir: Path | None = None,
     progress: bool | Callable[[float, float], None] = True,
     write_report: bool = True,
-    references: bool = True,
+    references: bool | Callable[[], References] = True,
     flap_window_s: float = FLAP_WINDOW_S,
 ) -> ReplayResult:
     """Run one policy of ``plan``; with ``out_dir``, write its files there. With
@@ -261,7 +274,12 @@ def run(
         progress=_progress_callback(progress, plan),
     )
     if references:
-        refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+        # a callable: what hands over the references found elsewhere (replay/parallel)
+        refs = (
+            references()
+            if callable(references)
+            else compute_references(plan, window_s=ORACLE_WINDOW_S)
+        )
         result.summary |= reference_summary(result.summary["gpu_hours"], refs)
     result.summary["startup_delay_s"] = setup.startup_delay_s
     result.summary["startup"] = startup.describe(setup.startup_delay_s, setup.specs)

@@ -351,19 +351,30 @@ class SimulatedEngine:
         # The steady state: from the first refill's finish (the warm-up wave is mixed in by
         # then) to the last submission (after it the batch drains).
         start_s = refills[0].finish_s
-        window = [(d, b, r) for t, d, b, r in steps if start_s < t <= last_submit_s and b > 0]
+        window = [(t, d, b, r) for t, d, b, r in steps if start_s < t <= last_submit_s and b > 0]
         if not window:
-            window = [(d, b, r) for _t, d, b, r in steps if b > 0]
+            window = [(t, d, b, r) for t, d, b, r in steps if b > 0]
         # The engine's own view: the mean step time and the mean batch of a step (requests
         # between prefill and decode are not in it), so that ``running / ITL`` is the tokens
         # per second the engine made and a step time linear in batch and KV is reproduced
         # exactly. The client-side ITL would add each request's KV-transfer wait to its
-        # first decode step, several percent at short outputs. Data-parallel ranks step on
-        # their own: the engine's batch is a rank's mean batch times the ranks at work.
-        itl_ms = 1000.0 * sum(d for d, _b, _r in window) / len(window)
-        ranks = len({r for _d, _b, r in window})
-        per_rank = sum(b for _d, b, _r in window) / len(window)
-        return DecodeMeasurement(itl_ms=itl_ms, running=per_rank * ranks)
+        # first decode step, several percent at short outputs.
+        itl_ms = 1000.0 * sum(d for _t, d, _b, _r in window) / len(window)
+        ranks = {r for _t, _d, _b, r in window}
+        if len(ranks) == 1:
+            return DecodeMeasurement(
+                itl_ms=itl_ms, running=sum(b for _t, _d, b, _r in window) / len(window)
+            )
+        # Data-parallel ranks step on their own and, below one request per rank, not all of
+        # them all the time: the engine's batch is each rank's mean batch weighted by the
+        # share of the window that rank was stepping.
+        span = max(t for t, *_ in window) - min(t - d for t, d, *_ in window)
+        running = 0.0
+        for rank in ranks:
+            mine = [(d, b) for _t, d, b, r in window if r == rank]
+            busy = min(1.0, sum(d for d, _b in mine) / span) if span > 0 else 1.0
+            running += busy * sum(b for _d, b in mine) / len(mine)
+        return DecodeMeasurement(itl_ms=itl_ms, running=running)
 
 
 def simulated_manifest(spec: EngineSpec, *, tool: str) -> ProfileManifest:

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from disagg_planner.cli.main import main
+from disagg_planner.cli.main import build_parser, main
 
 
 @pytest.mark.parametrize(
@@ -42,3 +42,10 @@ def test_debug_keeps_the_exit_code_of_a_user_error(where: str, capsys: pytest.Ca
     assert plain == debug == 2
     assert "Traceback (most recent call last)" in err
     assert err.rstrip().splitlines()[-1].startswith("planner: ")
+
+
+def test_replay_takes_the_global_options_after_it() -> None:
+    # ``planner replay --log-level WARNING`` was refused with "unrecognized arguments".
+    args = build_parser().parse_args(["replay", "--log-level", "WARNING", "--debug"])
+    assert args.log_level == "WARNING" and args.debug is True
+    assert build_parser().parse_args(["replay"]).log_level == "INFO"

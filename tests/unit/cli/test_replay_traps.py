@@ -119,3 +119,46 @@ def test_an_existing_output_directory_is_kept_without_force(
     (tmp_path / "file").write_text("x")
     assert replay(tmp_path / "file", "--workload", TINY, "--profile", PROFILE, "--force") == 2
     assert "is a file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("--scale-load", "-1", "expected a finite number > 0"),
+        ("--speedup", "0", "expected a finite number > 0"),
+        ("--speedup", "nan", "expected a finite number > 0"),
+        ("--startup-delay", "-5", "expected a number of seconds >= 0"),
+        ("--clone-jitter", "inf", "expected a number of seconds >= 0"),
+    ],
+)
+@pytest.mark.parametrize("debug", [[], ["--debug"]], ids=["plain", "debug"])
+def test_a_bad_number_is_refused_by_its_flag_before_any_work(
+    flag: str,
+    value: str,
+    expected: str,
+    debug: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # ``planner --debug replay --scale-load -1`` used to print a traceback from deep in the
+    # workload generator, after the default workload had been generated.
+    with pytest.raises(SystemExit) as exit_info:
+        main([*debug, "replay", "-o", str(tmp_path / "o"), flag, value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flag}: {value!r}: {expected}" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_default_output_directory_is_kept_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["replay", *FAST, "--workload", TINY, "--profile", PROFILE]
+    assert main(args) == 0
+    first = (tmp_path / "replay-out" / "summary.json").read_bytes()
+    capsys.readouterr()
+    assert main([*args, "--seed", "1"]) == 2
+    assert "output directory 'replay-out' already exists" in capsys.readouterr().err
+    assert (tmp_path / "replay-out" / "summary.json").read_bytes() == first

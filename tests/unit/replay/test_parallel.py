@@ -146,3 +146,29 @@ def test_a_bad_policy_name_is_refused_before_the_searches(
     code = main([*argv, "--policy", "planner", "--policy", "bogus"])
     assert code != 0
     assert "unknown policy 'bogus'" in capsys.readouterr().err
+
+
+def test_a_failure_finding_the_references_stops_the_policies_waiting_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The policies that need no reference simulate while the references are found; when
+    # finding them fails, those waiting to write their summaries stop too (no hang) and the
+    # error is the one raised.
+    from disagg_planner.config.schema import PlannerConfig
+    from disagg_planner.replay import parallel
+    from disagg_planner.replay.session import WorkloadSpec, prepare
+
+    def failing(*_a: object, **_k: object) -> None:
+        raise SpecError("no references today")
+
+    config = PlannerConfig.model_validate(
+        {"profile": "h200_sxm/vllm/llama-3.1-8b-fp8/tp1", "max_gpu_budget": -1}
+    )
+    workload = WorkloadSpec(workload="poisson:rate=2,isl=500,osl=20,duration=30")
+    plan = prepare(config, workload, startup_delay_s=5.0)
+    monkeypatch.setattr(parallel, "compute_references", failing)
+    with pytest.raises(SpecError, match="no references today"):
+        parallel.run_policies(
+            plan, ["planner", "hpa", "oracle"], out_dir=tmp_path, jobs=2, progress=False
+        )
+    assert not list(tmp_path.rglob("summary.json"))
