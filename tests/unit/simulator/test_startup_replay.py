@@ -146,4 +146,4 @@ def test_bad_lifecycle_flags_are_refused(
 ) -> None:
     with pytest.raises(SystemExit):
         main(["replay", "--workload", WORKLOAD, flag, value])
-    assert f"{value!r}: expected seconds >= 0 or 'none'" in capsys.readouterr().err
+    assert f"{value!r}: expected a number of seconds >= 0 or 'none'" in capsys.readouterr().err
