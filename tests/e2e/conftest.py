@@ -53,6 +53,7 @@ LOAD_INTERVAL_S = 1.5
 STARTUP_DELAY_S = 3.0
 SERVICES = {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"}
 OPERATOR_TOKEN = "planner-operator"
+DRAIN_TIMEOUT_S = 10.0
 
 
 def dgd_manifest() -> dict[str, Any]:
@@ -185,6 +186,9 @@ def _policy() -> dict[str, Any]:
             "max_gpu_budget": -1,
             "fpm_staleness_seconds": 3.0,
             "fpm_warmup_iterations": 2,
+            # scale down as soon as the load fell (the default waits 10 min, the HPA's way)
+            "scale_down_stabilization_seconds": 0,
+            "replica_startup_seconds": STARTUP_DELAY_S,
             # no FPM endpoints: the operator discovers the engines' publishers
         },
     }
@@ -250,6 +254,7 @@ def live(tmp_path: Path) -> Iterator[Live]:
                     "profile": PROFILE,
                     "report_interval_hours": None,
                     "kubernetes_api_backoff_seconds": 0.2,
+                    "kubernetes_drain_timeout_seconds": DRAIN_TIMEOUT_S,
                 }
             )
         )
