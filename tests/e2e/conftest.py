@@ -37,6 +37,9 @@ from tests.e2e.harness import (
     OperatorProcess,
     SimulatedDeployment,
 )
+
+# The small stack of the restart and chaos tests (kmock, the operator, a canned Prometheus).
+from tests.e2e.small_stack import stack  # noqa: F401
 from tests.integration.conftest import PrometheusServer, free_port, poll
 
 NS = "default"

@@ -75,10 +75,12 @@ class KmockProcess:
         self.workdir = workdir
         self.request_log = workdir / "kmock-requests.jsonl"
         self.output = workdir / "kmock.log"
+        self.faults_file = workdir / "kmock-faults.json"
         self.url = ""
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 30.0) -> None:
+    def start(self, timeout_s: float = 30.0, *, port: int = 0) -> None:
+        """Serve on ``port`` (0: any free one; a restart passes the one it had)."""
         with self.output.open("wb") as out:
             self._process = subprocess.Popen(
                 [
@@ -87,6 +89,9 @@ class KmockProcess:
                     "tests.e2e.kmock_server",
                     "--request-log",
                     str(self.request_log),
+                    "--faults",
+                    str(self.faults_file),
+                    f"--port={port}",
                 ],
                 cwd=REPO,
                 env={**os.environ, "PYTHONPATH": PYTHONPATH},
@@ -113,6 +118,23 @@ class KmockProcess:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def kill(self) -> None:
+        """SIGKILL: the API server is gone at once, with everything it held in memory."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+    def inject(self, *rules: dict[str, Any]) -> None:
+        """Faults from now on (tests.e2e.kmock_server's module doc); none: clear them."""
+        tmp = self.faults_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(rules)))
+        tmp.replace(self.faults_file)
 
     def requests(self) -> list[dict[str, Any]]:
         if not self.request_log.exists():
