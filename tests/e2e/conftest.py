@@ -185,13 +185,12 @@ def _policy() -> dict[str, Any]:
             "enable_load_scaling": True,
             "throughput_adjustment_interval_seconds": THROUGHPUT_INTERVAL_S,
             "load_adjustment_interval_seconds": LOAD_INTERVAL_S,
+            # the test waits for scale-downs: no 600 s stabilisation (the default)
+            "scale_down_stabilization_seconds": 0,
             "load_predictor": "constant",
             "max_gpu_budget": -1,
             "fpm_staleness_seconds": 3.0,
             "fpm_warmup_iterations": 2,
-            # scale down as soon as the load fell (the default waits 10 min, the HPA's way)
-            "scale_down_stabilization_seconds": 0,
-            "replica_startup_seconds": STARTUP_DELAY_S,
             # no FPM endpoints: the operator discovers the engines' publishers
         },
     }

@@ -168,6 +168,8 @@ def defaults(profile_dir: Path, prometheus: CannedPrometheus) -> OperatorDefault
             "metric_pulling_prometheus_endpoint": prometheus.url,
             "load_predictor": "constant",
             "throughput_adjustment_interval_seconds": INTERVAL_S,
+            # the operator's mechanics, not the scale-down stabilisation (600 s by default)
+            "scale_down_stabilization_seconds": 0,
             "max_gpu_budget": -1,
             "report_interval_hours": None,
             "kubernetes_api_max_attempts": 2,
