@@ -224,7 +224,13 @@ def test_operator_scales_holds_and_resumes_over_the_wire(live: Live) -> None:
     )
     assert live.dgd_replicas()["decode"] == 1
     wait_for(
-        lambda: serving_workers(live, "prefill") == heard_workers(live, "prefill") or None,
+        lambda: (
+            (
+                len(serving := serving_workers(live, "prefill")) == 1
+                and serving == heard_workers(live, "prefill")
+            )
+            or None
+        ),
         live=live,
         timeout_s=30,
         what="the load loop to drop the removed prefill workers",
@@ -236,6 +242,9 @@ def test_operator_scales_holds_and_resumes_over_the_wire(live: Live) -> None:
     assert removed, "the scale-down removed pods"
     assert all(cost == LEAVING_COST for _, cost in removed), removed
     assert live.deployment.cut == [], f"requests cut on scale-down: {live.deployment.cut}"
+    # ... chosen by the load their FPM reported (read through discovery, pod by pod)
+    leaving = [line for line in live.operator.log_text().splitlines() if " leaves" in line]
+    assert leaving and all(" in flight) leave" in line for line in leaving), leaving
     assert live.deployment.cluster.failed == 0
     decode_history = [n for _, role, n in live.dynamo.history if role == "decode"]
     assert decode_history == [1], f"decode never changed: {live.dynamo.history}"
