@@ -37,6 +37,9 @@ from tests.e2e.harness import (
     OperatorProcess,
     SimulatedDeployment,
 )
+
+# The small stack of the restart and chaos tests (kmock, the operator, a canned Prometheus).
+from tests.e2e.small_stack import stack  # noqa: F401
 from tests.integration.conftest import PrometheusServer, free_port, poll
 
 NS = "default"
@@ -53,6 +56,7 @@ LOAD_INTERVAL_S = 1.5
 STARTUP_DELAY_S = 3.0
 SERVICES = {"prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"}
 OPERATOR_TOKEN = "planner-operator"
+DRAIN_TIMEOUT_S = 10.0
 
 
 def dgd_manifest() -> dict[str, Any]:
@@ -252,6 +256,7 @@ def live(tmp_path: Path) -> Iterator[Live]:
                     "profile": PROFILE,
                     "report_interval_hours": None,
                     "kubernetes_api_backoff_seconds": 0.2,
+                    "kubernetes_drain_timeout_seconds": DRAIN_TIMEOUT_S,
                 }
             )
         )

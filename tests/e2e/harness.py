@@ -12,7 +12,11 @@
   that the test changes while it runs.
 - :class:`DynamoOperatorSim`: a small stand-in for the Dynamo operator: it watches the DGD's
   replicas, starts and stops simulated workers (they serve after a startup delay) and writes
-  the DGD's status the way the Dynamo operator does.
+  the DGD's status the way the Dynamo operator does. On a scale-down it removes the pods a
+  ReplicaSet would (not ready first, then the lowest ``controller.kubernetes.io/
+  pod-deletion-cost``, then the most recently ready); a removed worker is SIGTERMed as Dynamo's
+  are: it leaves discovery at once (no new request) and what it still serves after
+  ``DYNAMO_GRACE_S`` is cut (:attr:`SimulatedDeployment.cut`).
 - :class:`OperatorProcess`: ``planner operator`` as its own process, with its log in a file.
 """
 
@@ -54,6 +58,11 @@ PYTHONPATH = os.pathsep.join((str(REPO / "src"), str(REPO)))
 DGD_GROUP, DGD_VERSION, DGD_PLURAL = "nvidia.com", "v1alpha1", "dynamographdeployments"
 HEARTBEAT_S = 1.0
 STEP_S = 0.02
+# Dynamo cancels what a SIGTERMed worker still serves after its grace period
+# (DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS, 5 s by default); shorter here, so that removing a
+# busy worker shows in a scenario whose requests are short.
+DYNAMO_GRACE_S = 1.0
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
 # --- kmock ------------------------------------------------------------------------------------
@@ -66,10 +75,12 @@ class KmockProcess:
         self.workdir = workdir
         self.request_log = workdir / "kmock-requests.jsonl"
         self.output = workdir / "kmock.log"
+        self.faults_file = workdir / "kmock-faults.json"
         self.url = ""
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 30.0) -> None:
+    def start(self, timeout_s: float = 30.0, *, port: int = 0) -> None:
+        """Serve on ``port`` (0: any free one; a restart passes the one it had)."""
         with self.output.open("wb") as out:
             self._process = subprocess.Popen(
                 [
@@ -78,6 +89,9 @@ class KmockProcess:
                     "tests.e2e.kmock_server",
                     "--request-log",
                     str(self.request_log),
+                    "--faults",
+                    str(self.faults_file),
+                    f"--port={port}",
                 ],
                 cwd=REPO,
                 env={**os.environ, "PYTHONPATH": PYTHONPATH},
@@ -104,6 +118,23 @@ class KmockProcess:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def kill(self) -> None:
+        """SIGKILL: the API server is gone at once, with everything it held in memory."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+    def inject(self, *rules: dict[str, Any]) -> None:
+        """Faults from now on (tests.e2e.kmock_server's module doc); none: clear them."""
+        tmp = self.faults_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(rules)))
+        tmp.replace(self.faults_file)
 
     def requests(self) -> list[dict[str, Any]]:
         if not self.request_log.exists():
@@ -201,6 +232,9 @@ class SimulatedDeployment:
 
     def __post_init__(self) -> None:
         self.errors: list[str] = []
+        # Requests a SIGTERMed worker still held after DYNAMO_GRACE_S: (worker, count).
+        self.cut: list[tuple[str, int]] = []
+        self._graced: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._load = ConstantRate(self.rate, isl=self.isl, osl=self.osl)
@@ -274,9 +308,10 @@ class SimulatedDeployment:
     def set_rate(self, rate: float) -> None:
         self._load.rate = rate
 
-    def set_replicas(self, role: str, n: int) -> None:
+    def set_replicas(self, role: str, n: int, *, leaving: tuple[str, ...] = ()) -> None:
+        """``leaving``: the workers whose pods Kubernetes deletes (they drain first)."""
         with self._lock:
-            self.cluster.set_replicas(role, n)
+            self.cluster.set_replicas(role, n, leaving=leaving)
 
     def workers(self) -> dict[str, tuple[str, bool, str]]:
         """Every worker that holds its GPUs (starting, ready or draining): worker id ->
@@ -303,6 +338,7 @@ class SimulatedDeployment:
             with self._lock:
                 try:
                     self.cluster.run_until(time.monotonic() - self._t0)
+                    self._cut_after_grace()
                     self._release_stopped_workers()
                     self._heartbeats()
                 except Exception as exc:  # surfaced by the test, never swallowed
@@ -334,6 +370,21 @@ class SimulatedDeployment:
         slot = self._slot_of(role, fpm.worker_id)
         if slot is not None:
             self._send(slot, fpm)
+
+    def _cut_after_grace(self) -> None:
+        """Dynamo's grace period: a draining worker still serving after it is cut."""
+        now = self.cluster.now
+        for replica in self.cluster.replicas:
+            if (
+                replica.state is ReplicaState.DRAINING
+                and replica.drain_s is not None
+                and now - replica.drain_s > DYNAMO_GRACE_S
+                and replica.worker_id not in self._graced
+            ):
+                self._graced.add(replica.worker_id)
+                held = sum(engine.num_requests for engine in replica.ranks)
+                if held:
+                    self.cut.append((replica.worker_id, held))
 
     def _release_stopped_workers(self) -> None:
         stopped = {x.worker_id for x in self.cluster.replicas if x.state is ReplicaState.STOPPED}
@@ -398,6 +449,9 @@ class DynamoOperatorSim:
         self._desired: dict[str, int] = {}
         self._reported: dict[str, Any] | None = None
         self._pods: dict[str, bool] = {}  # pod name -> ready, as last written
+        self._ready_since: dict[str, float] = {}  # pod name -> when it became ready
+        # Every pod removed on a scale-down: (pod name, its pod-deletion-cost annotation).
+        self.removed: list[tuple[str, str | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dynamo-operator", daemon=True)
 
@@ -428,9 +482,13 @@ class DynamoOperatorSim:
         for role, service in self.services.items():
             wanted = int(services[service].get("replicas", 1))
             if self._desired.get(role) != wanted:
+                before = self._desired.get(role)
                 self._desired[role] = wanted
                 self.history.append((time.monotonic(), role, wanted))
-                self._deployment.set_replicas(role, wanted)
+                leaving: tuple[str, ...] = ()
+                if before is not None and wanted < before:
+                    leaving = self._replica_set_choice(role, before - wanted)
+                self._deployment.set_replicas(role, wanted, leaving=leaving)
         self._sync_workers()
         reported: dict[str, Any] = {}
         for name, service in services.items():
@@ -462,6 +520,28 @@ class DynamoOperatorSim:
             )
             self._reported = reported
 
+    def _replica_set_choice(self, role: str, count: int) -> tuple[str, ...]:
+        """The ``count`` workers of ``role`` whose pods a ReplicaSet deletes: not ready first,
+        then the lowest pod-deletion-cost, then the most recently ready."""
+        ranked = []
+        for pod in self._core.list_namespaced_pod(self.namespace).items:
+            name = pod.metadata.name
+            labels = pod.metadata.labels or {}
+            if (
+                labels.get("nvidia.com/dynamo-graph-deployment-name") != self.name
+                or labels.get("nvidia.com/dynamo-component") != self.services[role]
+            ):
+                continue
+            annotations = pod.metadata.annotations or {}
+            cost = annotations.get(POD_DELETION_COST)
+            ready = self._pods.get(name, False)
+            ranked.append(((ready, int(cost or 0), -self._ready_since.get(name, 0.0)), name, cost))
+        ranked.sort()
+        chosen = ranked[:count]
+        self.removed.extend((name, cost) for _, name, cost in chosen)
+        prefix = f"{self.name}-"
+        return tuple(name.removeprefix(prefix) for _, name, _ in chosen)
+
     def _sync_workers(self) -> None:
         """Each worker's Pod (labelled as Dynamo labels them, ready once it serves) and its
         DynamoWorkerMetadata (its FPM channel on the ZMQ event plane), as Dynamo's operator
@@ -487,6 +567,8 @@ class DynamoOperatorSim:
                     name, self.namespace, {"status": {"conditions": [condition]}}
                 )
                 self._pods[name] = ready
+                if ready:
+                    self._ready_since[name] = time.monotonic()
         gone = set(self._pods) - {self._pod_name(w) for w in workers}
         for name in gone:
             # Kubernetes garbage-collects a pod's DynamoWorkerMetadata (owned by the pod).
@@ -495,6 +577,7 @@ class DynamoOperatorSim:
                 DGD_GROUP, DGD_VERSION, self.namespace, DWM_PLURAL, f"{name}-main"
             )
             del self._pods[name]
+            self._ready_since.pop(name, None)
 
     def _pod_name(self, worker: str) -> str:
         return f"{self.name}-{worker}"

@@ -17,6 +17,13 @@ Two kmock gaps are closed here (see ../shared/reference/stack-notes.md, section 
   namespace, name, the bearer token, the JSON body), so that a test in another process can
   check which API calls a client made.
 
+Faults on demand (``--faults FILE``, for the chaos tests): the file holds a JSON list of rules
+``{"token", "plural", "method", "count", "status", "delay_s"}`` (all but ``count`` optional;
+an absent key matches everything). A request matching a rule with ``count`` left waits
+``delay_s``, then is answered ``status`` (or served, without one, even when its client went
+away meanwhile), and uses one up. The file
+is read again whenever it changes, each new version starting its counts afresh.
+
 Gaps that remain (tests that depend on them say so): creates answer 200 instead of 201 (the
 ``kubernetes`` client then returns no body), no ``resourceVersion``/``uid``/``generation``,
 ``/status`` patches merge into the whole object, watches never end server-side.
@@ -28,6 +35,7 @@ import argparse
 import asyncio
 import json
 import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -50,12 +58,47 @@ POD_MONITOR = "monitoring.coreos.com/v1/podmonitors"
 _VERBS = frozenset({"get", "list", "watch", "create", "patch", "update", "delete"})
 
 
-class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator with correct core discovery and an optional request log."""
+@dataclass
+class Faults:
+    """The rules of ``--faults FILE`` (module doc), read again when the file changes."""
 
-    def __init__(self, *args: Any, request_log: IO[str] | None = None, **kwargs: Any) -> None:
+    path: Path | None
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    _version: float | None = None
+
+    def take(self, seen: dict[str, Any]) -> dict[str, Any] | None:
+        """The rule ``seen`` (a :func:`describe` record) meets, one use of it spent."""
+        if self.path is None:
+            return None
+        try:
+            version = self.path.stat().st_mtime_ns
+        except OSError:
+            return None
+        if version != self._version:
+            self._version = version
+            self.rules = json.loads(self.path.read_text() or "[]")
+        for rule in self.rules:
+            if rule.get("count", 0) > 0 and all(
+                seen.get(key) == rule[key] for key in ("token", "plural", "method") if key in rule
+            ):
+                rule["count"] -= 1
+                return rule
+        return None
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator with correct core discovery, an optional request log and faults."""
+
+    def __init__(
+        self,
+        *args: Any,
+        request_log: IO[str] | None = None,
+        faults: Path | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._request_log = request_log
+        self._faults = Faults(faults)
 
     async def _serve_version(self, request: Any) -> Any:
         doc = await super()._serve_version(request)
@@ -64,9 +107,23 @@ class Emulator(kmock.KubernetesEmulator):
         return doc
 
     async def _handle(self, request: Any) -> Any:
+        seen = describe(request)
         if self._request_log is not None:
-            self._request_log.write(json.dumps(describe(request)) + "\n")
+            self._request_log.write(json.dumps(seen) + "\n")
             self._request_log.flush()
+        fault = self._faults.take(seen)
+        if fault is None:
+            return await super()._handle(request)
+        # Shielded: a request held on the wire is still served when its client went away
+        # meanwhile, as an API server may commit a write whose answer nobody reads.
+        return await asyncio.shield(self._faulty(fault, request))
+
+    async def _faulty(self, fault: dict[str, Any], request: Any) -> Any:
+        await asyncio.sleep(float(fault.get("delay_s", 0.0)))
+        if fault.get("status"):
+            raise kmock.KubernetesError(
+                status=int(fault["status"]), reason="Injected", message="injected fault"
+            )
         return await super()._handle(request)
 
 
@@ -117,11 +174,18 @@ def declare_resources(k8s: Any) -> None:
     )
 
 
-async def serve(*, host: str, port: int, namespaces: list[str], request_log: Path | None) -> None:
+async def serve(
+    *,
+    host: str,
+    port: int,
+    namespaces: list[str],
+    request_log: Path | None,
+    faults: Path | None = None,
+) -> None:
     log_file = request_log.open("a", encoding="utf-8") if request_log is not None else None
     try:
         async with (
-            Emulator(request_log=log_file) as k8s,
+            Emulator(request_log=log_file, faults=faults) as k8s,
             kmock.Server(k8s, host=host, port=port) as server,
         ):
             declare_resources(k8s)
@@ -150,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         "--namespace", action="append", default=None, help="namespaces to create (default: default)"
     )
     parser.add_argument("--request-log", type=Path, default=None, help="JSON-lines request log")
+    parser.add_argument("--faults", type=Path, default=None, help="fault rules (module doc)")
     args = parser.parse_args(argv)
     asyncio.run(
         serve(
@@ -157,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
             port=args.port,
             namespaces=args.namespace or ["default"],
             request_log=args.request_log,
+            faults=args.faults,
         )
     )
 

@@ -8,7 +8,9 @@ machine), nothing asserts a duration:
 
 1. steady load: the planner observes and holds; no replica write;
 2. a load step: prefill scales up through the DGD, decode is left alone;
-3. the load falls: prefill scales back down to one replica;
+3. the load falls: prefill scales back down to one replica; the workers that leave are the
+   ones the planner marked (pod-deletion-cost), and none had a request cut by Dynamo's grace
+   period;
 4. Prometheus stops: the throughput loop holds (``no_traffic_data``), the policy reports
    ``Degraded`` (``TrafficMissing``), nothing is written;
 5. Prometheus returns: the throughput loop reads traffic again and ``Degraded`` clears;
@@ -27,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from disagg_planner.connectors.kubernetes import LEAVING_COST
 from tests.e2e.conftest import (
     BASE_RATE,
     DGD_NAME,
@@ -221,12 +224,28 @@ def test_operator_scales_holds_and_resumes_over_the_wire(live: Live) -> None:
     )
     assert live.dgd_replicas()["decode"] == 1
     wait_for(
-        lambda: serving_workers(live, "prefill") == heard_workers(live, "prefill") or None,
+        lambda: (
+            (
+                len(serving := serving_workers(live, "prefill")) == 1
+                and serving == heard_workers(live, "prefill")
+            )
+            or None
+        ),
         live=live,
         timeout_s=30,
         what="the load loop to drop the removed prefill workers",
     )
     assert len(heard_workers(live, "prefill")) == 1
+    # Graceful scale-down (issue 19, problem 6): Kubernetes removed the pods the planner
+    # marked, and they had drained: no request was cut after Dynamo's grace period.
+    removed = live.dynamo.removed
+    assert removed, "the scale-down removed pods"
+    assert all(cost == LEAVING_COST for _, cost in removed), removed
+    assert live.deployment.cut == [], f"requests cut on scale-down: {live.deployment.cut}"
+    # ... chosen by the load their FPM reported (read through discovery, pod by pod)
+    leaving = [line for line in live.operator.log_text().splitlines() if " leaves" in line]
+    assert leaving and all(" in flight) leave" in line for line in leaving), leaving
+    assert live.deployment.cluster.failed == 0
     decode_history = [n for _, role, n in live.dynamo.history if role == "decode"]
     assert decode_history == [1], f"decode never changed: {live.dynamo.history}"
 

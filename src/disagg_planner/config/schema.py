@@ -192,6 +192,16 @@ class PlannerConfig(BaseModel):
         description="Timeout of one Kubernetes API request (s).",
         json_schema_extra=_extra("deployment"),
     )
+    kubernetes_drain_timeout_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="Before a role's replicas are lowered on Kubernetes, how long the "
+        "least-loaded workers chosen to leave (marked with "
+        "controller.kubernetes.io/pod-deletion-cost) are given to finish their in-flight "
+        "requests, as their ForwardPassMetrics report them, before the count drops (s); 0: "
+        "mark and lower at once.",
+        json_schema_extra=_extra("deployment"),
+    )
     virtual_etcd_endpoint: str = Field(
         "http://127.0.0.1:2379",
         description="etcd client URL of the virtual connector (spoken through etcd's v3 JSON "

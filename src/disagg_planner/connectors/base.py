@@ -17,7 +17,7 @@ subclass), built by the application from its config: connectors never see the co
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -50,6 +50,12 @@ class ConnectorSettings:
     advisory: bool  # read, never write
     scaling_max_wait_s: float  # how long a blocking scale waits (the virtual protocol: an ack)
     scaling_check_interval_s: float  # polling period of that wait
+
+
+WorkerLoads = Callable[[], Mapping[str, int]]
+"""Pod name -> requests in flight on its engines (scheduled and queued), as their latest
+ForwardPassMetrics report them; a pod not in the mapping has no known load. The runtime hands
+one to a connector that chooses which workers leave on a scale-down."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,25 @@ over the object are in :mod:`disagg_planner.connectors.dgd_shape`):
   ``scaling_max_wait_s``), the increases are not written and the call fails
   (:class:`ConnectorError`; the next tick plans again).
 
+Graceful scale-down: before a role's replicas are lowered, the connector chooses the pods that
+leave and marks them so that Kubernetes removes those and no others. It lists the service's
+pods (not terminating) and ranks them the way a ReplicaSet ranks pods for deletion, with the
+load the planner knows: pods not ready first (they serve nothing, and a ReplicaSet removes
+them first whatever their cost), then ready pods by the requests in flight on their engines
+(scheduled and queued, from each engine's latest ForwardPassMetrics; the runtime hands the
+connector that reading, :meth:`KubernetesConnector.use_worker_loads`), least first, then the
+pods whose load is unknown. Each chosen pod gets the annotation
+``controller.kubernetes.io/pod-deletion-cost`` at the lowest value (a ReplicaSet deletes the
+pods of lowest cost first) and ``planner.autoscaling.dev/draining-since`` (when, UTC); a pod
+marked earlier that no longer leaves has both removed. Then the chosen ready pods are given
+time to finish what they are serving: the count drops once each reports no request in flight,
+or when ``drain_timeout_s`` has passed (a pod whose load is unknown is waited for until then;
+0: no wait), with a log line saying which way it ended. Dynamo has no drain call of its own
+(a worker drain admin API is proposed upstream, not released): on SIGTERM a worker leaves
+discovery, so that no new request reaches it, and serves what it holds for its grace period
+(``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``, 5 s by default) before the rest is cancelled
+(Dynamo issue 13559). Choosing an idle worker is what keeps that cancellation empty.
+
 State that survives restarts: the annotation ``planner.autoscaling.dev/state`` on the DGD
 holds JSON with what the planner set per role (``set``), a write whose outcome is unknown
 (``pending``), the last change (``lastActionAt``, Unix s, and ``waitingFor``) and the
@@ -65,7 +84,10 @@ patch     nvidia.com      dynamographdeployments                         scale w
                                                                          revert a manual edit
 get       nvidia.com      dynamographdeploymentscalingadapters           every read (404 = none)
 patch     nvidia.com      dynamographdeploymentscalingadapters/scale     scale with an adapter
-list      "" (core v1)    pods                                           before an increase
+list      "" (core v1)    pods                                           before an increase,
+                                                                         before a decrease
+patch     "" (core v1)    pods                                           mark the pods that
+                                                                         leave (decrease)
 create    "" (core v1)    events                                         manual edit detected
 ========  ==============  =============================================  =====================
 """
@@ -98,6 +120,7 @@ from disagg_planner.connectors.base import (
     HoldReason,
     ManualOverride,
     ScaleOutcome,
+    WorkerLoads,
     advisory_holds,
     check_replicas,
 )
@@ -134,6 +157,12 @@ STATE_VERSION = 1
 # The labels the Dynamo operator puts on the pods of a DGD's service.
 DGD_POD_LABEL = "nvidia.com/dynamo-graph-deployment-name"
 SERVICE_POD_LABEL = "nvidia.com/dynamo-component"
+# Kubernetes' ReplicaSet deletes the pods of lowest cost first (an int32; unset is 0).
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+LEAVING_COST = str(-(2**31))
+DRAINING_ANNOTATION = "planner.autoscaling.dev/draining-since"
+# How often a drain reads the leaving workers' load (their FPM arrive every iteration).
+DRAIN_POLL_S = 0.5
 MAX_BACKOFF_S = 30.0
 _CONVERGING = HoldReason.AWAITING_CONVERGENCE
 
@@ -154,6 +183,8 @@ class KubernetesSettings(ConnectorSettings):
     api_backoff_s: float  # before the first retry; doubles per attempt
     # How long a change read back after a restart is waited for before planning resumes (s).
     convergence_timeout_s: float = 600.0
+    # How long the workers chosen to leave may finish their requests before a decrease (s).
+    drain_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -277,6 +308,7 @@ class KubernetesConnector:
         self._last_action: tuple[float, dict[str, int]] | None = None
         # A restored change still converging: (Unix time it was made, its targets).
         self._resumed_wait: tuple[float, dict[str, int]] | None = None
+        self._worker_loads: WorkerLoads | None = None
 
     # --- Connector protocol ---------------------------------------------------------------
 
@@ -295,6 +327,11 @@ class KubernetesConnector:
         """Role -> the DGD service carrying it, as of the last read (empty before any): what
         FPM discovery needs to tell a worker's role from its pod."""
         return dict(self._role_services)
+
+    def use_worker_loads(self, loads: WorkerLoads) -> None:
+        """Where a scale-down reads the load of each pod (module doc: graceful scale-down);
+        without it every pod's load is unknown."""
+        self._worker_loads = loads
 
     async def validate(self) -> None:
         """Find the DGD, resolve every role's service, and check GPU and model facts."""
@@ -609,10 +646,98 @@ class KubernetesConnector:
         higher = {role: n for role, n in writes.items() if role not in lower}
         self._last_action = (self._wall(), dict(writes))
         if lower:
+            await self._drain(obs, lower)
             await self._write_roles(obs, lower)
         if higher:
             await self._wait_released(obs, {**obs.desired, **lower}, fresh=bool(lower))
             await self._write_roles(obs, higher)
+
+    # --- graceful scale-down ------------------------------------------------------------------
+
+    def _loads(self) -> Mapping[str, int]:
+        if self._worker_loads is None:
+            return {}
+        try:
+            return dict(self._worker_loads())
+        except Exception as exc:  # a reading that fails is an unknown load, never a crash
+            log.warning("DGD %s: the workers' load could not be read: %s", self._ref, exc)
+            return {}
+
+    async def _drain(self, obs: _Observation, lower: Mapping[str, int]) -> None:
+        """Choose and mark the pods that leave, then give the ready ones time to finish
+        their requests (module doc: graceful scale-down)."""
+        pods = await self._dgd_pods()
+        loads = self._loads()
+        leaving: dict[str, bool] = {}  # pod name -> ready
+        for role, target in lower.items():
+            service = obs.services[role].service
+            live = [
+                p
+                for p in pods
+                if (p.metadata.labels or {}).get(SERVICE_POD_LABEL) == service
+                and p.metadata.deletion_timestamp is None
+                and not (p.status is not None and p.status.phase in ("Succeeded", "Failed"))
+            ]
+            ranked = sorted(live, key=lambda p: _leave_rank(p, loads))
+            chosen = ranked[: max(0, len(live) - target)]
+            for pod in chosen:
+                leaving[pod.metadata.name] = _pod_ready(pod)
+            if chosen:
+                log.info(
+                    "DGD %s: %s %d -> %d: %s leave%s",
+                    self._ref,
+                    role,
+                    obs.desired[role],
+                    target,
+                    ", ".join(f"{p.metadata.name} ({_load_text(p, loads)})" for p in chosen),
+                    "s" if len(chosen) == 1 else "",
+                )
+        since = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+        for pod in pods:
+            name = pod.metadata.name
+            annotations = pod.metadata.annotations or {}
+            if name in leaving:
+                if annotations.get(POD_DELETION_COST) != LEAVING_COST:
+                    await self._annotate_pod(
+                        name, {POD_DELETION_COST: LEAVING_COST, DRAINING_ANNOTATION: since}
+                    )
+            elif DRAINING_ANNOTATION in annotations and pod.metadata.deletion_timestamp is None:
+                # Marked by an earlier scale-down that did not take it: it stays now.
+                await self._annotate_pod(name, {POD_DELETION_COST: None, DRAINING_ANNOTATION: None})
+        await self._wait_drained([name for name, ready in leaving.items() if ready])
+
+    async def _wait_drained(self, pods: list[str]) -> None:
+        """Return once every pod in ``pods`` reports no request in flight, or when the drain
+        timeout passed."""
+        timeout = self._settings.drain_timeout_s
+        if not pods or timeout <= 0:
+            return
+        start = self._clock()
+        while True:
+            loads = self._loads()
+            busy = {pod: loads.get(pod) for pod in pods if loads.get(pod) != 0}
+            waited = self._clock() - start
+            if not busy:
+                log.info(
+                    "DGD %s: %s drained (no request in flight) after %.1f s",
+                    self._ref,
+                    ", ".join(pods),
+                    waited,
+                )
+                return
+            if waited >= timeout:
+                log.warning(
+                    "DGD %s: drain timeout (%g s): %s; lowering the replicas anyway (Dynamo "
+                    "serves them for its grace period after SIGTERM)",
+                    self._ref,
+                    timeout,
+                    ", ".join(
+                        f"{pod} {'load unknown' if n is None else f'{n} in flight'}"
+                        for pod, n in busy.items()
+                    ),
+                )
+                return
+            await self._sleep(min(DRAIN_POLL_S, timeout - waited))
 
     async def _wait_released(
         self, obs: _Observation, desired: Mapping[str, int], *, fresh: bool
@@ -867,8 +992,8 @@ class KubernetesConnector:
             return adapter
         return None
 
-    async def _terminating_pods(self) -> dict[str, int]:
-        """Pods of this DGD still terminating, by service (they hold their GPUs until gone)."""
+    async def _dgd_pods(self) -> list[Any]:
+        """The pods of this DGD (``V1Pod``), by Dynamo's label."""
         pods = await self._call(
             f"list pods of DynamoGraphDeployment {self._ref}",
             "list",
@@ -877,14 +1002,32 @@ class KubernetesConnector:
             self.namespace,
             label_selector=f"{DGD_POD_LABEL}={self.dgd_name}",
         )
+        # Checked here too: the selector is the server's to apply, the budget ours.
+        return [
+            pod
+            for pod in getattr(pods, "items", None) or ()
+            if (pod.metadata.labels or {}).get(DGD_POD_LABEL) == self.dgd_name
+        ]
+
+    async def _annotate_pod(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        """One merge patch of a pod's annotations (None removes one)."""
+        await self._call(
+            f"patch pod {self.namespace}/{name} (pod-deletion-cost)",
+            "patch",
+            "pods",
+            self._core.patch_namespaced_pod,
+            name,
+            self.namespace,
+            {"metadata": {"annotations": dict(annotations)}},
+            _content_type="application/merge-patch+json",
+        )
+
+    async def _terminating_pods(self) -> dict[str, int]:
+        """Pods of this DGD still terminating, by service (they hold their GPUs until gone)."""
         counts: dict[str, int] = {}
-        for pod in getattr(pods, "items", None) or ():
+        for pod in await self._dgd_pods():
             labels = pod.metadata.labels or {}
-            # Checked here too: the selector is the server's to apply, the budget ours.
-            if (
-                labels.get(DGD_POD_LABEL) != self.dgd_name
-                or pod.metadata.deletion_timestamp is None
-            ):
+            if pod.metadata.deletion_timestamp is None:
                 continue
             if pod.status is not None and pod.status.phase in ("Succeeded", "Failed"):
                 continue  # exited: its GPUs are free
@@ -998,3 +1141,22 @@ class KubernetesConnector:
                 f"'{self.namespace}' (see the RBAC table in disagg_planner.connectors.kubernetes)"
             )
         raise ConnectorError(f"{what}: rejected ({answer})")
+
+
+def _pod_ready(pod: Any) -> bool:
+    conditions = (pod.status.conditions if pod.status is not None else None) or ()
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _leave_rank(pod: Any, loads: Mapping[str, int]) -> tuple[bool, bool, int, str]:
+    """Sort key of the pods that leave first: not ready, then the least requests in flight,
+    then unknown load; the name keeps the order stable."""
+    load = loads.get(pod.metadata.name)
+    return (_pod_ready(pod), load is None, load or 0, pod.metadata.name)
+
+
+def _load_text(pod: Any, loads: Mapping[str, int]) -> str:
+    if not _pod_ready(pod):
+        return "not ready"
+    load = loads.get(pod.metadata.name)
+    return "load unknown" if load is None else f"{load} in flight"

@@ -60,6 +60,7 @@ from kubernetes.client.exceptions import ApiException
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.observe.fpm_subscriber import FpmSubscriber
+from disagg_planner.signals.fpm import ForwardPassMetrics
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,17 @@ _FRAME_HEADER = struct.Struct(">BI")
 
 Publishers = Mapping[str, frozenset[str]]
 """Role -> the ZMQ endpoints of its ready workers' FPM publishers."""
+
+
+def requests_in_flight(fpm: ForwardPassMetrics) -> int:
+    """Requests an engine holds: scheduled this iteration and queued."""
+    scheduled, queued = fpm.scheduled_requests, fpm.queued_requests
+    return (
+        scheduled.num_prefill_requests
+        + scheduled.num_decode_requests
+        + queued.num_prefill_requests
+        + queued.num_decode_requests
+    )
 
 
 # --- the event plane's wire format -------------------------------------------------------------
@@ -230,6 +242,17 @@ class FpmPublisherWatcher:
         """The publishers last reported (None before both kinds were listed)."""
         with self._lock:
             return None if self._current is None else dict(self._current)
+
+    def pod_endpoints(self) -> dict[str, frozenset[str]]:
+        """Pod name -> the FPM publishers its DynamoWorkerMetadata name (ready or not)."""
+        with self._lock:
+            metadatas = list((self._objects[DWM_PLURAL] or {}).values())
+        out: dict[str, frozenset[str]] = {}
+        for metadata in metadatas:
+            pod = _owner_pod(metadata)
+            if pod is not None:
+                out[pod] = out.get(pod, frozenset()) | frozenset(fpm_channels(metadata)[0])
+        return out
 
     def start(self) -> None:
         for kind in self._objects:
@@ -391,6 +414,22 @@ class DiscoveredEngines:
     def _follow(self, found: Publishers) -> None:
         for role, endpoints in found.items():
             self.sources[role].set_endpoints(endpoints)
+
+    def in_flight_by_pod(self) -> dict[str, int]:
+        """Pod name -> requests scheduled and queued on its engines, by their latest fresh
+        reports (the Kubernetes connector's ``WorkerLoads``); a discovered pod none of whose
+        engines reported is left out (unknown load)."""
+        if self.watcher is None:
+            return {}
+        by_endpoint: dict[str, list[ForwardPassMetrics]] = {}
+        for source in self.sources.values():
+            by_endpoint.update(source.by_endpoint())
+        out: dict[str, int] = {}
+        for pod, endpoints in self.watcher.pod_endpoints().items():
+            reports = [fpm for endpoint in endpoints for fpm in by_endpoint.get(endpoint, ())]
+            if reports:
+                out[pod] = sum(requests_in_flight(fpm) for fpm in reports)
+        return out
 
     def start(self) -> None:
         for source in self.sources.values():

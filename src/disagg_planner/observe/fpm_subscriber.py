@@ -217,6 +217,17 @@ class FpmSubscriber:
             self._counts["expired_engines"] += len(stale)
             return dict(self._latest)
 
+    def by_endpoint(self, now_s: float | None = None) -> dict[str, list[ForwardPassMetrics]]:
+        """:meth:`snapshot` grouped by the publisher each report came from."""
+        latest = self.snapshot(now_s)
+        with self._lock:
+            origin = dict(self._origin)
+        out: dict[str, list[ForwardPassMetrics]] = {}
+        for key, fpm in latest.items():
+            if key in origin:
+                out.setdefault(origin[key], []).append(fpm)
+        return out
+
     def last_seen(self) -> dict[EngineKey, float]:
         """When each known engine was last heard from, on :attr:`clock`."""
         with self._lock:

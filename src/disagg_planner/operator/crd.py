@@ -237,6 +237,16 @@ def status_schema() -> dict[str, Any]:
                     "estimatedItlMs": number,
                 },
             },
+            "lastDegraded": {
+                "type": "object",
+                "description": "The latest time the planner lacked an input, and what.",
+                "properties": {
+                    "reason": {"type": "string"},
+                    "message": {"type": "string"},
+                    "since": {"type": "string", "format": "date-time"},
+                    "until": {"type": "string", "format": "date-time"},
+                },
+            },
             "gpusInUse": {"type": "integer"},
             "gpuHours": {"type": "number"},
             "conditions": {

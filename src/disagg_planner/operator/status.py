@@ -19,6 +19,11 @@ From adoption until the first tick: ``Ready`` False ``Starting``, ``Scaling`` Fa
 not read the deployment (deleted, unreachable) leaves ``Scaling`` False ``NotPlanning``:
 nothing is known to match anything.
 
+``lastDegraded`` keeps the latest episode of ``Degraded`` True: its ``reason`` and first
+``message``, ``since`` when, and ``until`` once it cleared. The writer keeps it even when the
+status could not be written (the API server unreachable), so that the first status written
+afterwards says what happened meanwhile.
+
 ``lastTransitionTime`` changes only when a condition's status does. The writer sends a JSON
 merge patch of what changed since its last write (keys that disappeared are nulled), skips
 unchanged statuses, and, while only the measurements move, writes at most every
@@ -298,6 +303,8 @@ class StatusWriter:
         self._timeout = request_timeout_s
         self.writes = 0
         self.target: DeploymentRef | None = None
+        last = self._written.get("lastDegraded")
+        self._degraded: dict[str, str] | None = dict(last) if isinstance(last, Mapping) else None
 
     @property
     def written(self) -> Mapping[str, Any]:
@@ -335,7 +342,25 @@ class StatusWriter:
             body["target"] = str(target)
         await self._write(body, now, force=True)
 
+    def _follow_degraded(self, body: dict[str, Any], now: float) -> None:
+        """Update the Degraded episode from ``body``'s condition and add it to ``body``."""
+        conditions = body.get("conditions") or ()
+        degraded = next((c for c in conditions if c.get("type") == "Degraded"), None)
+        if degraded is not None and degraded.get("status") == "True":
+            last = self._degraded
+            if last is None or "until" in last or last.get("reason") != degraded.get("reason"):
+                self._degraded = {
+                    "reason": str(degraded.get("reason", "")),
+                    "message": str(degraded.get("message", "")),
+                    "since": rfc3339(now),
+                }
+        elif degraded is not None and self._degraded is not None and "until" not in self._degraded:
+            self._degraded["until"] = rfc3339(now)
+        if self._degraded is not None:
+            body["lastDegraded"] = dict(self._degraded)
+
     async def _write(self, body: dict[str, Any], now: float, *, force: bool = False) -> None:
+        self._follow_degraded(body, now)
         patch = merge_patch(self._written, body)
         if not patch:
             return

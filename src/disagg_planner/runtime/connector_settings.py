@@ -58,6 +58,7 @@ def kubernetes_settings(config: PlannerConfig) -> KubernetesSettings:
         api_timeout_s=config.kubernetes_api_timeout_seconds,
         api_backoff_s=config.kubernetes_api_backoff_seconds,
         convergence_timeout_s=config.scaling_convergence_timeout_seconds,
+        drain_timeout_s=config.kubernetes_drain_timeout_seconds,
     )
 
 

@@ -329,6 +329,8 @@ class DeploymentLoop:
             )
             engines.start()
             self._owned_sources.append(engines)
+            # A scale-down lets the least-loaded workers leave, after they drained.
+            connector.use_worker_loads(engines.in_flight_by_pod)
             for role in cfg.roles:
                 static = (
                     cfg.prefill_fpm_endpoints if role == "prefill" else cfg.decode_fpm_endpoints

@@ -652,8 +652,11 @@ class Cluster:
         for e in replica.ranks:
             self._engine_of_replica.pop(id(e), None)
 
-    def set_replicas(self, role: str, n: int) -> None:
-        """Scale ``role`` to ``n`` replicas (see the module doc for what happens when)."""
+    def set_replicas(self, role: str, n: int, *, leaving: Iterable[str] = ()) -> None:
+        """Scale ``role`` to ``n`` replicas (see the module doc for what happens when).
+        ``leaving`` names ready replicas (worker ids) that drain before any other, as the
+        orchestrator chose them; the others go least loaded first."""
+        chosen = frozenset(leaving)
         r = self._role(role)
         if n < 0:
             raise SimulatorInputError(f"set_replicas({role!r}, {n}): n must be >= 0")
@@ -678,7 +681,13 @@ class Cluster:
         if excess <= 0:
             return
         ready = [x for x in live if x.state is ReplicaState.READY and x.resizing is None]
-        ready.sort(key=lambda x: (sum(e.num_requests for e in x.ranks), -x.start_s))
+        ready.sort(
+            key=lambda x: (
+                x.worker_id not in chosen,
+                sum(e.num_requests for e in x.ranks),
+                -x.start_s,
+            )
+        )
         for x in ready[:excess]:
             x.state = ReplicaState.DRAINING
             x.drain_s = now

@@ -29,7 +29,11 @@ import kmock as kmock_lib
 import pytest
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.connectors.kubernetes import STATE_ANNOTATION, KubernetesSettings
+from disagg_planner.connectors.kubernetes import (
+    POD_DELETION_COST,
+    STATE_ANNOTATION,
+    KubernetesSettings,
+)
 from disagg_planner.runtime.connector_settings import kubernetes_settings
 from tests.integration.conftest import free_port
 from tests.kube_dynamo import (
@@ -136,13 +140,19 @@ class SimulatedDynamo:
     On every change of the DGD's spec (a patch, an adapter's ``/scale``) it acts at once: it
     creates the missing pods of a service, which hold their GPUs from that moment (the worst
     case for a budget), and marks the extra ones terminating (``deletionTimestamp``): they hold
-    their GPUs for ``grace_s`` of the fake clock before they are gone. The DGD's status counts
-    non-terminated replicas, as Dynamo's does. ``snapshots`` records, after every change,
-    each service's (existing, terminating) pods.
+    their GPUs for ``grace_s`` of the fake clock before they are gone. The extra ones are those
+    a ReplicaSet deletes: the lowest ``controller.kubernetes.io/pod-deletion-cost`` first, then
+    the newest. With ``ready`` its pods carry a Ready condition (else they only run). The
+    DGD's status counts non-terminated replicas, as Dynamo's does. ``snapshots`` records,
+    after every change, each service's (existing, terminating) pods.
     """
 
-    def __init__(self, cluster: Cluster, time: FakeTime, *, grace_s: float, name: str) -> None:
+    def __init__(
+        self, cluster: Cluster, time: FakeTime, *, grace_s: float, name: str, ready: bool = False
+    ) -> None:
         self.cluster = cluster
+        self.ready = ready
+        self.removed: list[str] = []  # pod names, in the order they were told to terminate
         self.time = time
         self.grace_s = grace_s
         self.name = name
@@ -160,6 +170,14 @@ class SimulatedDynamo:
             for snap in self.snapshots
         ]
 
+    def deletion_cost(self, pod: str) -> int:
+        annotations = self.cluster.kmock.objects[PODS, NS, pod].raw["metadata"].get("annotations")
+        return int((annotations or {}).get(POD_DELETION_COST, 0))
+
+    def annotations(self, pod: str) -> dict[str, str]:
+        raw = self.cluster.kmock.objects[PODS, NS, pod].raw
+        return dict(raw["metadata"].get("annotations") or {})
+
     def reconcile(self) -> None:
         now = self.time.now
         kmock = self.cluster.kmock
@@ -171,8 +189,10 @@ class SimulatedDynamo:
         for service, spec in services.items():
             wanted = int(spec.get("replicas", 1))
             running = [p for p in self.pods if p.service == service and p.leaves_at is None]
-            for pod in running[wanted:]:  # the newest stay
+            running.sort(key=lambda p: (self.deletion_cost(p.name), -self.pods.index(p)))
+            for pod in running[: max(0, len(running) - wanted)]:
                 pod.leaves_at = now + self.grace_s
+                self.removed.append(pod.name)
                 kmock.objects[PODS, NS, pod.name].patch(
                     {"metadata": {"deletionTimestamp": "2030-01-01T00:00:00Z"}}
                 )
@@ -188,7 +208,12 @@ class SimulatedDynamo:
                         "namespace": NS,
                         "labels": {DGD_POD_LABEL: self.name, SERVICE_POD_LABEL: service},
                     },
-                    "status": {"phase": "Running"},
+                    "status": {
+                        "phase": "Running",
+                        "conditions": [
+                            {"type": "Ready", "status": "True" if self.ready else "False"}
+                        ],
+                    },
                 }
             status[service] = {  # the missing pods were created, the extra ones leave
                 "replicas": wanted,
@@ -223,13 +248,13 @@ class Cluster:
         self.dynamo: SimulatedDynamo | None = None
 
     def simulate_dynamo(
-        self, time: FakeTime, *, grace_s: float = 5.0, name: str = DGD_NAME
+        self, time: FakeTime, *, grace_s: float = 5.0, name: str = DGD_NAME, ready: bool = False
     ) -> SimulatedDynamo:
         """From now on a :class:`SimulatedDynamo` follows the DGD ``name`` (replacing one
         that followed before, whose pods are removed)."""
         for pod in self.dynamo.pods if self.dynamo is not None else ():
             del self.kmock.objects[PODS, NS, pod.name]
-        self.dynamo = SimulatedDynamo(self, time, grace_s=grace_s, name=name)
+        self.dynamo = SimulatedDynamo(self, time, grace_s=grace_s, name=name, ready=ready)
         return self.dynamo
 
     def forget_requests(self) -> None:

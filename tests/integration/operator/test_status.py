@@ -9,6 +9,7 @@ import pytest
 
 from disagg_planner.core.planner import Effects
 from disagg_planner.core.types import DeploymentStatus, RoleStatus
+from disagg_planner.operator.crd import GROUP, VERSION
 from disagg_planner.operator.status import (
     StatusWriter,
     merge_patch,
@@ -219,3 +220,31 @@ async def test_the_writer_patches_changes_only_and_rate_limits_measurements(
     now[0] += 31  # measurements alone are refreshed after the interval
     await writer.write_outcome(outcome(t_s=now[0], applied={"prefill": 2}))
     assert status_patches() == 3
+
+
+async def test_a_degraded_episode_the_status_could_not_show_is_written_afterwards(
+    operator_cluster: OperatorCluster,
+) -> None:
+    # The API server unreachable: the tick that lacked the DGD cannot write its status
+    # either; the next status written says what happened meanwhile.
+    cluster = operator_cluster
+    await cluster.add_policy("p", {"targetRef": {"name": "graph"}})
+    now = [T0]
+    writer = StatusWriter(cluster.api.api_client, namespace=NS, name="p", wall_clock=lambda: now[0])
+    writer.target = TARGET
+    await writer.write_outcome(outcome())
+    assert "lastDegraded" not in cluster.kmock.objects[POLICY, NS, "p"].raw["status"]
+
+    now[0] += 5
+    cluster.fail(
+        "patch", "plannerpolicies", [503], subresource="status", group=GROUP, version=VERSION
+    )
+    lost = Problem(ProblemKind.CONNECTOR_ERROR, "connector_error", "connection failed", "status")
+    await writer.write_outcome(outcome(t_s=now[0], status=None, effects=None, problems=[lost]))
+    assert writer.writes == 1  # refused (kmock stores a patch before its answer: not read)
+
+    now[0] += 5
+    await writer.write_outcome(outcome(t_s=now[0]))
+    last = cluster.kmock.objects[POLICY, NS, "p"].raw["status"]["lastDegraded"]
+    assert last["reason"] == "ConnectorError" and "connection failed" in last["message"]
+    assert (last["since"], last["until"]) == (rfc3339(T0 + 5), rfc3339(T0 + 10))

@@ -17,7 +17,8 @@ Call = tuple[str, str, str]  # verb, API group ("" = core), resource[/subresourc
 POLICY_GROUP = "planner.autoscaling.dev"
 
 # src/disagg_planner/connectors/kubernetes.py: the DGD, its scaling adapters, its pods (the
-# engines still terminating, before an increase), Events about manual edits.
+# engines still terminating, before an increase; the ones that leave, marked with their
+# deletion cost, before a decrease), Events about manual edits.
 CONNECTOR_CALLS: frozenset[Call] = frozenset(
     {
         ("get", "nvidia.com", "dynamographdeployments"),
@@ -25,6 +26,7 @@ CONNECTOR_CALLS: frozenset[Call] = frozenset(
         ("get", "nvidia.com", "dynamographdeploymentscalingadapters"),
         ("patch", "nvidia.com", "dynamographdeploymentscalingadapters/scale"),
         ("list", "", "pods"),
+        ("patch", "", "pods"),
         ("create", "", "events"),
     }
 )

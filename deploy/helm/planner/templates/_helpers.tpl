@@ -74,7 +74,7 @@ src/disagg_planner/operator/app.py). Argument: dict "root" $ "peering" <resource
   verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -1,0 +1,178 @@
+"""Issue 19, problem 6: a scale-down used to remove whichever pod Kubernetes picked, at once.
+Now the connector chooses the workers that leave (least loaded by their FPM; pods not ready
+first), marks them with ``controller.kubernetes.io/pod-deletion-cost`` and lowers the count
+once they drained or the drain timeout passed. SimulatedDynamo removes pods the way a
+ReplicaSet does (lowest deletion cost first, then the newest), so without the mark the newest
+pod would leave."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from disagg_planner.connectors.kubernetes import (
+    DRAINING_ANNOTATION,
+    LEAVING_COST,
+    POD_DELETION_COST,
+    KubernetesConnector,
+)
+from tests.integration.connectors.conftest import (
+    DGD_NAME,
+    DGD_PLURAL,
+    NS,
+    PODS,
+    Cluster,
+    FakeTime,
+    frontend,
+    k8s_settings,
+    worker,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+
+PREFILL = "prefill-pool"
+
+
+def deploy(cluster: Cluster, time: FakeTime, prefill: int, *, ready: bool = True) -> list[str]:
+    """A DGD with ``prefill`` prefill pods (oldest first) and one decode pod."""
+    cluster.add_dgd(
+        {"Frontend": frontend(), PREFILL: worker("prefill", prefill), "decode": worker("decode", 1)}
+    )
+    dynamo = cluster.simulate_dynamo(time, ready=ready)
+    return [p.name for p in dynamo.pods if p.service == PREFILL]
+
+
+def connector(
+    api_client: Any, time: FakeTime, loads: Callable[[], dict[str, int]] | None, **config: Any
+) -> KubernetesConnector:
+    conn = KubernetesConnector(
+        k8s_settings(**config), api_client=api_client, clock=time.clock, sleep=time.sleep
+    )
+    if loads is not None:
+        conn.use_worker_loads(loads)
+    return conn
+
+
+def pod_patches(cluster: Cluster) -> list[tuple[str, dict[str, Any]]]:
+    return [(r.name, r.data["metadata"]["annotations"]) for r in cluster.requests("PATCH", "pods")]
+
+
+def spec_prefill(cluster: Cluster) -> int:
+    return int(cluster.dgd()["spec"]["services"][PREFILL]["replicas"])
+
+
+async def test_the_least_loaded_worker_is_marked_drained_and_removed(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime
+) -> None:
+    oldest, middle, newest = deploy(cluster, fake_time, 3)
+    # The oldest pod is the least loaded; it still serves one request for 2 s.
+    drained_at = fake_time.now + 2.0
+    seen_spec: list[int] = []
+
+    def loads() -> dict[str, int]:
+        seen_spec.append(spec_prefill(cluster))
+        return {oldest: 0 if fake_time.now >= drained_at else 1, middle: 5, newest: 3}
+
+    conn = connector(api_client, fake_time, loads, kubernetes_drain_timeout_seconds=30)
+    await conn.validate()
+    outcome = await conn.set_replicas({"prefill": 2, "decode": 1})
+
+    assert outcome.applied == {"prefill": 2}
+    assert spec_prefill(cluster) == 2
+    # Marked before the count dropped; the count dropped only once it had drained.
+    ((name, annotations),) = pod_patches(cluster)
+    assert name == oldest
+    assert annotations[POD_DELETION_COST] == LEAVING_COST
+    assert DRAINING_ANNOTATION in annotations
+    assert set(seen_spec) == {3}, "the replicas were lowered before the drain ended"
+    assert fake_time.now >= drained_at
+    assert cluster.dynamo is not None and cluster.dynamo.removed == [oldest]
+
+
+async def test_the_drain_ends_at_its_timeout(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime, caplog: Any
+) -> None:
+    first, second = deploy(cluster, fake_time, 2)
+    conn = connector(
+        api_client, fake_time, lambda: {first: 4, second: 2}, kubernetes_drain_timeout_seconds=5
+    )
+    start = fake_time.now
+    with caplog.at_level(logging.WARNING, logger="disagg_planner.connectors.kubernetes"):
+        await conn.set_replicas({"prefill": 1})
+    assert spec_prefill(cluster) == 1
+    assert 5.0 <= fake_time.now - start < 6.0
+    assert any(
+        "drain timeout (5 s)" in r.getMessage() and f"{second} 2 in flight" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text
+    assert cluster.dynamo is not None and cluster.dynamo.removed == [second]
+
+
+async def test_a_known_idle_worker_leaves_before_one_of_unknown_load(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime
+) -> None:
+    first, _second = deploy(cluster, fake_time, 2)
+    # No FPM from the newer pod: the older, known idle one leaves, at once.
+    conn = connector(api_client, fake_time, lambda: {first: 0})
+    await conn.set_replicas({"prefill": 1})
+    assert fake_time.sleeps == []
+    assert cluster.dynamo is not None and cluster.dynamo.removed == [first]
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, 4.0])
+async def test_with_no_load_known_the_drain_waits_its_whole_timeout(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime, timeout_s: float
+) -> None:
+    pods = deploy(cluster, fake_time, 3)
+    conn = connector(api_client, fake_time, None, kubernetes_drain_timeout_seconds=timeout_s)
+    start = fake_time.now
+    await conn.set_replicas({"prefill": 2})
+    assert fake_time.now - start == pytest.approx(timeout_s)
+    assert spec_prefill(cluster) == 2
+    # Unknown load everywhere: the first by name is marked and leaves.
+    assert cluster.dynamo is not None and cluster.dynamo.removed == [pods[0]]
+
+
+async def test_pods_not_ready_leave_first_without_a_drain(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime
+) -> None:
+    pods = deploy(cluster, fake_time, 3)
+    starting = pods[0]
+    cluster.kmock.objects[PODS, NS, starting].patch(
+        {"status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+    )
+    conn = connector(api_client, fake_time, lambda: dict.fromkeys(pods[1:], 0) | {starting: 0})
+    await conn.set_replicas({"prefill": 2})
+    assert [name for name, _ in pod_patches(cluster)] == [starting]
+    assert fake_time.sleeps == []
+    assert cluster.dynamo is not None and cluster.dynamo.removed == [starting]
+
+
+async def test_a_pod_marked_earlier_that_stays_is_unmarked(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime
+) -> None:
+    stale, idle, busy = deploy(cluster, fake_time, 3)
+    # Marked by a scale-down that was not written (the planner stopped during its drain).
+    cluster.kmock.objects[PODS, NS, stale].patch(
+        {"metadata": {"annotations": {POD_DELETION_COST: LEAVING_COST, DRAINING_ANNOTATION: "x"}}}
+    )
+    conn = connector(api_client, fake_time, lambda: {stale: 3, idle: 0, busy: 2})
+    await conn.set_replicas({"prefill": 2})
+    assert cluster.dynamo is not None
+    assert cluster.dynamo.removed == [idle]
+    assert POD_DELETION_COST not in cluster.dynamo.annotations(stale)
+    assert DRAINING_ANNOTATION not in cluster.dynamo.annotations(stale)
+    assert cluster.dynamo.annotations(idle)[POD_DELETION_COST] == LEAVING_COST
+
+
+async def test_an_increase_marks_nothing(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime
+) -> None:
+    deploy(cluster, fake_time, 1)
+    conn = connector(api_client, fake_time, dict)
+    await conn.set_replicas({"prefill": 3})
+    assert pod_patches(cluster) == []
+    assert [r.name for r in cluster.requests("PATCH", DGD_PLURAL)] == [DGD_NAME]
