@@ -41,10 +41,11 @@ from typing import Any, overload
 
 import numpy as np
 
+from disagg_planner.simulator import catalogue
 from disagg_planner.simulator.catalogue import Efficiency
 from disagg_planner.simulator.engine_model import EngineModel, FloatArray
 from disagg_planner.simulator.engine_spec import EngineSpec, coerce
-from disagg_planner.simulator.errors import EngineSpecError
+from disagg_planner.simulator.errors import CatalogueError, EngineSpecError
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,10 @@ _KV_QUANT = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 
 
 def _package_dir() -> Path:
-    found = importlib.util.find_spec(_PACKAGE)
+    try:
+        found = importlib.util.find_spec(_PACKAGE)
+    except (ImportError, ValueError):  # a broken install counts as none
+        found = None
     if found is None or not found.submodule_search_locations:
         raise EngineSpecError(
             f"the aic engine needs aiconfigurator-core, which is not installed: {INSTALL_HINT}"
@@ -113,13 +117,18 @@ def resolve_model(name: str, *, spec: str) -> tuple[str, str]:
         hub_id = _FROM_CATALOGUE[catalogue_name][0]
     else:
         shipped = (package / "model_configs" / f"{key.replace('/', '--')}_config.json").exists()
-        why = (
-            "aiconfigurator-core ships its config, but the simulator's catalogue lacks its "
-            "architecture"
-            if shipped
-            else "aiconfigurator-core ships no config for it and would fetch one from the "
-            "model hub, which the planner never does at run time"
-        )
+        if shipped:
+            why = (
+                "aiconfigurator-core ships its config, but the simulator's catalogue lacks "
+                "its architecture"
+            )
+        elif _in_catalogue(key):
+            why = "no AIConfigurator config is mapped to this catalogue model (MoE or absent)"
+        else:
+            why = (
+                "aiconfigurator-core ships no config for it and would fetch one from the "
+                "model hub, which the planner never does at run time"
+            )
         raise EngineSpecError(
             f"engine spec {spec!r}: model {name!r} is refused: {why}; use one of "
             + ", ".join(supported_models())
@@ -131,6 +140,14 @@ def resolve_model(name: str, *, spec: str) -> tuple[str, str]:
             f"for {hub_id}; install the pinned version: {INSTALL_HINT}"
         )
     return hub_id, catalogue_name
+
+
+def _in_catalogue(name: str) -> bool:
+    try:
+        catalogue.model(name)
+    except CatalogueError:
+        return False
+    return True
 
 
 def check_supported(spec: EngineSpec, *, spec_text: str | None = None) -> None:

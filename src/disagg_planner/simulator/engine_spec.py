@@ -205,8 +205,10 @@ def parse(text: str) -> EngineSpec:
             fields["backend"] = option.lower()
             continue
         if "=" not in option:
+            backend = f"a backend ({'|'.join(BACKENDS)}), " if timing == "aic" else ""
             raise EngineSpecError(
-                f"engine spec {text!r}: option {option!r} is neither tpN/dpN/epN nor key=value"
+                f"engine spec {text!r}: option {option!r} is neither {backend}tpN/dpN/epN "
+                "nor key=value"
             )
         raw_key, value = (s.strip() for s in option.split("=", 1))
         key = _KEY_ALIASES.get(raw_key.lower())
