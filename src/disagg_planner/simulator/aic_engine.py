@@ -35,7 +35,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
@@ -274,12 +274,41 @@ def _sdk() -> dict[str, Any]:
     return _SDK
 
 
+@dataclass
+class _Answers:
+    """AIConfigurator's answers for one compiled engine, in milliseconds, by rounded
+    arguments, and what of them lay outside the measured grid. Shared by every engine model
+    of the spec in the process: a replay builds many (the oracle's plan, each policy's
+    cluster) and the first answers of an engine are the slow ones (table loading)."""
+
+    shared: dict[int, float] = field(default_factory=dict)  # tokens
+    prefill_attention: dict[tuple[int, int], float] = field(default_factory=dict)  # new, ctx
+    decode_attention: dict[int, dict[int, float]] = field(default_factory=dict)  # batch, ctx
+    extrapolations: Counter[str] = field(default_factory=Counter)
+    logged: set[str] = field(default_factory=set)
+
+    def clear(self) -> None:
+        # In place: engine models hold these very dicts.
+        for table in (self.shared, self.prefill_attention, self.decode_attention):
+            table.clear()
+        self.extrapolations.clear()
+        self.logged.clear()
+
+
 @dataclass(frozen=True)
 class _Compiled:
     handle: Any  # aiconfigurator_core.sdk.engine.EngineHandle
     version: str
     kv_blocks: int
     grid: MeasuredGrid
+    answers: _Answers
+
+
+def forget_answers() -> None:
+    """Drop every cached answer and extrapolation count (the compiled engines stay): what
+    the calibration does before each point, so that its flag is the point's own."""
+    for compiled in _COMPILED.values():
+        compiled.answers.clear()
 
 
 _COMPILED: dict[tuple[object, ...], _Compiled] = {}
@@ -339,18 +368,33 @@ def _compiled(spec: EngineSpec) -> _Compiled:
             f"engine spec {spec}: AIConfigurator's memory model leaves no KV cache "
             f"({blocks} blocks); use more GPUs (tp) or a smaller precision"
         )
-    found = _COMPILED[key] = _Compiled(handle, version, blocks, _grid(system, spec.backend))
+    grid = _grid(system, spec.backend)
+    found = _COMPILED[key] = _Compiled(handle, version, blocks, grid, _Answers())
     return found
 
 
 def _bucket(x: float) -> int:
-    """``x`` rounded to 64 steps per power of two (<= 0.8% off) above 128, to 1 below: the
-    cache key of a length, so that a replay's continuum of contexts hits a bounded cache."""
-    n = round(x)
+    """``x`` as a cache key of a length: :func:`_bucket_int` of its nearest integer."""
+    return _bucket_int(round(x))
+
+
+def _bucket_int(n: int) -> int:
+    """``n`` rounded (half up) to 64 steps per power of two above 128 (<= 0.8% off), kept
+    as it is (at least 1) below: so that a replay's continuum of lengths hits a bounded
+    cache."""
     if n <= 128:
-        return max(n, 0)
-    step = 1 << (n.bit_length() - 7)
-    return round(n / step) * step
+        return max(n, 1)
+    shift = n.bit_length() - 7
+    return ((n + (1 << (shift - 1))) >> shift) << shift
+
+
+def _bucket_end(n: int) -> int:
+    """The largest ``m >= n`` with ``_bucket_int(m) == _bucket_int(n)`` and the same step."""
+    if n <= 128:
+        return n if n >= 1 else 0
+    shift = n.bit_length() - 7
+    centre = ((n + (1 << (shift - 1))) >> shift) << shift
+    return min(centre + (1 << (shift - 1)) - 1, (1 << n.bit_length()) - 1)
 
 
 class AicEngineModel(EngineModel):
@@ -370,12 +414,17 @@ class AicEngineModel(EngineModel):
         self.max_kv_tokens = self.kv_blocks * spec.block_size
         limit = spec.max_model_len or spec.model.max_context
         self.max_model_len = min(limit, self.max_kv_tokens)
-        # Answers outside the measured grid: kind -> how many distinct (cached) answers.
-        self.extrapolations: Counter[str] = Counter()
-        self._logged_kinds: set[str] = set()
-        self._shared_ms: dict[int, float] = {}
-        self._prefill_attn_ms: dict[tuple[int, int], float] = {}
-        self._decode_attn_ms: dict[tuple[int, int], float] = {}
+        self._answers = compiled.answers
+        self._shared_ms = compiled.answers.shared
+        self._prefill_attn_ms = compiled.answers.prefill_attention
+        self._decode_attn_ms = compiled.answers.decode_attention
+
+    @property
+    def extrapolations(self) -> Counter[str]:
+        """Answers outside the measured grid, by kind (gemm, prefill batch, prefill sequence,
+        decode batch, decode context): how many distinct answers this spec's engine models
+        gave in this process so far."""
+        return self._answers.extrapolations
 
     # -- extrapolation guard ---------------------------------------------------------------
     def outside_grid(
@@ -398,15 +447,15 @@ class AicEngineModel(EngineModel):
 
     def _flag(self, notes: list[tuple[str, str]]) -> None:
         for kind, note in notes:
-            if kind not in self._logged_kinds:
-                self._logged_kinds.add(kind)
+            if kind not in self._answers.logged:
+                self._answers.logged.add(kind)
                 log.warning(
                     "%s: %s: AIConfigurator extrapolates outside its measured grid "
                     "(further answers of this kind are counted in extrapolations)",
                     self.spec,
                     note,
                 )
-            self.extrapolations[kind] += 1
+            self._answers.extrapolations[kind] += 1
 
     # -- AIConfigurator's pieces, cached -----------------------------------------------------
     def _shared(self, tokens: int) -> float:
@@ -423,8 +472,8 @@ class AicEngineModel(EngineModel):
 
     def _prefill_attn(self, new: float, context: float) -> float:
         """Attention milliseconds of one prefill chunk of ``new`` tokens after ``context``."""
-        n_q, c_q = _bucket(new), _bucket(context)
-        n_q = max(n_q, 1)
+        n_q = _bucket(new)
+        c_q = _bucket(context) if context >= 0.5 else 0
         key = (n_q, c_q)
         ms = self._prefill_attn_ms.get(key)
         if ms is None:
@@ -436,16 +485,23 @@ class AicEngineModel(EngineModel):
         return ms * (new / n_q)
 
     def _decode_attn(self, batch: int, kv_tokens: float) -> float:
-        """Decode-attention milliseconds of ``batch`` requests holding ``kv_tokens`` in all."""
-        mean = kv_tokens / batch
-        s_q = max(_bucket(mean), 1)
-        key = (batch, s_q)
-        ms = self._decode_attn_ms.get(key)
+        """Decode-attention milliseconds of ``batch`` requests holding ``kv_tokens`` in all,
+        at the whole tokens of their mean context (integer arithmetic, so that a decode run,
+        whose mean grows by exactly one token per step, is timed in segments of equal
+        buckets by :meth:`decode_run_s`)."""
+        s_q = _bucket_int(int(kv_tokens) // batch)
+        by_context = self._decode_attn_ms.get(batch)
+        if by_context is None:
+            by_context = self._decode_attn_ms[batch] = {}
+        ms = by_context.get(s_q)
         if ms is None:
-            # osl=1: AIConfigurator times the decode token at KV length isl + osl // 2 + 1
-            ms = float(self._handle.mixed_step_breakdown(0, batch, max(s_q - 1, 1), 1)[3])
-            self._flag(self.grid.notes(0, 0, 0, batch, s_q))
-            self._decode_attn_ms[key] = ms
+            ms = by_context[s_q] = self._ask_decode_attn(batch, s_q)
+        return ms
+
+    def _ask_decode_attn(self, batch: int, context: int) -> float:
+        # osl=1: AIConfigurator times the decode token at KV length isl + osl // 2 + 1
+        ms = float(self._handle.mixed_step_breakdown(0, batch, max(context - 1, 1), 1)[3])
+        self._flag(self.grid.notes(0, 0, 0, batch, context))
         return ms
 
     # -- the EngineModel interface ---------------------------------------------------------
@@ -504,25 +560,40 @@ class AicEngineModel(EngineModel):
             if prefill_attention_pairs is not None:
                 context = max(0.0, prefill_attention_pairs / p - (chunk + 1.0) / 2.0)
             ms += n * self._prefill_attn(chunk, context)
-        base = ms / 1000.0
         if b == 0:
             if isinstance(decode_kv_tokens, np.ndarray):
-                return np.full(decode_kv_tokens.shape, base)
-            return base
+                return np.full(decode_kv_tokens.shape, ms / 1000.0)
+            return ms / 1000.0
         if isinstance(decode_kv_tokens, np.ndarray):
+            # One formula for every path: (base + attention) / 1000, as decode_run_s.
             attn = [self._decode_attn(b, float(kv)) for kv in decode_kv_tokens.ravel()]
-            return base + np.asarray(attn, dtype=np.float64).reshape(decode_kv_tokens.shape) / 1e3
-        return base + self._decode_attn(b, float(decode_kv_tokens)) / 1000.0
+            total = [(ms + a) / 1000.0 for a in attn]
+            return np.asarray(total, dtype=np.float64).reshape(decode_kv_tokens.shape)
+        return (ms + self._decode_attn(b, float(decode_kv_tokens))) / 1000.0
 
     def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
         """Seconds of each of ``steps`` decode-only iterations whose summed context starts
         at ``kv_tokens`` and grows by ``batch`` per step (as
         :meth:`EngineModel.decode_run_s`)."""
         base = self._shared(batch)
-        return [
-            (base + self._decode_attn(batch, float(kv_tokens + batch * i))) / 1000.0
-            for i in range(steps)
-        ]
+        by_context = self._decode_attn_ms.get(batch)
+        if by_context is None:
+            by_context = self._decode_attn_ms[batch] = {}
+        out: list[float] = []
+        # The mean context of step i is first + i whole tokens: walk it in segments whose
+        # bucket is the same, one lookup and one float per segment.
+        first = kv_tokens // batch
+        last = first + steps - 1
+        n = first
+        while n <= last:
+            end = min(_bucket_end(n), last)
+            key = _bucket_int(n)
+            ms = by_context.get(key)
+            if ms is None:
+                ms = by_context[key] = self._ask_decode_attn(batch, key)
+            out.extend([(base + ms) / 1000.0] * (end - n + 1))
+            n = end + 1
+        return out
 
 
 __all__ = [

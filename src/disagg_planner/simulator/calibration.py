@@ -150,6 +150,11 @@ class _Answer:
 @cache
 def _value(point: CalibrationPoint, engine_model: str) -> _Answer:
     spec = point.spec(engine_model)
+    if engine_model == "aic":
+        from disagg_planner.simulator import aic_engine
+
+        # Each point's extrapolation flag is its own (the answers are shared by spec).
+        aic_engine.forget_answers()
     if point.kind == "offline_thpt":
         value, model = _offline(point, spec)
     else:

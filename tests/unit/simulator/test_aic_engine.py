@@ -234,3 +234,25 @@ def test_planner_replay_runs_on_the_aic_engine(
     assert summary["engine"] == str(parse(H200_8B_FP8))
     lines = (out / "requests.csv").read_text().splitlines()
     assert len(lines) - 1 == summary["requests"] > 100
+
+
+@pytest.mark.parametrize("steps", [3, 64, 65, 700])
+@pytest.mark.parametrize(("batch", "kv"), [(1, 5), (7, 7 * 127), (64, 64 * 3000 + 17)])
+def test_decode_runs_short_and_long_are_the_per_step_timings(
+    h200_8b: EngineModel, steps: int, batch: int, kv: int
+) -> None:
+    per_step = [h200_8b.iteration_time_s(0, 0, batch, kv + batch * i) for i in range(steps)]
+    assert h200_8b.decode_run_s(batch, kv, steps) == per_step
+
+
+def test_cache_buckets_are_close_and_their_segments_exact() -> None:
+    from disagg_planner.simulator.aic_engine import _bucket_end, _bucket_int
+
+    n = 0
+    while n < 300_000:
+        end = _bucket_end(n)
+        key = _bucket_int(n)
+        assert end >= n and abs(key - n) <= max(0.008 * n, 1)
+        assert all(_bucket_int(m) == key for m in range(n, end + 1))
+        assert _bucket_int(end + 1) != key or (end + 1).bit_length() != end.bit_length()
+        n = end + 1
