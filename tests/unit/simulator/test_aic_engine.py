@@ -256,3 +256,20 @@ def test_cache_buckets_are_close_and_their_segments_exact() -> None:
         assert all(_bucket_int(m) == key for m in range(n, end + 1))
         assert _bucket_int(end + 1) != key or (end + 1).bit_length() != end.bit_length()
         n = end + 1
+
+
+def test_a_profile_swept_from_the_aic_engine_replays_on_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "profile"
+    sweep = ["--granularity-prefill", "3", "--granularity-decode", "2"]
+    sweep += ["--granularity-concurrency", "3", "--max-context-length", "4096"]
+    assert main(["profile", "--engine", H200_8B_FP8, "-o", str(profile), *sweep]) == 0
+    assert "engine_spec: aic:llama-3.1-8b-fp8@h200_sxm:vllm:tp1" in (
+        (profile / "profile.yaml").read_text()
+    )
+    out = tmp_path / "replay"
+    tiny = ["--workload", "poisson:rate=2,isl=500,osl=20,duration=30", "--policy", "static:1,1"]
+    assert main(["replay", "-o", str(out), "--no-progress", "--profile", str(profile), *tiny]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["engine"] == str(parse(H200_8B_FP8))
