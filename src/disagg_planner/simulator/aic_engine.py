@@ -217,7 +217,7 @@ class MeasuredGrid:
 
 
 def _column_max(files: list[Path], column: str) -> int:
-    import pandas as pd  # a dependency of aiconfigurator-core
+    import pandas as pd  # type: ignore[import-untyped]  # a dependency of aiconfigurator-core
 
     best = 0
     for f in files:

@@ -273,3 +273,11 @@ def test_a_profile_swept_from_the_aic_engine_replays_on_it(
     assert main(["replay", "-o", str(out), "--no-progress", "--profile", str(profile), *tiny]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["engine"] == str(parse(H200_8B_FP8))
+
+
+def test_building_and_timing_an_engine_opens_no_connection(no_network: list[object]) -> None:
+    # A spec no other test compiles: its config, tables and memory model all load offline.
+    model = EngineModel("aic:Qwen/Qwen3-32B-FP8@h100_sxm:sglang:tp2")
+    assert isinstance(model, AicEngineModel) and model.kv_blocks > 0
+    assert 0 < model.decode_step_time_s(16, 2000) < model.prefill_time_s(4000)
+    assert no_network == []
