@@ -177,12 +177,15 @@ def run_sweep(args: argparse.Namespace) -> int:
             target, gpu=args.gpu, backend=args.backend, tool=tool, tp=args.tp, dp=args.dp
         )
         sweep_target: profiling.SweepTarget = target
-    elif engine.lower().startswith("sim:"):
+    elif engine.lower().startswith(("sim:", "aic:")):
         sim = profiling.SimulatedEngine(engine)
         manifest = profiling.simulated_manifest(sim.spec, tool=tool)
         sweep_target = sim
     else:
-        raise SpecError(f"--engine {engine!r}: expected sim:MODEL@GPU[:tpN]... or http://HOST:PORT")
+        raise SpecError(
+            f"--engine {engine!r}: expected sim:MODEL@GPU[:tpN]..., aic:MODEL@GPU[:BACKEND]... "
+            "or http://HOST:PORT"
+        )
     result = profiling.run_sweep(sweep_target, config, progress=log.info)
     path = result.write(Path(output), manifest=manifest)
     for cut in result.details.get("cut_by_max_num_seqs", []):

@@ -344,7 +344,7 @@ def engine_spec_for_profile(profile: Profile) -> str:
             "sim:MODEL@GPU[:tpN] to say which engine to simulate"
         )
     spec = manifest.extra.get("engine_spec") if manifest.extra else None
-    if isinstance(spec, str) and spec.startswith("sim:"):
+    if isinstance(spec, str) and spec.startswith(("sim:", "aic:")):
         return spec
     shape = manifest.decode_engine if manifest.decode_engine.tp > 1 else manifest.engine
     return f"sim:{manifest.model}@{manifest.gpu}:tp{shape.tp}"

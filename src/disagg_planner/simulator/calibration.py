@@ -1,104 +1,322 @@
-"""Public measurements the engine model is calibrated against, and the model's value for each.
+"""Public measurements both engine models are judged against, in two disjoint point sets.
 
-``python -m disagg_planner.simulator.calibration`` prints the table that ``CALIBRATION.md``
-reproduces. Each point says how the model value is computed so that the comparison is like for like:
+``python -m disagg_planner.simulator.calibration`` prints the tables that ``CALIBRATION.md``
+reproduces; ``--write`` puts them into it (``tests/unit/simulator/test_calibration_doc.py``
+fails when the two differ):
+
+- **training**: the points the roofline's efficiency factors (``catalogue.yaml``) were fitted
+  to; its errors there say how well it fits, not how well it predicts;
+- **validation**: points neither engine model was fitted to.
+
+Each point is computed with the roofline (``sim:``) and with AIConfigurator's tables
+(``aic:``, the extra ``disagg-planner[aic]``, with the backend the reference was measured on).
+AIConfigurator was fitted to none of them. The issue's targets are <= 15% on TTFT and
+<= 10% on ITL and throughput; each row says whether each engine model meets its target.
+
+How each kind of point is computed, so that the comparison is like for like:
 
 - ``prefill_ttft``: TTFT of one request alone (frontend latency plus the chunked prefill);
 - ``prefill_thpt``: ``ISL / TTFT`` per GPU (Dynamo's profiler definition);
 - ``decode_thpt_at_itl``: tokens/s/GPU of the largest decode batch whose step time at the
   given context stays within the ITL target;
-- ``decode_step``: one decode step of ``batch`` requests at ``context`` tokens each.
+- ``decode_step``: one decode step of ``batch`` requests at ``context`` tokens each;
+- ``offline_thpt``: an offline run as the benchmarks do it: ``requests`` requests all queued
+  at t = 0 on one aggregated engine of the simulator (its vLLM-like scheduler), throughput =
+  output tokens (or requests) / the time the last one finishes.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
+from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.simulator import catalogue
 from disagg_planner.simulator.engine_model import EngineModel
+
+ENGINE_MODELS = ("sim", "aic")
+POINT_SETS = ("training", "validation")
+# The issue's targets: TTFT within 15%, ITL and throughput within 10%.
+TARGET = {"ttft": 0.15, "itl": 0.10, "throughput": 0.10}
+_METRIC_OF_KIND = {
+    "prefill_ttft": "ttft",
+    "prefill_thpt": "throughput",
+    "decode_thpt_at_itl": "throughput",
+    "decode_step": "itl",
+    "offline_thpt": "throughput",
+}
+
+
+@dataclass(frozen=True)
+class LengthSample:
+    """Request lengths of an offline point: constant (``sigma`` 0) or lognormal around a
+    mean, clipped as the benchmark filters its prompts."""
+
+    isl_mean: float
+    osl_mean: float
+    sigma: float = 0.0
+    max_isl: int | None = None
+    max_total: int | None = None
+
+    def draw(self, n: int, seed: int) -> list[tuple[int, int]]:
+        if self.sigma == 0.0:
+            return [(round(self.isl_mean), round(self.osl_mean))] * n
+        rng = random.Random(seed)
+        shrink = math.exp(-(self.sigma**2) / 2)  # median of a lognormal of this mean
+        out: list[tuple[int, int]] = []
+        while len(out) < n:
+            isl = max(4, round(self.isl_mean * shrink * math.exp(rng.gauss(0.0, self.sigma))))
+            osl = max(4, round(self.osl_mean * shrink * math.exp(rng.gauss(0.0, self.sigma))))
+            if self.max_isl is not None and isl > self.max_isl:
+                continue
+            if self.max_total is not None and isl + osl > self.max_total:
+                continue
+            out.append((isl, osl))
+        return out
 
 
 @dataclass(frozen=True)
 class CalibrationPoint:
     name: str
-    engine: str
-    kind: str  # prefill_ttft | prefill_thpt | decode_thpt_at_itl | decode_step
-    target: float
+    engine: str  # the sim: spec; the aic: spec is derived from it (see ``spec``)
+    kind: str  # prefill_ttft | prefill_thpt | decode_thpt_at_itl | decode_step | offline_thpt
+    target: float  # the published reference value
     unit: str
-    source: str
+    source: str  # a key of SOURCES
+    point_set: str = "training"
+    backend: str = "vllm"  # the engine the reference was measured on
+    setting: str = ""  # what the reference ran (shown in the table)
     isl: int = 0
     context: float = 0.0
     batch: int = 0
     itl_ms: float = 0.0
-    tolerance: float | None = 0.15  # None: reported, not a target (another engine, or unclear)
+    requests: int = 0
+    lengths: LengthSample | None = None
+    per_request: bool = False  # offline_thpt in requests/s (else output tokens/s/GPU)
+    # Regression guard of the roofline on its own training points (see test_engine_model);
+    # None: not a fitted point.
+    tolerance: float | None = None
+    assumptions: tuple[str, ...] = field(default=())
 
-    def model_value(self) -> float:
-        model = EngineModel(self.engine)
-        if self.kind in ("prefill_ttft", "prefill_thpt"):
-            ttft = model.prefill_time_s(self.isl) + catalogue.efficiency().ttft_overhead_s
-            if self.kind == "prefill_ttft":
-                return ttft * 1000.0
-            return self.isl / ttft / model.spec.gpus
-        if self.kind == "decode_step":
-            return model.decode_step_time_s(self.batch, self.context) * 1000.0
-        if self.kind == "decode_thpt_at_itl":
-            best = 0.0
-            for b in range(1, model.max_decode_batch(self.context) + 1):
-                step = model.decode_step_time_s(b, self.context)
-                if step * 1000.0 > self.itl_ms:
-                    break
-                best = b / step / model.spec.gpus
-            return best
-        raise ValueError(f"unknown calibration kind {self.kind!r}")
+    def __post_init__(self) -> None:
+        if self.kind not in _METRIC_OF_KIND:
+            raise ValueError(f"calibration point {self.name!r}: unknown kind {self.kind!r}")
+        if self.point_set not in POINT_SETS:
+            raise ValueError(f"calibration point {self.name!r}: set {self.point_set!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"calibration point {self.name!r}: unknown source {self.source!r}")
 
-    def error(self) -> float:
-        """Relative error of the model, (model - target) / target."""
-        return (self.model_value() - self.target) / self.target
+    @property
+    def metric(self) -> str:
+        return _METRIC_OF_KIND[self.kind]
+
+    @property
+    def target_tolerance(self) -> float:
+        """The issue's target for this metric (15% TTFT, 10% ITL and throughput)."""
+        return TARGET[self.metric]
+
+    def spec(self, engine_model: str = "sim") -> str:
+        """The engine spec this point runs on with ``engine_model`` (``sim`` or ``aic``)."""
+        if engine_model == "sim":
+            return self.engine
+        if engine_model != "aic":
+            raise ValueError(f"engine model {engine_model!r}: expected one of {ENGINE_MODELS}")
+        head, *options = self.engine[len("sim:") :].split(":")
+        return ":".join(["aic:" + head, self.backend, *options])
+
+    def model_value(self, engine_model: str = "sim") -> float:
+        return _value(self, engine_model).value
+
+    def extrapolated(self, engine_model: str = "sim") -> bool:
+        """Whether ``engine_model`` answered outside its measured grid (aic only)."""
+        return _value(self, engine_model).extrapolated
+
+    def error(self, engine_model: str = "sim") -> float:
+        """Relative error of the engine model, (model - reference) / reference."""
+        return (self.model_value(engine_model) - self.target) / self.target
 
 
-_DYNAMO = (
-    "Dynamo profiler test data for nvidia/Llama-3.1-8B-Instruct-FP8, H200 TP1P/TP1D, "
-    "ISL/OSL 3000/150: '40k tokens/s/gpu prefill with 80ms TTFT and 10k tokens/s/gpu decode "
-    "with 10ms ITL' (ai-dynamo/dynamo tests/planner/README.md)"
+@dataclass(frozen=True)
+class _Answer:
+    value: float
+    extrapolated: bool
+
+
+@cache
+def _value(point: CalibrationPoint, engine_model: str) -> _Answer:
+    spec = point.spec(engine_model)
+    if engine_model == "aic":
+        from disagg_planner.simulator import aic_engine
+
+        # Each point's extrapolation flag is its own (the answers are shared by spec).
+        aic_engine.forget_answers()
+    if point.kind == "offline_thpt":
+        value, model = _offline(point, spec)
+    else:
+        model = EngineModel(spec)
+        value = _compute(point, model)
+    # Only the aic engine model has a measured grid to leave.
+    outside = sum(getattr(model, "extrapolations", {}).values())
+    return _Answer(value, outside > 0)
+
+
+def _compute(p: CalibrationPoint, model: EngineModel) -> float:
+    if p.kind in ("prefill_ttft", "prefill_thpt"):
+        ttft = model.prefill_time_s(p.isl) + catalogue.efficiency().ttft_overhead_s
+        if p.kind == "prefill_ttft":
+            return ttft * 1000.0
+        return p.isl / ttft / model.spec.gpus
+    if p.kind == "decode_step":
+        return model.decode_step_time_s(p.batch, p.context) * 1000.0
+    if p.kind == "decode_thpt_at_itl":
+        best = 0.0
+        for b in range(1, model.max_decode_batch(p.context) + 1):
+            step = model.decode_step_time_s(b, p.context)
+            if step * 1000.0 > p.itl_ms:
+                break
+            best = b / step / model.spec.gpus
+        return best
+    raise ValueError(f"calibration point {p.name!r}: {p.kind} is not an engine-model formula")
+
+
+def _offline(p: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
+    # Imported here: the cluster pulls in the whole scheduler, which the other kinds skip.
+    from disagg_planner.simulator.cluster import Cluster
+
+    assert p.lengths is not None
+    cluster = Cluster(engines={"agg": spec}, mode="agg", replicas={"agg": 1})
+    lengths = p.lengths.draw(p.requests, seed=0)
+    cluster.submit(TraceRequest(0.0, isl, osl) for isl, osl in lengths)
+    cluster.run_to_completion()
+    records = cluster.records
+    failed = [r for r in records if not r.ok]
+    if failed or len(records) != p.requests:
+        raise RuntimeError(
+            f"calibration point {p.name!r}: {len(failed)} of {p.requests} requests failed "
+            f"({failed[0].error if failed else 'missing records'})"
+        )
+    span = max(r.finish_s for r in records)
+    model = cluster.engine_model("agg")
+    if p.per_request:
+        return len(records) / span, model
+    return sum(r.osl for r in records) / span / model.spec.gpus, model
+
+
+SOURCES: dict[str, str] = {
+    "dynamo": (
+        "Dynamo profiler test data for nvidia/Llama-3.1-8B-Instruct-FP8, H200 TP1 prefill and "
+        "TP1 decode, ISL/OSL 3000/150: '40k tokens/s/gpu prefill with 80ms TTFT and 10k "
+        "tokens/s/gpu decode with 10ms ITL' (ai-dynamo/dynamo tests/planner/README.md)"
+    ),
+    "vllm-latency": (
+        "vLLM nightly performance benchmark, latency test (input 32, output 128, batch 8), "
+        "buildkite vllm/performance-benchmark build 9515: mean latency / 128 steps "
+        "(8B TP1: 997.5 ms H100, 833.4 ms H200; 70B TP4: 2,444.5 ms H100, 2,077.5 ms H200)"
+    ),
+    "vllm-throughput": (
+        "vLLM nightly performance benchmark, throughput test (200 ShareGPT prompts, offline, "
+        "batch chosen by vLLM), build 9515: 8B TP1 19.50 req/s H100, 22.57 req/s H200; "
+        "70B TP4 8.86 req/s H100, 9.84 req/s H200"
+    ),
+    "aic-queueing": (
+        "AIConfigurator queueing-model validation (docs/design/queueing_model.md), vLLM 0.24.0, "
+        "Llama-3.1-8B on H200, ISL/OSL 4096/256, concurrency 32: itl_p50 9.3 ms "
+        "(precision not stated; BF16 assumed)"
+    ),
+    "trtllm": (
+        "TensorRT-LLM docs/source/performance/perf-overview.md (trtllm-bench max throughput, "
+        "PyTorch backend, fixed ISL/OSL): total output tokens/s of the TP group"
+    ),
+}
+
+_H200_8B_FP8 = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
+# ShareGPT as vLLM's throughput test samples it: the PagedAttention paper gives mean lengths
+# of 161 input and 338 output tokens; the spread (lognormal sigma 1) is assumed, and the
+# benchmark's filter keeps prompts <= 1024 tokens and prompt + output <= 2048.
+_SHAREGPT = LengthSample(161.0, 338.0, sigma=1.0, max_isl=1024, max_total=2048)
+_SHAREGPT_NOTE = (
+    "ShareGPT lengths: means 161/338 (vLLM paper), lognormal sigma 1 assumed, the "
+    "benchmark's 200 prompts themselves not available"
 )
-_NIGHTLY = (
-    "vLLM nightly performance benchmark, latency test (input 32, output 128, batch 8), "
-    "buildkite vllm/performance-benchmark build 9515: mean latency / 128 steps"
-)
-_TRTLLM = (
-    "TensorRT-LLM perf-overview (trtllm-bench max throughput), 2048/128 output tok/s x 16 "
-    "= prefill lower bound; a different engine than the vLLM the model represents"
-)
+# vLLM's offline defaults on GPUs with >= 70 GiB (engine-calibration.md 6.2).
+_VLLM_OFFLINE = ":seqs=1024:mnbt=16384"
+# trtllm-bench max-throughput runs large batches (CUDA graphs padded up to batch 8192).
+_TRTLLM_BENCH = ":seqs=2048:mnbt=8192"
+
+
+def _trtllm(model: str, label: str, isl: int, osl: int, tok_s: float, n: int) -> CalibrationPoint:
+    return CalibrationPoint(
+        f"H200 {label} TP1 offline output throughput, {isl}/{osl} (TensorRT-LLM)",
+        f"sim:{model}@h200_sxm:tp1{_TRTLLM_BENCH}",
+        "offline_thpt",
+        tok_s,
+        "tok/s/GPU",
+        "trtllm",
+        point_set="validation",
+        backend="trtllm",
+        setting=f"{n:,} requests {isl}/{osl}, max batch 2048",
+        requests=n,
+        lengths=LengthSample(isl, osl),
+    )
+
+
+def _vllm_throughput(engine: str, label: str, req_s: float) -> CalibrationPoint:
+    return CalibrationPoint(
+        f"{label} offline throughput, 200 ShareGPT prompts",
+        engine + _VLLM_OFFLINE,
+        "offline_thpt",
+        req_s,
+        "req/s",
+        "vllm-throughput",
+        point_set="validation",
+        setting="200 prompts at t=0, max_num_seqs 1024, 16k tokens/step",
+        requests=200,
+        lengths=_SHAREGPT,
+        per_request=True,
+        assumptions=(_SHAREGPT_NOTE,),
+    )
+
 
 POINTS: tuple[CalibrationPoint, ...] = (
+    # ---- training: the roofline's efficiency factors were fitted to these -------------------
     CalibrationPoint(
         "H200 8B-FP8 prefill TTFT, ISL 3000",
-        "sim:llama-3.1-8b-fp8@h200_sxm:tp1",
+        _H200_8B_FP8,
         "prefill_ttft",
         80.0,
         "ms",
-        _DYNAMO,
+        "dynamo",
+        setting="one request alone",
         isl=3000,
+        tolerance=0.15,
     ),
     CalibrationPoint(
         "H200 8B-FP8 prefill throughput, ISL 3000",
-        "sim:llama-3.1-8b-fp8@h200_sxm:tp1",
+        _H200_8B_FP8,
         "prefill_thpt",
         40000.0,
         "tok/s/GPU",
-        _DYNAMO,
+        "dynamo",
+        setting="ISL / TTFT",
         isl=3000,
+        tolerance=0.15,
     ),
     CalibrationPoint(
         "H200 8B-FP8 decode throughput at ITL 10 ms, context 3075",
-        "sim:llama-3.1-8b-fp8@h200_sxm:tp1",
+        _H200_8B_FP8,
         "decode_thpt_at_itl",
         10000.0,
         "tok/s/GPU",
-        _DYNAMO,
+        "dynamo",
+        setting="largest batch within 10 ms",
         context=3075,
         itl_ms=10.0,
+        tolerance=0.15,
     ),
     CalibrationPoint(
         "H100 Llama-3.1-8B BF16 TP1 decode step, batch 8",
@@ -106,9 +324,11 @@ POINTS: tuple[CalibrationPoint, ...] = (
         "decode_step",
         7.8,
         "ms",
-        _NIGHTLY + " (997.5 ms on H100)",
+        "vllm-latency",
+        setting="batch 8, context 96",
         batch=8,
         context=96,
+        tolerance=0.15,
     ),
     CalibrationPoint(
         "H200 Llama-3.1-8B BF16 TP1 decode step, batch 8",
@@ -116,9 +336,11 @@ POINTS: tuple[CalibrationPoint, ...] = (
         "decode_step",
         6.5,
         "ms",
-        _NIGHTLY + " (833.4 ms on H200)",
+        "vllm-latency",
+        setting="batch 8, context 96",
         batch=8,
         context=96,
+        tolerance=0.15,
     ),
     CalibrationPoint(
         "H100 Llama-3-70B BF16 TP4 decode step, batch 8",
@@ -126,9 +348,11 @@ POINTS: tuple[CalibrationPoint, ...] = (
         "decode_step",
         19.1,
         "ms",
-        _NIGHTLY + " (2,444.5 ms on H100)",
+        "vllm-latency",
+        setting="batch 8, context 96",
         batch=8,
         context=96,
+        tolerance=0.15,
     ),
     CalibrationPoint(
         "H200 Llama-3-70B BF16 TP4 decode step, batch 8",
@@ -136,66 +360,151 @@ POINTS: tuple[CalibrationPoint, ...] = (
         "decode_step",
         16.2,
         "ms",
-        _NIGHTLY + " (2,077.5 ms on H200)",
+        "vllm-latency",
+        setting="batch 8, context 96",
         batch=8,
         context=96,
+        tolerance=0.15,
     ),
+    # ---- validation: fitted to neither engine model ---------------------------------------
     CalibrationPoint(
         "H200 Llama-3.1-8B decode step, batch 32, context 4224 (agg itl_p50)",
         "sim:llama-3.1-8b@h200_sxm:tp1",
         "decode_step",
         9.3,
         "ms",
-        "AIConfigurator queueing-model validation, vLLM 0.24.0, ISL/OSL 4096/256, "
-        "concurrency 32: itl_p50 9.3 ms (precision not stated; BF16 assumed)",
+        "aic-queueing",
+        point_set="validation",
+        setting="batch 32, context 4096 + 256/2",
         batch=32,
         context=4224,
-        tolerance=None,
+        assumptions=("precision not stated by the source; BF16 assumed",),
     ),
-    CalibrationPoint(
-        "H200 8B-FP8 prefill throughput, ISL 2048 (TensorRT-LLM)",
-        "sim:llama-3.1-8b-fp8@h200_sxm:tp1",
-        "prefill_thpt",
-        56600.0,
-        "tok/s/GPU",
-        _TRTLLM + " (3,538 tok/s)",
-        isl=2048,
-        tolerance=None,
-    ),
-    CalibrationPoint(
-        "H200 70B-FP8 TP1 prefill throughput, ISL 2048 (TensorRT-LLM)",
-        "sim:llama-3.3-70b-fp8@h200_sxm:tp1",
-        "prefill_thpt",
-        7070.0,
-        "tok/s/GPU",
-        _TRTLLM + " (442 tok/s)",
-        isl=2048,
-        tolerance=None,
-    ),
+    _vllm_throughput("sim:llama-3.1-8b@h100_sxm:tp1", "H100 Llama-3.1-8B BF16 TP1", 19.50),
+    _vllm_throughput("sim:llama-3.1-8b@h200_sxm:tp1", "H200 Llama-3.1-8B BF16 TP1", 22.57),
+    _vllm_throughput("sim:llama-3.3-70b@h100_sxm:tp4", "H100 Llama-3-70B BF16 TP4", 8.86),
+    _vllm_throughput("sim:llama-3.3-70b@h200_sxm:tp4", "H200 Llama-3-70B BF16 TP4", 9.84),
+    # 128/128 ran 30,000 requests; 10,000 keep the run as steady (batch <= 2048) and shorter.
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 128, 128, 27911.0, 10000),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 128, 2048, 26221.0, 3000),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 2048, 128, 3538.0, 3000),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 2048, 2048, 12194.0, 1500),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 128, 128, 3803.0, 10000),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 128, 2048, 4336.0, 3000),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 2048, 128, 442.0, 3000),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 2048, 2048, 2003.0, 1500),
 )
 
 
-def table() -> str:
-    """The calibration table as Markdown."""
-    lines = [
-        "| # | point | target | model | error | target? |",
-        "|---|---|---|---|---|---|",
-    ]
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:,.2f}"
+
+
+def _verdict(error: float, tolerance: float) -> str:
+    return "met" if abs(error) <= tolerance else "missed"
+
+
+def table(point_set: str, engine_models: Sequence[str] = ENGINE_MODELS) -> str:
+    """One point set as a Markdown table, both engine models side by side."""
+    header = ["#", "point", "source", "setting", "reference"]
+    for e in engine_models:
+        header += [f"{e}", f"{e} error", f"{e} target"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i, p in enumerate(POINTS, 1):
-        value = p.model_value()
-        role = f"within {p.tolerance:.0%}" if p.tolerance is not None else "reference"
-        lines.append(
-            f"| {i} | {p.name} | {p.target:,.1f} {p.unit} | {value:,.1f} {p.unit} | "
-            f"{p.error():+.1%} | {role} |"
-        )
+        if p.point_set != point_set:
+            continue
+        row = [str(i), p.name, p.source, p.setting, f"{_fmt(p.target)} {p.unit}"]
+        for e in engine_models:
+            flag = " (extrapolated)" if p.extrapolated(e) else ""
+            row += [
+                f"{_fmt(p.model_value(e))}{flag}",
+                f"{p.error(e):+.1%}",
+                f"{_verdict(p.error(e), p.target_tolerance)} ({p.target_tolerance:.0%})",
+            ]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
-def main() -> int:
-    print(table())
-    print()
-    for i, p in enumerate(POINTS, 1):
-        print(f"{i}. {p.source}")
+def mean_abs_error(point_set: str, engine_model: str) -> float:
+    errors = [abs(p.error(engine_model)) for p in POINTS if p.point_set == point_set]
+    return sum(errors) / len(errors)
+
+
+def default_engine(point_set: str, engine_models: Sequence[str] = ENGINE_MODELS) -> str:
+    """The engine model with the smaller mean absolute error on ``point_set``."""
+    return min(engine_models, key=lambda e: mean_abs_error(point_set, e))
+
+
+def summary(engine_models: Sequence[str] = ENGINE_MODELS) -> str:
+    """Per point set: each engine model's mean absolute error, targets met, and the choice."""
+    lines = [
+        "| point set | points | "
+        + " | ".join(f"{e} mean abs error | {e} targets met" for e in engine_models)
+        + " | lower error |",
+        "|" + "---|" * (3 + 2 * len(engine_models)),
+    ]
+    for s in POINT_SETS:
+        points = [p for p in POINTS if p.point_set == s]
+        cells = [s, str(len(points))]
+        for e in engine_models:
+            met = sum(abs(p.error(e)) <= p.target_tolerance for p in points)
+            cells += [f"{mean_abs_error(s, e):.1%}", f"{met} of {len(points)}"]
+        cells.append(default_engine(s, engine_models))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tables(engine_models: Sequence[str] = ENGINE_MODELS) -> str:
+    """Everything ``CALIBRATION.md`` reproduces: the summary, both tables, the sources."""
+    parts = [
+        "### Summary",
+        "",
+        summary(engine_models),
+        "",
+        "### Training set",
+        "",
+        table("training", engine_models),
+        "",
+        "### Validation set",
+        "",
+        table("validation", engine_models),
+        "",
+        "### Sources and assumptions",
+        "",
+    ]
+    parts += [f"- `{key}`: {text}." for key, text in SOURCES.items()]
+    notes = sorted({a for p in POINTS for a in p.assumptions})
+    parts += [f"- Assumed: {a}." for a in notes]
+    return "\n".join(parts)
+
+
+DOC = Path(__file__).with_name("CALIBRATION.md")
+BEGIN = "<!-- BEGIN calibration tables: python -m disagg_planner.simulator.calibration --write -->"
+END = "<!-- END calibration tables -->"
+
+
+def doc_tables(text: str) -> str:
+    """The generated part of ``CALIBRATION.md``'s text (between its markers)."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{DOC}: the markers {BEGIN!r} and {END!r} are missing")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args not in ([], ["--write"]):
+        print("usage: python -m disagg_planner.simulator.calibration [--write]", file=sys.stderr)
+        return 2
+    generated = tables()
+    if not args:
+        print(generated)
+        return 0
+    text = DOC.read_text()
+    old = doc_tables(text)
+    DOC.write_text(
+        text.replace(old, generated, 1) if old else text.replace(BEGIN, BEGIN + "\n" + generated, 1)
+    )
+    print(f"wrote the tables into {DOC}")
     return 0
 
 

@@ -61,6 +61,17 @@ class EngineCapabilities:
 class EngineModel:
     """Timing and memory model of one engine spec; stateless and cheap to call."""
 
+    def __new__(
+        cls, spec: EngineSpec | str, *, efficiency: Efficiency | None = None
+    ) -> EngineModel:
+        # An ``aic:`` spec is timed by AIConfigurator's tables: every ``EngineModel(spec)``
+        # of the simulator gets that engine model without knowing which one it asked for.
+        if cls is EngineModel and coerce(spec).timing == "aic":
+            from disagg_planner.simulator.aic_engine import AicEngineModel
+
+            return super().__new__(AicEngineModel)
+        return super().__new__(cls)
+
     def __init__(self, spec: EngineSpec | str, *, efficiency: Efficiency | None = None) -> None:
         self.spec = coerce(spec)
         self.eff = efficiency or catalogue.efficiency()

@@ -3,6 +3,7 @@
 Grammar (the string form is what the command line and configs use)::
 
     sim:MODEL@GPU[:OPTION]...
+    aic:MODEL@GPU[:BACKEND][:OPTION]...
 
     OPTION := tpN | dpN | epN | KEY=VALUE
     KEY    := max_num_batched_tokens (mnbt) | max_num_seqs (seqs) | block_size (block)
@@ -16,6 +17,13 @@ Defaults follow vLLM (block size 16, ``gpu_memory_utilization`` 0.9; ``max_num_s
 ``max_num_batched_tokens`` as its OpenAI server sets them per GPU, :func:`vllm_batch_defaults`;
 other backends keep Dynamo's mocker's 256 and 8192). MoE models default to wide expert
 parallelism (``ep = tp * dp``); dense models cannot set ``ep``.
+
+``aic:`` times the same simulated engine with AIConfigurator's measured kernel tables instead
+of the calibrated roofline (:mod:`disagg_planner.simulator.aic_engine`; the optional extra
+``pip install 'disagg-planner[aic]'``). Its ``MODEL`` is a model AIConfigurator ships a
+config for, by its model-hub id or by the catalogue name of the same architecture
+(``aic:meta-llama/Meta-Llama-3.1-8B@h200_sxm``, ``aic:llama-3.1-8b-fp8@h200_sxm:trtllm:tp1``);
+a bare ``vllm``/``sglang``/``trtllm`` option names the backend whose tables are used.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from disagg_planner.simulator.catalogue import GpuSpec, ModelSpec
 from disagg_planner.simulator.errors import CatalogueError, EngineSpecError
 
 PREFIX = "sim:"
+AIC_PREFIX = "aic:"
+TIMINGS = ("sim", "aic")
 BACKENDS = ("vllm", "sglang", "trtllm")
 _KEY_ALIASES = {
     "mnbt": "max_num_batched_tokens",
@@ -69,6 +79,10 @@ class EngineSpec:
     max_model_len: int | None = None
     prefix_caching: bool = True
     backend: str = "vllm"
+    # Which engine model times it: "sim" (the calibrated roofline) or "aic" (AIConfigurator's
+    # tables for ``aic_model``, the model-hub id of a config it ships).
+    timing: str = "sim"
+    aic_model: str | None = None
 
     def __post_init__(self) -> None:
         seqs, tokens = batch_defaults(self.gpu, self.backend)
@@ -94,6 +108,10 @@ class EngineSpec:
             problems.append(f"backend={self.backend!r} must be one of {', '.join(BACKENDS)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             problems.append(f"max_model_len={self.max_model_len} must be >= 2")
+        if self.timing not in TIMINGS:
+            problems.append(f"timing={self.timing!r} must be one of {', '.join(TIMINGS)}")
+        if (self.timing == "aic") != (self.aic_model is not None):
+            problems.append("an aic engine needs its aic_model, and only an aic engine has one")
         if problems:
             raise EngineSpecError(f"engine spec {self}: " + "; ".join(problems))
 
@@ -108,7 +126,10 @@ class EngineSpec:
         return dataclasses.replace(self, dp=dp, ep=ep)
 
     def __str__(self) -> str:
-        parts = [f"{PREFIX}{self.model.name}@{self.gpu.name}", f"tp{self.tp}"]
+        if self.timing == "aic":
+            parts = [f"{AIC_PREFIX}{self.model.name}@{self.gpu.name}", self.backend, f"tp{self.tp}"]
+        else:
+            parts = [f"{PREFIX}{self.model.name}@{self.gpu.name}", f"tp{self.tp}"]
         if self.dp != 1:
             parts.append(f"dp{self.dp}")
         if self.ep != 1:
@@ -127,7 +148,7 @@ class EngineSpec:
             parts.append(f"max_model_len={self.max_model_len}")
         if not self.prefix_caching:
             parts.append("prefix_caching=off")
-        if self.backend != "vllm":
+        if self.backend != "vllm" and self.timing == "sim":
             parts.append(f"backend={self.backend}")
         return ":".join(parts)
 
@@ -169,11 +190,15 @@ def _int(text: str, key: str, spec: str) -> int:
 
 
 def parse(text: str) -> EngineSpec:
-    """Parse ``sim:MODEL@GPU[:OPTION]...`` (see the module doc) into an :class:`EngineSpec`."""
+    """Parse ``sim:MODEL@GPU[:OPTION]...`` or ``aic:MODEL@GPU[:BACKEND][:OPTION]...`` (see
+    the module doc) into an :class:`EngineSpec`."""
     spec = text.strip()
-    if not spec.lower().startswith(PREFIX):
+    lowered = spec.lower()
+    timing = "aic" if lowered.startswith(AIC_PREFIX) else "sim"
+    if timing == "sim" and not lowered.startswith(PREFIX):
         raise EngineSpecError(
-            f"engine spec {text!r}: expected 'sim:MODEL@GPU[:tpN][:dpN][:epN][:key=value]'"
+            f"engine spec {text!r}: expected 'sim:MODEL@GPU[:tpN][:dpN][:epN][:key=value]' "
+            "or 'aic:MODEL@GPU[:vllm|sglang|trtllm][:tpN]'"
         )
     body = spec[len(PREFIX) :]
     head, *options = body.split(":")
@@ -182,12 +207,19 @@ def parse(text: str) -> EngineSpec:
     model_name, gpu_name = (s.strip() for s in head.split("@", 1))
     if not model_name or not gpu_name:
         raise EngineSpecError(f"engine spec {text!r}: empty model or GPU name")
+    fields: dict[str, object] = {}
+    if timing == "aic":
+        # Imported here: the aic module is the optional extra's front door and says how to
+        # install it; it never reaches the network (see its module doc).
+        from disagg_planner.simulator import aic_engine
+
+        aic_model, model_name = aic_engine.resolve_model(model_name, spec=text)
+        fields.update(timing="aic", aic_model=aic_model)
     try:
         model = catalogue.model(model_name)
         gpu = catalogue.gpu(gpu_name)
     except CatalogueError as exc:
         raise EngineSpecError(f"engine spec {text!r}: {exc}") from None
-    fields: dict[str, object] = {}
     kv_dtype: str | None = None
     for option in options:
         option = option.strip()
@@ -197,9 +229,14 @@ def parse(text: str) -> EngineSpec:
         if par:
             fields[par.group(1)] = int(par.group(2))
             continue
+        if timing == "aic" and option.lower() in BACKENDS:
+            fields["backend"] = option.lower()
+            continue
         if "=" not in option:
+            backend = f"a backend ({'|'.join(BACKENDS)}), " if timing == "aic" else ""
             raise EngineSpecError(
-                f"engine spec {text!r}: option {option!r} is neither tpN/dpN/epN nor key=value"
+                f"engine spec {text!r}: option {option!r} is neither {backend}tpN/dpN/epN "
+                "nor key=value"
             )
         raw_key, value = (s.strip() for s in option.split("=", 1))
         key = _KEY_ALIASES.get(raw_key.lower())
@@ -237,7 +274,12 @@ def parse(text: str) -> EngineSpec:
         model = dataclasses.replace(model, kv_dtype=kv_dtype)
     if model.moe is not None and "ep" not in fields:
         fields["ep"] = int(str(fields.get("tp", 1))) * int(str(fields.get("dp", 1)))
-    return EngineSpec(model=model, gpu=gpu, **fields)  # type: ignore[arg-type]
+    parsed = EngineSpec(model=model, gpu=gpu, **fields)  # type: ignore[arg-type]
+    if timing == "aic":
+        from disagg_planner.simulator import aic_engine
+
+        aic_engine.check_supported(parsed, spec_text=text)
+    return parsed
 
 
 def coerce(spec: EngineSpec | str) -> EngineSpec:

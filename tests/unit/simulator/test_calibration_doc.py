@@ -1,0 +1,44 @@
+"""CALIBRATION.md's tables are what ``python -m disagg_planner.simulator.calibration`` prints
+(the doc cannot go stale), and its point sets are named, disjoint and sourced.
+
+Needs the extra ``disagg-planner[aic]`` (the tables put both engine models side by side)."""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg_planner.simulator import calibration
+from disagg_planner.simulator.calibration import DOC, POINTS, SOURCES
+from disagg_planner.simulator.engine_spec import parse
+
+
+def test_the_point_sets_are_disjoint_named_and_sourced() -> None:
+    by_set = {s: {p.name for p in POINTS if p.point_set == s} for s in calibration.POINT_SETS}
+    assert by_set["training"] and by_set["validation"]
+    assert not by_set["training"] & by_set["validation"]
+    assert len({p.name for p in POINTS}) == len(POINTS)
+    assert all(p.source in SOURCES for p in POINTS)
+    # The roofline's regression guard is on what it was fitted to, only.
+    assert {p.name for p in POINTS if p.tolerance is not None} == by_set["training"]
+
+
+def test_every_point_runs_on_both_engine_models() -> None:
+    for p in POINTS:
+        sim, aic = parse(p.spec("sim")), parse(p.spec("aic"))
+        assert (sim.timing, aic.timing) == ("sim", "aic")
+        assert aic.model == sim.model and aic.tp == sim.tp
+        assert aic.max_num_seqs == sim.max_num_seqs and aic.backend == p.backend
+
+
+def test_the_issue_targets_are_the_ones_reported() -> None:
+    kinds = {p.kind: p.target_tolerance for p in POINTS}
+    assert kinds["prefill_ttft"] == 0.15
+    assert kinds["decode_step"] == kinds["offline_thpt"] == kinds["prefill_thpt"] == 0.10
+
+
+@pytest.mark.slow
+def test_calibration_md_has_the_tables_the_script_prints() -> None:
+    # A few minutes: the offline points simulate up to 10,000 requests on each engine model.
+    assert calibration.doc_tables(DOC.read_text()) == calibration.tables(), (
+        "CALIBRATION.md is stale: python -m disagg_planner.simulator.calibration --write"
+    )
