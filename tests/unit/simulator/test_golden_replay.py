@@ -10,6 +10,9 @@ prefix-cache hits, partial commits of planned decode runs (``sync``) and an elas
 Issue 16's accounting rule (GPU time metered until the last request finishes, not to the
 last arrival + 120 s; timeline.csv with a row at every replica state change) re-recorded
 ``gpu_hours``, ``duration_s`` and the timeline digests; ``requests.csv`` did not change.
+Merging the decision rules and the regenerated profiles (main at 023a554) changed the
+planner's decisions, and so every replay figure, with no change to the simulator (the two
+bare-cluster digests held): the replay digests were re-recorded there.
 
 A failure here means a simulated result changed. If it comes from the replay shell
 (``replay/``, ``runtime/``) rather than the simulator, ``git log`` says who changed what.
@@ -38,65 +41,57 @@ STEP = "step:rates=4/12,at=300,duration=900,isl=3000,osl=300"
 # the same simulated times, so any change of the model shows here).
 GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     "planner": {
-        "requests_csv": "63f041e113363170ff519241f710826cbca7c639ebadd247a2c5e14ec92c7846",
-        "timeline": "80a5583d5d5dfcc38023cdb3da10423279fc33f06109732aa9ecc708fec9118d",
+        "requests_csv": "85fa8f9709fb11fa2108905734f27bae126b5a68049ac45c1eb57705c0be0b0d",
+        "timeline": "1759a33909dfe19b1b808c412a700801ac46ed58a91be6b3d0462481058cd554",
         "summary": {
             "requests": 8302,
             "completed": 8302,
             "failed": 0,
-            "slo_attainment": {
-                "ttft": 0.9396530956396049,
-                "itl": 1.0,
-                "both": 0.9396530956396049,
-            },
+            "slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 1.0},
             "ttft_ms": {
-                "p50": 91.00100851460536,
-                "p90": 410.7920952686414,
-                "p95": 534.1842114476718,
-                "p99": 754.9128782310709,
+                "p50": 85.09737699870357,
+                "p90": 122.50440748099439,
+                "p95": 144.20405105117024,
+                "p99": 204.14184866685216,
             },
             "itl_ms": {
-                "p50": 5.139089516165292,
-                "p90": 5.546826055228088,
-                "p95": 5.603550045470744,
-                "p99": 5.935485281173201,
+                "p50": 5.119402958007907,
+                "p90": 5.607007454720316,
+                "p95": 5.769072990129629,
+                "p99": 6.011394781053578,
             },
-            "gpu_hours": 0.6510838179556871,
+            "gpu_hours": 0.7510838179556827,
             "oracle_gpu_hours": 0.7010838179556829,
-            "scale_actions": {"prefill": 2, "decode": 0},
+            "scale_actions": {"prefill": 0, "decode": 0},
             "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 901.3005815468247,
+            "duration_s": 901.3005815468192,
         },
     },
     "load": {
-        "requests_csv": "5778655b2fb17e6f42161f5fc5e87052cff80e65d5c6a0109ca71f4cacf6f64e",
-        "timeline": "23f4bd76971ddff8098d6bd219cad21721085dd19bdb7edbd5e2d0bdc69ccc81",
+        "requests_csv": "581d98cd7ffeda8205e97acb62c3a4029fd34b18460f3fc88fc1165ad8658c76",
+        "timeline": "80b6a543116a9dad0f09167c1cc79cef79eac6792c2f4be320bc1e2b25af20bd",
         "summary": {
             "requests": 8302,
             "completed": 8302,
             "failed": 0,
-            "slo_attainment": {
-                "ttft": 0.9638641291255119,
-                "itl": 1.0,
-                "both": 0.9638641291255119,
-            },
+            "slo_attainment": {"ttft": 0.9638641291255119, "itl": 1.0, "both": 0.9638641291255119},
             "ttft_ms": {
-                "p50": 85.83403523999777,
-                "p90": 245.82780413894628,
+                "p50": 85.41235536267777,
+                "p90": 243.42896824193198,
                 "p95": 415.9918149821521,
                 "p99": 728.3698065830854,
             },
             "itl_ms": {
-                "p50": 5.134610159386925,
-                "p90": 5.5544831943787845,
-                "p95": 5.647911300888626,
-                "p99": 5.977163049744668,
+                "p50": 5.133500356339254,
+                "p90": 5.554276610547047,
+                "p95": 5.650077589432457,
+                "p99": 5.982599845139587,
             },
-            "gpu_hours": 0.6635838179556827,
+            "gpu_hours": 0.7931117572742423,
             "oracle_gpu_hours": 0.7010838179556829,
-            "scale_actions": {"prefill": 1, "decode": 0},
-            "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 901.3005815468192,
+            "scale_actions": {"prefill": 2, "decode": 0},
+            "max_replicas": {"prefill": 3, "decode": 1},
+            "duration_s": 901.3005815468181,
         },
     },
 }
@@ -153,7 +148,7 @@ def _replay(out: Path, *extra: str) -> dict[str, Any]:
     ("case", "flags"),
     [
         ("planner", ()),
-        # Started small, the load loop scales prefill up at 315 s on the engines' FPMs.
+        # Started small, the load loop scales prefill up (twice) on the engines' FPMs.
         ("load", ("--enable-load-scaling", "--initial", "prefill=1", "--initial", "decode=1")),
     ],
 )
