@@ -82,7 +82,12 @@ def register(sub: Any) -> None:
     )
     sim = parser.add_argument_group("simulated cluster")
     sim.add_argument(
-        "--engine", metavar="sim:MODEL@GPU[:tpN]", help="Engine (default: the profile's)."
+        "--engine",
+        metavar="SPEC",
+        help="Engine model of the simulated cluster: sim:MODEL@GPU[:tpN][:dpN][:key=value] "
+        "(the roofline model, default: the profile's) or aic:MODEL@GPU[:BACKEND][:tpN] "
+        "(AIConfigurator's kernel timings; pip install 'disagg-planner[aic]'); see "
+        "simulator/CALIBRATION.md for their errors.",
     )
     sim.add_argument(
         "--startup-delay",
