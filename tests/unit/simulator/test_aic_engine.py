@@ -11,6 +11,7 @@ import json
 import logging
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +37,13 @@ def h200_8b() -> EngineModel:
 def no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """A tripwire: every attempt to open a connection is recorded and refused."""
     attempts: list[object] = []
+    mine = threading.get_ident()
 
     def refuse(self: socket.socket, address: object) -> None:
-        attempts.append(address)
+        # only this test's thread: background threads of earlier tests (watchers retrying a
+        # stopped loopback server) are not the engine's doing
+        if threading.get_ident() == mine:
+            attempts.append(address)
         raise OSError(f"test: no network ({address!r})")
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
