@@ -20,7 +20,10 @@ load-based loop). Two workloads:
   ``planner replay --trace TRACE --scale-load 8 --max-gpu-budget -1`` run under the
   default planner on the bundled H200 profile (``--scale-load`` defaults to 8 here, to 1
   otherwise), the time of ``replay.session.run`` (building the cluster, the run, the
-  summary); a short replay first warms up the imports (the ARIMA predictor's libraries).
+  summary) for the planner policy alone; a short replay first warms up the imports (the
+  ARIMA predictor's libraries). ``--references`` times the whole replay instead, with the
+  references its summary compares with (the oracle's plan search, the best static
+  deployment's search, and both runs: about ten more simulations of the trace).
 
 The same measurement is made with the code of ``--baseline REV`` (default ``BASELINE_REV``,
 the commit before the simulator was optimised for issue 16): REV is checked out with
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -146,11 +150,19 @@ def run_planner(args: argparse.Namespace) -> dict[str, Any]:
         )
         return prepare(config, spec)
 
-    run(plan_for(30.0), "planner", progress=False)  # warm-up: imports, profile tables
+    # The policy's own run: the references its summary compares with (the oracle's and the
+    # best static deployment's searches and runs, replay/bounds.py) are other simulations,
+    # timed apart with --references; a baseline older than them has no such parameter.
+    kwargs: dict[str, Any] = {}
+    if "references" in inspect.signature(run).parameters:
+        kwargs["references"] = args.references
+    elif args.references:
+        raise SystemExit("--references: this tree's replay has no references to time")
+    run(plan_for(30.0), "planner", progress=False, **kwargs)  # warm-up: imports, tables
     plan = plan_for(args.duration)
     start = time.perf_counter()
     cpu0 = time.process_time()
-    result = run(plan, "planner", progress=False)
+    result = run(plan, "planner", progress=False, **kwargs)
     wall = time.perf_counter() - start
     s = result.summary
     return {
@@ -282,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --planner: the load-based loop too (implies --planner)",
     )
     parser.add_argument(
+        "--references",
+        action="store_true",
+        help="with --planner: time the whole replay, the references' searches and runs "
+        "included (oracle, best static; one process, as `planner replay --jobs 1`); "
+        "implies --no-baseline",
+    )
+    parser.add_argument(
         "--baseline",
         default=BASELINE_REV,
         metavar="REV",
@@ -293,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(raw)
     args.trace = args.trace or for_script(AZURE_CONV)
-    args.planner = args.planner or args.enable_load_scaling
+    args.planner = args.planner or args.enable_load_scaling or args.references
+    if args.references:
+        args.no_baseline = True
     if args.scale_load is None:
         args.scale_load = 8.0 if args.planner else 1.0
     if args.worker:

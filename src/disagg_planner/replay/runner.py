@@ -39,6 +39,7 @@ from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
 from disagg_planner.runtime.observation import engine_queues
 from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S, Cluster, Replica
 from disagg_planner.simulator.engine_spec import EngineSpec
+from disagg_planner.simulator.heap import FrozenHeap
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.startup import STARTUP_PHASES
 
@@ -118,42 +119,44 @@ def run_policy(
     max_replicas = {r: cluster.desired_replicas(r) for r in roles}
     initial_desired: dict[str, int] = {r: cluster.desired_replicas(r) for r in roles}
 
-    while not cluster.idle:
-        t = policy.next_wakeup_s()
-        if not t < limit:
-            break
-        # the clock stops at the last request's finish, which ends the metered span
-        cluster.run_until(max(t, cluster.now), stop_when_idle=True)
-        if cluster.idle:
-            break
-        step = policy.wake(cluster)
-        if step.reason == "sample":
-            continue
-        applied = _apply(connector, step, advisory=advisory)
-        for role in roles:
-            max_replicas[role] = max(max_replicas[role], cluster.desired_replicas(role))
-        row = TimelineRow(
-            t_s=cluster.now,
-            desired={r: cluster.desired_replicas(r) for r in roles},
-            ready={r: cluster.ready_replicas(r) for r in roles},
-            gpus_in_use=cluster.gpus_in_use(),
-            decision=applied,
-            reason=step.reason,
-            message=step.message,
-        )
-        ticks.append(row)
-        snap = _snapshot(cluster, step, row)
-        snapshots.append(snap)
-        if recorder is not None:
-            recorder.record(snap)
-        if progress is not None:
-            progress(min(cluster.now, last_arrival), last_arrival)
-    close = getattr(policy, "close", None)
-    if close is not None:
-        close()
-    if not cluster.idle:
-        # the policy takes no more decisions; the backlog drains on what it left running
-        cluster.run_until(max(limit, cluster.now), stop_when_idle=True)
+    # the collector leaves the simulation's objects alone (simulator/heap.py)
+    with FrozenHeap() as heap:
+        while not cluster.idle:
+            t = policy.next_wakeup_s()
+            if not t < limit:
+                break
+            # the clock stops at the last request's finish, which ends the metered span
+            heap.advance(cluster, max(t, cluster.now), stop_when_idle=True)
+            if cluster.idle:
+                break
+            step = policy.wake(cluster)
+            if step.reason == "sample":
+                continue
+            applied = _apply(connector, step, advisory=advisory)
+            for role in roles:
+                max_replicas[role] = max(max_replicas[role], cluster.desired_replicas(role))
+            row = TimelineRow(
+                t_s=cluster.now,
+                desired={r: cluster.desired_replicas(r) for r in roles},
+                ready={r: cluster.ready_replicas(r) for r in roles},
+                gpus_in_use=cluster.gpus_in_use(),
+                decision=applied,
+                reason=step.reason,
+                message=step.message,
+            )
+            ticks.append(row)
+            snap = _snapshot(cluster, step, row)
+            snapshots.append(snap)
+            if recorder is not None:
+                recorder.record(snap)
+            if progress is not None:
+                progress(min(cluster.now, last_arrival), last_arrival)
+        close = getattr(policy, "close", None)
+        if close is not None:
+            close()
+        if not cluster.idle:
+            # the policy takes no more decisions; the backlog drains on what it left running
+            heap.advance(cluster, max(limit, cluster.now), stop_when_idle=True)
     end_s = cluster.now
     gpu_seconds = cluster.gpu_seconds
     if progress is not None:

@@ -34,6 +34,7 @@ from disagg_planner.simulator import catalogue
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec
+from disagg_planner.simulator.heap import FrozenHeap
 from disagg_planner.simulator.request import RequestRecord
 
 
@@ -182,17 +183,18 @@ def run_watched(cluster: Cluster, until_s: float, judge: Judge, *, step_s: float
     finished) in steps of ``step_s``, handing ``judge`` the requests finished in each step;
     stop as soon as it returns True. Returns whether it stopped early."""
     seen = len(cluster.records)
-    while True:
-        if math.isinf(until_s):
-            if cluster.idle:
-                return False
-            target = cluster.now + step_s
-        else:
-            if cluster.now >= until_s:
-                return False
-            target = min(until_s, cluster.now + step_s)
-        cluster.run_until(target, stop_when_idle=math.isinf(until_s))
-        fresh = cluster.records[seen:]
-        seen = len(cluster.records)
-        if fresh and judge(fresh):
-            return True
+    with FrozenHeap() as heap:
+        while True:
+            if math.isinf(until_s):
+                if cluster.idle:
+                    return False
+                target = cluster.now + step_s
+            else:
+                if cluster.now >= until_s:
+                    return False
+                target = min(until_s, cluster.now + step_s)
+            heap.advance(cluster, target, stop_when_idle=math.isinf(until_s))
+            fresh = cluster.records[seen:]
+            seen = len(cluster.records)
+            if fresh and judge(fresh):
+                return True
