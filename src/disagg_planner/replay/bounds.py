@@ -398,13 +398,19 @@ OVERSIZED_FACTOR = 8.0
 OVERSIZED_SLACK_GPUS = 8
 
 
-def fits_context(request: RequestLike, specs: Mapping[str, EngineSpec]) -> bool:
+def context_limits(specs: Mapping[str, EngineSpec]) -> dict[str, int]:
+    """Each role's ``max_model_len`` (found once: :func:`fits_context` runs per request)."""
+    return {role: _max_model_len(spec) for role, spec in specs.items()}
+
+
+def fits_context(request: RequestLike, limits: Mapping[str, int]) -> bool:
     """Whether every engine admits ``request``: its prompt plus what the role generates (one
-    token for prefill, the output for the others) within the engine's ``max_model_len``, the
-    rule the simulated cluster refuses requests by on arrival, as vLLM does (a client error)."""
-    for role, spec in specs.items():
+    token for prefill, the output for the others) within the engine's ``max_model_len``
+    (``limits``, from :func:`context_limits`), the rule the simulated cluster refuses requests
+    by on arrival, as vLLM does (a client error)."""
+    for role, limit in limits.items():
         need = request.input_length + (1 if role == "prefill" else request.output_length)
-        if need > _max_model_len(spec):
+        if need > limit:
             return False
     return True
 
@@ -416,12 +422,13 @@ def _max_model_len(spec: EngineSpec) -> int:
 
 def refused_warning(requests: Sequence[RequestLike], specs: Mapping[str, EngineSpec]) -> str:
     """The warning for the requests that exceed the engines' context ('' when none)."""
-    refused = sum(1 for r in requests if not fits_context(r, specs))
+    limits = context_limits(specs)
+    refused = sum(1 for r in requests if not fits_context(r, limits))
     if not refused:
         return ""
-    limits = ", ".join(f"{role} {_max_model_len(s)}" for role, s in specs.items())
+    named = ", ".join(f"{role} {limit}" for role, limit in limits.items())
     return (
-        f"{refused} of {len(requests)} requests exceed the engines' max_model_len ({limits} "
+        f"{refused} of {len(requests)} requests exceed the engines' max_model_len ({named} "
         "tokens, prompt plus output): the engine refuses them on arrival as vLLM does (client "
         "errors, counted as failed), and no sizing is made for them"
     )

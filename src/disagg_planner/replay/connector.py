@@ -34,7 +34,12 @@ from disagg_planner.core.types import (
     RoleStatus,
     TrafficObservation,
 )
-from disagg_planner.observe.window import Snapshot, snapshot_from_text, traffic_from_snapshots
+from disagg_planner.observe.window import (
+    SampleLike,
+    Snapshot,
+    snapshot_from_samples,
+    traffic_from_snapshots,
+)
 from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.signals.frontend import MODEL_LABEL, NAMESPACE_LABEL
 
@@ -47,7 +52,7 @@ FPM_SAMPLE_PERIOD_S = 1.0
 class SimulatedFrontend(Protocol):
     labels: Mapping[str, str]
 
-    def render_prometheus_text(self) -> str: ...
+    def exposition_samples(self) -> Sequence[SampleLike]: ...
 
 
 class SimulatedEngine(Protocol):
@@ -166,7 +171,9 @@ class SimulatedTraffic:
         self._widest_s = 0.0
 
     def _scrape(self) -> Snapshot:
-        return snapshot_from_text(self.cluster.frontend.render_prometheus_text())
+        # the samples the frontend's /metrics page holds (test_signals checks they are what
+        # parsing the page gives), without writing and parsing the text every tick
+        return snapshot_from_samples(self.cluster.frontend.exposition_samples())
 
     def observe(
         self, *, end_s: float | None = None, duration_s: float | None = None

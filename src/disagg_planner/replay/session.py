@@ -137,7 +137,8 @@ def prepare(
     floors = {r: config.min_endpoint_for(r) for r in roles}
     if warning := bounds.refused_warning(requests, specs):
         log.warning("replay: %s", warning)
-    sized = [r for r in requests if bounds.fits_context(r, specs)]  # refused: not sized for
+    limits = bounds.context_limits(specs)
+    sized = [r for r in requests if bounds.fits_context(r, limits)]  # refused: not sized for
     needs = plan_needs(
         sized,
         specs=specs,

@@ -14,7 +14,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -233,23 +233,61 @@ class FrontendMetrics:
             },
         )
 
+    def _families(self) -> list[tuple[str, str, list[ExpositionSample]]]:
+        """Every metric family of the ``/metrics`` page: (name, type, samples), each sample
+        as a scrape's parser reads it (``le`` as the page writes it, values as floats)."""
+        labels = dict(self.labels)
+        families: list[tuple[str, str, list[ExpositionSample]]] = []
+        for name, value in self._counters().items():
+            families.append((name, "counter", [ExpositionSample(name, labels, float(value))]))
+        for name, h in self._histograms().items():
+            samples = [
+                ExpositionSample(
+                    f"{name}_bucket",
+                    labels | {"le": "+Inf" if math.isinf(bound) else _fmt(bound)},
+                    float(cum),
+                )
+                for bound, cum in h.cumulative()
+            ]
+            samples.append(ExpositionSample(f"{name}_sum", labels, float(h.sum)))
+            samples.append(ExpositionSample(f"{name}_count", labels, float(h.count)))
+            families.append((name, "histogram", samples))
+        return families
+
+    def exposition_samples(self) -> list[ExpositionSample]:
+        """The samples a scrape of :meth:`render_prometheus_text` yields, without writing and
+        parsing the text (a replay reads its simulated frontend every few seconds)."""
+        return [sample for _, _, samples in self._families() for sample in samples]
+
     def render_prometheus_text(self) -> str:
         """The Prometheus text exposition format (version 0.0.4) of every series."""
-        label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(self.labels.items()))
         lines: list[str] = []
-        for name, value in self._counters().items():
+        for name, kind, samples in self._families():
             lines.append(f"# HELP {name} {_HELP.get(name, name)}")
-            lines.append(f"# TYPE {name} counter")
-            lines.append(f"{name}{{{label_text}}} {value}")
-        for name, h in self._histograms().items():
-            lines.append(f"# HELP {name} {_HELP.get(name, name)}")
-            lines.append(f"# TYPE {name} histogram")
-            for bound, cum in h.cumulative():
-                le = "+Inf" if math.isinf(bound) else _fmt(bound)
-                lines.append(f'{name}_bucket{{{label_text},le="{le}"}} {cum}')
-            lines.append(f"{name}_sum{{{label_text}}} {_fmt(h.sum)}")
-            lines.append(f"{name}_count{{{label_text}}} {h.count}")
+            lines.append(f"# TYPE {name} {kind}")
+            for sample in samples:
+                label_text = ",".join(
+                    f'{k}="{_escape(v)}"' for k, v in sorted(sample.labels.items()) if k != "le"
+                )
+                if "le" in sample.labels:
+                    label_text += f',le="{sample.labels["le"]}"'
+                lines.append(f"{sample.name}{{{label_text}}} {_value_text(sample)}")
         return "\n".join(lines) + "\n"
+
+
+class ExpositionSample(NamedTuple):
+    """One sample of the page (``prometheus_client``'s parsed ``Sample`` has these fields)."""
+
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+def _value_text(sample: ExpositionSample) -> str:
+    # counts as integers, as the page always wrote them; sums as the float's repr
+    if sample.name.endswith("_sum"):
+        return _fmt(sample.value)
+    return str(int(sample.value))
 
 
 def _fmt(x: float) -> str:

@@ -171,3 +171,19 @@ def test_latest_fpm_matches_the_per_iteration_stream():
         assert latest == with_cb.latest_fpm() == last
         assert set(latest) == {("prefill-0", 0), ("decode-0", 0), ("decode-1", 0)}
     assert set(without.latest_fpm("decode")) == {("decode-0", 0), ("decode-1", 0)}
+
+
+def test_the_exposition_samples_are_what_a_scrape_of_the_page_parses():
+    """A replay reads its simulated frontend through ``exposition_samples`` (no text written
+    and parsed each tick): the snapshot must be the one a real scrape of the page gives."""
+    from disagg_planner.observe.window import snapshot_from_samples, snapshot_from_text
+
+    c = make_cluster()
+    c.submit(parse_workload("poisson:rate=8,isl=1000,osl=lognormal:100:0.5,duration=20", seed=3))
+    for t in (0.0, 7.5, 15.0, math.inf):
+        c.run_until(t)
+        parsed = snapshot_from_text(c.frontend.render_prometheus_text())
+        direct = snapshot_from_samples(c.frontend.exposition_samples())
+        assert direct == parsed
+        assert any(v > 0 for v in direct.values()) or t == 0.0
+        assert len(direct) > 20  # every bucket of the five histograms and both counters
