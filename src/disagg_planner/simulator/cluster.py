@@ -178,6 +178,7 @@ class Cluster:
         self.roles: tuple[Role, ...] = roles
         self._specs: dict[Role, EngineSpec] = {r: coerce(engines[r]) for r in roles}
         self._models: dict[Role, EngineModel] = {r: EngineModel(s) for r, s in self._specs.items()}
+        self._shortest_context = min(m.max_model_len for m in self._models.values())
         delays: dict[str, float | None]
         if isinstance(startup_delay_s, Mapping):
             delays = {r: startup_delay_s.get(r, 120.0) for r in roles}
@@ -459,6 +460,9 @@ class Cluster:
     def _admission_error(self, req: SimRequest) -> str | None:
         if req.isl < 1:
             return f"input_length={req.isl}: a request needs at least one prompt token"
+        # the common case in one comparison: the longest any role keeps fits every engine
+        if req.isl + req.osl <= self._shortest_context:
+            return None
         for role in self.roles:
             model = self._models[role]
             need = req.isl + (req.osl if role != "prefill" else 1)
@@ -468,11 +472,11 @@ class Cluster:
                 )
         return None
 
-    def _dispatch(self, req: SimRequest, role: str, now: float) -> None:
-        r = self._role(role)
-        engine = self._pick(r)
+    def _dispatch(self, req: SimRequest, role: Role, now: float) -> None:
+        # ``role`` is one of this cluster's (the event loop passes its own roles)
+        engine = self._pick(role)
         if engine is None:
-            self._frontend_queue[r].append(req)
+            self._frontend_queue[role].append(req)
             return
         self._send(req, engine, now)
 
