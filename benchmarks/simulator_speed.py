@@ -65,6 +65,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # test, recorded with this code, is tests/unit/simulator/test_golden_replay.py.
 BASELINE_REV = "14c27446cf17d68183603c6d1098d480594304be"
 PLANNER_PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"  # planner replay's default
+FIXED_CLUSTER_ENGINE = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 CLONE_JITTER_S = 30.0  # planner replay's default --clone-jitter
 
 
@@ -93,8 +94,9 @@ def run_cluster(args: argparse.Namespace) -> dict[str, Any]:
         nonlocal fpm_count
         fpm_count += 1
 
+    engine = args.engine or FIXED_CLUSTER_ENGINE
     cluster = Cluster(
-        engines={"prefill": args.engine, "decode": args.engine},
+        engines={"prefill": engine, "decode": engine},
         replicas={"prefill": args.prefill, "decode": args.decode},
         on_fpm=count if args.fpm_callback else None,
     )
@@ -148,7 +150,9 @@ def run_planner(args: argparse.Namespace) -> dict[str, Any]:
             duration_s=duration,
             clone_jitter_s=CLONE_JITTER_S,
         )
-        return prepare(config, spec)
+        # --engine: the simulated cluster's engine model (the planner still sizes from the
+        # bundled profile); by default the profile's own
+        return prepare(config, spec, engine=args.engine)
 
     # The policy's own run: the references its summary compares with (the oracle's and the
     # best static deployment's searches and runs, replay/bounds.py) are other simulations,
@@ -267,7 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"trace file (Azure CSV, Mooncake JSONL, ...; default: {AZURE_CONV.name} in "
         "$PLANNER_TRACE_DIR)",
     )
-    parser.add_argument("--engine", default="sim:llama-3.1-8b-fp8@h200_sxm:tp1")
+    parser.add_argument(
+        "--engine",
+        help=f"engine model of the simulated cluster (default {FIXED_CLUSTER_ENGINE}; with "
+        "--planner the profile's own), e.g. aic:llama-3.1-8b-fp8@h200_sxm",
+    )
     parser.add_argument("--prefill", type=int, default=2)
     parser.add_argument("--decode", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
