@@ -320,11 +320,33 @@ def decisions_of(
     return out
 
 
-def decisions_table(decisions: Sequence[Decision], *, ticks: int) -> str:
+def reason_tally(snapshots: Sequence[TickSnapshot]) -> list[tuple[str, int]]:
+    """How many ticks decided each way (``short_reason``), most frequent first: a tick that
+    changes nothing is a decision too (to hold), and its reason says why."""
+    counts: dict[str, int] = {}
+    for snapshot in snapshots:
+        reason = short_reason(snapshot) or "no reason recorded"
+        counts[reason] = counts.get(reason, 0) + 1
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def decisions_table(
+    decisions: Sequence[Decision], *, ticks: int, tally: Sequence[tuple[str, int]] = ()
+) -> str:
+    held = ""
+    if tally:
+        tally_rows = "".join(
+            f"<tr><td>{_esc(reason)}</td><td>{count}</td></tr>" for reason, count in tally
+        )
+        held = (
+            f"<h4>Every decision of the {ticks} ticks, by reason</h4>"
+            "<table class='tally'><thead><tr><th>reason</th><th>ticks</th></tr></thead>"
+            f"<tbody>{tally_rows}</tbody></table>"
+        )
     if not decisions:
         return (
             "<section class='decisions'><h3>Decisions</h3>"
-            f"<p class='empty'>No replica change in {ticks} ticks.</p></section>"
+            f"<p class='empty'>No replica change in {ticks} ticks.</p>{held}</section>"
         )
     rows = "".join(
         f"<tr><td>{d.t_s:.0f}</td><td><span class='role' style='color:{role_colour(d.role)}'>"
@@ -337,7 +359,7 @@ def decisions_table(decisions: Sequence[Decision], *, ticks: int) -> str:
         f"<h3>Decisions: {len(decisions)} replica changes in {ticks} ticks</h3>"
         "<table><thead><tr><th>time (s)</th><th>role</th><th>from &rarr; to</th>"
         "<th>reason</th><th>the planner's words</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table></section>"
+        f"<tbody>{rows}</tbody></table>{held}</section>"
     )
 
 
@@ -895,7 +917,9 @@ def render_report(
             title=title,
             headline_html=headline,
             panels=panels,
-            decisions_html=decisions_table(decisions, ticks=len(snapshots)),
+            decisions_html=decisions_table(
+                decisions, ticks=len(snapshots), tally=reason_tally(snapshots)
+            ),
             folded=[*detail_panels(snapshots), *extra_panels],
             footer=footer,
         )

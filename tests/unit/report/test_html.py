@@ -93,6 +93,16 @@ def test_every_replica_change_is_a_row_with_from_to_and_reason() -> None:
     html = render_report(snaps, title="t", ttft_slo_ms=500, itl_slo_ms=50)
     assert "3 replica changes in 4 ticks" in html
     assert "3 &rarr; 2" in html and "idle" in html
+    # the ticks that changed nothing decided too: every tick's reason is counted
+    tally = re.search(r"of the 4 ticks, by reason</h4>(.*?)</table>", html, re.S)
+    assert tally, "the decisions section counts every tick's decision"
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>(\d+)</td></tr>", tally[1])
+    assert sorted(rows) == [
+        ("load no_change", "1"),
+        ("load scale_down", "1"),
+        ("no reason recorded", "1"),
+        ("throughput scale", "1"),
+    ]
     # labelled on the plot too, not only on hover
     figure = replicas_figure(snaps, decisions)
     labels = [t for trace in figure.data if trace.mode == "markers+text" for t in trace.text]
