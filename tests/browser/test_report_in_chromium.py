@@ -159,7 +159,7 @@ def test_policy_report_renders_and_shows_the_summary(
     card = browser.find_element("css selector", "section.headline")
     capacity = browser.find_element("css selector", "#panel-capacity")
     assert card.location["y"] < capacity.location["y"] < 1200
-    decisions = browser.find_elements("css selector", "section.decisions tbody tr")
+    decisions = browser.find_elements("css selector", "section.decisions table.changes tbody tr")
     summary = json.loads((folder / "summary.json").read_text())
     assert len(decisions) == sum(summary["scale_actions"].values())
     # the folded detail draws when opened

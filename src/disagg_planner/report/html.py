@@ -357,7 +357,7 @@ def decisions_table(
     return (
         "<section class='decisions'>"
         f"<h3>Decisions: {len(decisions)} replica changes in {ticks} ticks</h3>"
-        "<table><thead><tr><th>time (s)</th><th>role</th><th>from &rarr; to</th>"
+        "<table class='changes'><thead><tr><th>time (s)</th><th>role</th><th>from &rarr; to</th>"
         "<th>reason</th><th>the planner's words</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>{held}</section>"
     )
