@@ -56,6 +56,10 @@ class TimelineRow:
     # "start" (t = 0), "tick" (the policy decided), "state" (a replica started, became ready,
     # began draining or stopped between ticks) or "end" (the last request finished)
     event: str = "tick"
+    # the elastic-EP role only (empty otherwise): its engine's serving DP size, and whether a
+    # resize pauses it (1) at this instant
+    dp: dict[str, int] = field(default_factory=dict)
+    paused: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,6 +146,8 @@ def write_requests_csv(path: Path, records: Iterable[RequestRecord]) -> None:
 
 
 def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[str]) -> None:
+    """One line per row; an elastic-EP role adds ``dp_ROLE`` and ``paused_ROLE``."""
+    elastic = [r for r in roles if any(r in row.dp for row in rows)]
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(
@@ -152,6 +158,8 @@ def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[
             + [f"draining_{r}" for r in roles]
             + [f"replicas_{r}" for r in roles]
             + [f"{p}_{r}" for p in STARTUP_PHASES for r in roles]
+            + [f"dp_{r}" for r in elastic]
+            + [f"paused_{r}" for r in elastic]
             + ["gpus_in_use", "event", "decision", "reason", "message"]
         )
         for row in rows:
@@ -164,6 +172,8 @@ def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[
                 + [row.draining.get(r, 0) for r in roles]
                 + [row.replicas.get(r, 0) for r in roles]
                 + [row.startup_phases.get(p, {}).get(r, 0) for p in STARTUP_PHASES for r in roles]
+                + [row.dp.get(r, 0) for r in elastic]
+                + [row.paused.get(r, 0) for r in elastic]
                 + [row.gpus_in_use, row.event, row.decision, row.reason, row.message]
             )
 
