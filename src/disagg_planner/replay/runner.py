@@ -436,5 +436,15 @@ def write_outputs(
     if config is not None:
         summary["config"] = config.model_dump(mode="json")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    write_requests_csv(out_dir / "requests.csv", result.records)
+    elastic = result.summary.get("elastic_ep")
+    dp_at = None
+    if elastic is not None:
+        role = elastic["role"]
+        steps = [(row.t_s, row.dp.get(role, 0)) for row in result.timeline]
+        times = [t for t, _ in steps]
+
+        def dp_at(t_s: float) -> int:
+            return steps[max(0, bisect.bisect_right(times, t_s) - 1)][1]
+
+    write_requests_csv(out_dir / "requests.csv", result.records, dp_at=dp_at)
     write_timeline_csv(out_dir / "timeline.csv", result.timeline, roles)

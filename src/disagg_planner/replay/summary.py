@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,11 +126,20 @@ def score_requests(
     }
 
 
-def write_requests_csv(path: Path, records: Iterable[RequestRecord]) -> None:
+def write_requests_csv(
+    path: Path,
+    records: Iterable[RequestRecord],
+    *,
+    dp_at: Callable[[float], int] | None = None,
+) -> None:
+    """One line per request. ``dp_at`` (an elastic-EP replay: the elastic engine's serving
+    DP size at a time) adds ``dp_at_arrival`` and ``error`` (why a request failed, e.g. the
+    503 of a resize's pause)."""
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(REQUEST_COLUMNS)
+        writer.writerow(REQUEST_COLUMNS + (("dp_at_arrival", "error") if dp_at else ()))
         for r in sorted(records, key=lambda r: (r.arrival_s, r.request_id)):
+            extra = [dp_at(r.arrival_s), r.error or ""] if dp_at is not None else []
             writer.writerow(
                 [
                     f"{r.arrival_s:.6f}",
@@ -141,6 +150,7 @@ def write_requests_csv(path: Path, records: Iterable[RequestRecord]) -> None:
                     "" if r.ttft_ms is None else f"{r.ttft_ms:.3f}",
                     "" if r.itl_ms is None else f"{r.itl_ms:.3f}",
                     int(r.ok),
+                    *extra,
                 ]
             )
 
