@@ -4,7 +4,7 @@ simulated cluster, write the outputs. Used by ``planner replay`` and the scoreca
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -111,11 +111,14 @@ def prepare(
     router: str = "least_loaded",
     drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S,
     migrate_on_drain: bool = False,
+    requests: Sequence[RequestLike] | None = None,
 ) -> ReplayPlan:
     """The shared part of one replay. ``startup_delay_s``: a constant start-up of every new
     replica, or ``None`` for the phase model of :mod:`disagg_planner.simulator.startup`.
     ``drain_grace_s`` bounds a removed replica's drain (``None``: unbounded); after it the
-    requests left on it are cancelled, or with ``migrate_on_drain`` moved to another."""
+    requests left on it are cancelled, or with ``migrate_on_drain`` moved to another.
+    ``requests``: the requests themselves (a benchmark's own workload, sorted by arrival)
+    instead of those of ``workload``, whose seed still seeds the simulator."""
     if config.mode not in ("disagg", "agg"):
         raise SpecError(f"replay simulates disagg or agg deployments, not mode={config.mode}")
     profile = profile_for(config) if (config.throughput_scaling_active or engine is None) else None
@@ -126,7 +129,11 @@ def prepare(
     roles = ("agg",) if config.mode == "agg" else ("prefill", "decode")
     specs = dict.fromkeys(roles, spec)
     check_elastic_setup(config, specs, initial)
-    requests = load_requests(workload)
+    if requests is None:
+        requests = load_requests(workload)
+    elif not requests:
+        raise SpecError("the workload has no requests")
+    requests = list(requests)
     duration = max(r.arrival_s for r in requests)
     floors = {r: config.min_endpoint_for(r) for r in roles}
     if warning := bounds.refused_warning(requests, specs):
