@@ -48,7 +48,8 @@ simulated engine): ``fixed-16`` (``static:1``), ``elastic-blocking`` / ``elastic
 (``elastic_ep_frontend_retries``). There the engine answers requests arriving during a pause
 503 as vLLM does: they are ``rejected`` (failed; counted as 30 s TTFTs in the rolling p95),
 unless the frontend retries, which sends them after the pause. GPU-hours are replay's: every
-GPU from 0 until the last request finished. ``restart-20`` has no replay counterpart (the
+GPU from 0 until the last request finished; the router is round robin, as this script's own
+cluster's. ``restart-20`` has no replay counterpart (the
 simulator has no engine restart), and replay has no client timeout (a request queued past
 30 s is served late, and counted as a 30 s TTFT and not completed).
 """
@@ -189,6 +190,15 @@ def rolling_p95(
     return out
 
 
+def highest_per_minute(series: Sequence[tuple[float, float]]) -> list[float]:
+    """The highest value of a rolling series in each minute it covers."""
+    by_minute: dict[int, float] = {}
+    for t, v in series:
+        minute = int((t - 1e-9) // 60)
+        by_minute[minute] = max(by_minute.get(minute, 0.0), v)
+    return [by_minute[m] for m in sorted(by_minute)]
+
+
 def seconds_above(series: Sequence[tuple[float, float]], threshold: float, step_s: float) -> float:
     """Time during which the rolling value exceeds ``threshold`` (one step per point)."""
     return float(sum(step_s for _, v in series if v > threshold))
@@ -306,10 +316,6 @@ def run_policy(
         cluster.run_to_completion(limit_s=last_arrival + 3600.0)
     records = list(cluster.records)
     series = rolling_p95(records, end_s=last_arrival)
-    by_minute: dict[int, float] = {}
-    for t, v in series:
-        minute = int((t - 1e-9) // 60)
-        by_minute[minute] = max(by_minute.get(minute, 0.0), v)
     return PolicyResult(
         name=name,
         requests=len(requests),
@@ -324,7 +330,7 @@ def run_policy(
             for p in cluster.resizes
         ],
         decisions=decisions,
-        p95_by_minute=[by_minute[m] for m in sorted(by_minute)],
+        p95_by_minute=highest_per_minute(series),
         wall_s=time.perf_counter() - wall0,
     )
 
@@ -343,8 +349,16 @@ def run_through_replay(name: str, requests: Sequence[TraceRequest], *, seed: int
             "elastic_ep_frontend_retries": name.endswith("-retry"),
         }
     )
+    # round robin, as the script's own cluster: replay's default least-loaded router sends
+    # every arrival to the new, empty ranks right after a grow until their queued prompts
+    # weigh as much as the old ranks' KV, which queues them for tens of seconds
     plan = session.prepare(
-        config, session.WorkloadSpec(seed=seed), engine=ENGINE, initial={ROLE: 1}, requests=requests
+        config,
+        session.WorkloadSpec(seed=seed),
+        engine=ENGINE,
+        initial={ROLE: 1},
+        requests=requests,
+        router="round_robin",
     )
     policy = "static:1" if name == "fixed-16" else "planner"
     result = session.run(plan, policy, progress=False, write_report=False, references=False)
@@ -366,6 +380,12 @@ def run_through_replay(name: str, requests: Sequence[TraceRequest], *, seed: int
             f"{p['pause_s']:.1f} s from {p['pause_start_s']:.0f} s"
             for p in elastic["resizes"]
         ],
+        decisions=[
+            f"{row.t_s:.0f} s {row.message[row.message.index('elastic') :]}"
+            for row in result.timeline
+            if "resizing DP" in row.message
+        ],
+        p95_by_minute=highest_per_minute(series),
         wall_s=time.perf_counter() - wall0,
     )
 
