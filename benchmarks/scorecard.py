@@ -94,6 +94,8 @@ class Scenario:
     mode: str = "disagg"
     # a wide-EP workload: the elastic-ep policy's settings and the policies it runs
     elastic: dict[str, Any] | None = None
+    router: str = "least_loaded"
+    settings: dict[str, Any] | None = None  # config settings of every policy of the workload
 
     @property
     def policies(self) -> tuple[str, ...]:
@@ -193,11 +195,19 @@ SCENARIOS = (
         "wide EP: one aggregated DeepSeek-V3 engine on GB200 at TP1, DP/EP 16 (16 GPUs; "
         "bundled profile gb200/vllm/deepseek-v3/tp1-dp16-ep16, about 0.8 req/s per rank at "
         "ISL/OSL 9000/2000), 6 to 22 req/s, period 1200 s, 40 min; TTFT target 5 s and ITL "
-        "100 ms, as the elastic-EP ramp benchmark",
+        "100 ms, as the elastic-EP ramp benchmark; a planner interval of 60 s; round-robin "
+        "routing",
         profile=WIDE_EP_PROFILE,
         engine=WIDE_EP_ENGINE,
         mode="agg",
         elastic=WIDE_EP_ELASTIC,
+        # vLLM balances a DP engine's ranks by their request counts; the simulator's
+        # least-loaded router weighs KV tokens held, and floods the empty ranks of a grow
+        # (or a new replica) until their queued prompts weigh as much
+        router="round_robin",
+        # both planner policies decide every minute: a 180 s interval adds 180 s to the
+        # elastic policy's lead time (followers + resize + one interval)
+        settings={"throughput_adjustment_interval_seconds": 60.0},
     ),
 )
 
@@ -209,9 +219,15 @@ def _plan(scenario: Scenario, variant: dict[str, Any], startup: float) -> Replay
         ttft_ms=scenario.ttft_ms,
         itl_ms=scenario.itl_ms,
         max_gpu_budget=-1,
-        **variant,
+        **((scenario.settings or {}) | variant),
     )
-    return prepare(cfg, scenario.workload, engine=scenario.engine, startup_delay_s=startup)
+    return prepare(
+        cfg,
+        scenario.workload,
+        engine=scenario.engine,
+        startup_delay_s=startup,
+        router=scenario.router,
+    )
 
 
 def _elastic_variant(scenario: Scenario, startup: float) -> dict[str, Any]:
@@ -523,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(table)
         print(f"\n{held}")
-        print(f"\n{len(rows)} runs in {wall:.0f} s")
+        print(f"\n{len(every)} runs in {wall:.0f} s")
     if args.write:
         notes = "\n".join(f"- **{s.name}**: {s.note}" for s in scenarios)
         section = (

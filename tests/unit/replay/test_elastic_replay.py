@@ -161,3 +161,16 @@ def test_combinations_replay_cannot_play_are_refused_by_name(
 ) -> None:
     with pytest.raises(SpecError, match=match):
         prepare(_config(**extra), WorkloadSpec(workload=WORKLOAD), engine=engine, initial=initial)
+
+
+def test_the_simulated_resize_takes_the_timing_the_policy_plans_with(tmp_path: Path) -> None:
+    # measured timings replace the mode's: the policy's lead time and the simulated resize
+    config = _config(elastic_ep_mode="blocking", elastic_ep_timing="40,6,20,4")
+    plan = prepare(config, WorkloadSpec(workload=WORKLOAD, seed=3), engine=ENGINE)
+    result = session.run(plan, "planner", progress=False, references=False, write_report=False)
+    [grow, *_] = result.summary["elastic_ep"]["resizes"]
+    assert grow["mode"] == "blocking"
+    assert grow["end_s"] - grow["start_s"] == pytest.approx(40.0)
+    assert grow["pause_s"] == pytest.approx(6.0)
+    decided = next(r for r in result.timeline if "resizing DP" in r.message)
+    assert "blocking resize 40 s" in decided.message
