@@ -38,7 +38,20 @@ The simulator queues requests that arrive while a resize pauses serving; vLLM an
 rejected, so ``completed`` minus that count is what a real engine completes.
 
 ``--json`` prints ``{"policies": [{"name", "requests", "completed",
-"max_rolling_p95_ttft_s", "seconds_above_slo", "gpu_hours", "arrived_in_pause"}]}``.
+"max_rolling_p95_ttft_s", "seconds_above_slo", "gpu_hours", "arrived_in_pause",
+"rejected"}]}``.
+
+``--replay`` runs the same requests through ``planner replay`` instead of this script's own
+driver (:mod:`disagg_planner.replay.session`, the live loop's elastic-EP driver on the
+simulated engine): ``fixed-16`` (``static:1``), ``elastic-blocking`` / ``elastic-async`` /
+``elastic-nixl`` (the planner with ``elastic_ep_mode`` set) and ``elastic-nixl-retry``
+(``elastic_ep_frontend_retries``). There the engine answers requests arriving during a pause
+503 as vLLM does: they are ``rejected`` (failed; counted as 30 s TTFTs in the rolling p95),
+unless the frontend retries, which sends them after the pause. GPU-hours are replay's: every
+GPU from 0 until the last request finished; the router is round robin, as this script's own
+cluster's. ``restart-20`` has no replay counterpart (the
+simulator has no engine restart), and replay has no client timeout (a request queued past
+30 s is served late, and counted as a 30 s TTFT and not completed).
 """
 
 from __future__ import annotations
@@ -70,6 +83,7 @@ from disagg_planner.profiles import elastic_resize, load_profile
 from disagg_planner.profiles.elastic_resize import ElasticEpMode, ResizeTiming
 from disagg_planner.profiles.profile import Profile
 from disagg_planner.profiles.registry import resolve_profile
+from disagg_planner.replay import session
 from disagg_planner.simulator.cluster import Cluster, ReplicaState
 from disagg_planner.simulator.elastic_ep import ResizePlan
 from disagg_planner.simulator.request import RequestRecord
@@ -90,6 +104,13 @@ RESTART_S = 197.0
 INTERVAL_S = 30.0  # planner tick
 ITL_TARGET_MS = 100.0  # the post sets no ITL target; decode is sized at this one
 POLICIES = ("fixed-16", "restart-20", "elastic-blocking", "elastic-async", "elastic-nixl")
+REPLAY_POLICIES = (
+    "fixed-16",
+    "elastic-blocking",
+    "elastic-async",
+    "elastic-nixl",
+    "elastic-nixl-retry",
+)
 RESTART_MODE = "restart"
 
 
@@ -169,6 +190,15 @@ def rolling_p95(
     return out
 
 
+def highest_per_minute(series: Sequence[tuple[float, float]]) -> list[float]:
+    """The highest value of a rolling series in each minute it covers."""
+    by_minute: dict[int, float] = {}
+    for t, v in series:
+        minute = int((t - 1e-9) // 60)
+        by_minute[minute] = max(by_minute.get(minute, 0.0), v)
+    return [by_minute[m] for m in sorted(by_minute)]
+
+
 def seconds_above(series: Sequence[tuple[float, float]], threshold: float, step_s: float) -> float:
     """Time during which the rolling value exceeds ``threshold`` (one step per point)."""
     return float(sum(step_s for _, v in series if v > threshold))
@@ -207,6 +237,8 @@ class PolicyResult:
     # Requests arriving while a resize paused serving: vLLM answers them 503 (rejected unless
     # the frontend retries); the simulator queues them, so ``completed`` still counts them.
     arrived_in_pause: int = 0
+    # Rejected with 503 during a pause (--replay, frontend not retrying): failed requests.
+    rejected: int = 0
     resizes: list[str] = field(default_factory=list)
     decisions: list[str] = field(default_factory=list)
     p95_by_minute: list[float] = field(default_factory=list)
@@ -221,6 +253,7 @@ class PolicyResult:
             "seconds_above_slo": round(self.seconds_above_slo, 1),
             "gpu_hours": round(self.gpu_hours, 3),
             "arrived_in_pause": self.arrived_in_pause,
+            "rejected": self.rejected,
         }
 
 
@@ -283,10 +316,6 @@ def run_policy(
         cluster.run_to_completion(limit_s=last_arrival + 3600.0)
     records = list(cluster.records)
     series = rolling_p95(records, end_s=last_arrival)
-    by_minute: dict[int, float] = {}
-    for t, v in series:
-        minute = int((t - 1e-9) // 60)
-        by_minute[minute] = max(by_minute.get(minute, 0.0), v)
     return PolicyResult(
         name=name,
         requests=len(requests),
@@ -301,7 +330,62 @@ def run_policy(
             for p in cluster.resizes
         ],
         decisions=decisions,
-        p95_by_minute=[by_minute[m] for m in sorted(by_minute)],
+        p95_by_minute=highest_per_minute(series),
+        wall_s=time.perf_counter() - wall0,
+    )
+
+
+def run_through_replay(name: str, requests: Sequence[TraceRequest], *, seed: int) -> PolicyResult:
+    """Replay ``requests`` under ``name`` of :data:`REPLAY_POLICIES` with ``planner replay``'s
+    session (see the module doc)."""
+    if name not in REPLAY_POLICIES:
+        raise ValueError(f"unknown replay policy {name!r}; known: {', '.join(REPLAY_POLICIES)}")
+    wall0 = time.perf_counter()
+    mode = name.removeprefix("elastic-").removesuffix("-retry")
+    config = planner_config().model_copy(
+        update={
+            "profile": PROFILE,
+            "elastic_ep_mode": mode if name.startswith("elastic-") else "nixl",
+            "elastic_ep_frontend_retries": name.endswith("-retry"),
+        }
+    )
+    # round robin, as the script's own cluster: replay's default least-loaded router sends
+    # every arrival to the new, empty ranks right after a grow until their queued prompts
+    # weigh as much as the old ranks' KV, which queues them for tens of seconds
+    plan = session.prepare(
+        config,
+        session.WorkloadSpec(seed=seed),
+        engine=ENGINE,
+        initial={ROLE: 1},
+        requests=requests,
+        router="round_robin",
+    )
+    policy = "static:1" if name == "fixed-16" else "planner"
+    result = session.run(plan, policy, progress=False, write_report=False, references=False)
+    records = list(result.records)
+    last_arrival = requests[-1].arrival_s
+    series = rolling_p95(records, end_s=last_arrival)
+    elastic = result.summary.get("elastic_ep") or {"resizes": []}
+    return PolicyResult(
+        name=name,
+        requests=len(requests),
+        completed=sum(1 for r in records if completed(r)),
+        max_rolling_p95_ttft_s=max((v for _, v in series), default=0.0),
+        seconds_above_slo=seconds_above(series, TTFT_SLO_S, 1.0),
+        gpu_hours=result.summary["gpu_hours"],
+        arrived_in_pause=sum(p["arrived_in_pause"] for p in elastic["resizes"]),
+        rejected=result.summary["rejected"],
+        resizes=[
+            f"{p['from_dp']}->{p['to_dp']} {p['mode']} at {p['start_s']:.0f} s, serving paused "
+            f"{p['pause_s']:.1f} s from {p['pause_start_s']:.0f} s"
+            for p in elastic["resizes"]
+        ],
+        decisions=[
+            f"{row.t_s:.0f} s {row.message[row.message.index('elastic') :]}"
+            for row in result.timeline
+            if "resizing DP" in row.message
+        ],
+        p95_by_minute=highest_per_minute(series),
         wall_s=time.perf_counter() - wall0,
     )
 
@@ -348,11 +432,12 @@ def _drive(
 def table(results: Sequence[PolicyResult]) -> str:
     head = (
         "| policy | requests | completed | max rolling p95 TTFT (s) | s above 5 s | GPU-hours |"
-        " arrived in pause (503 on vLLM) | resize |\n|---|---:|---:|---:|---:|---:|---:|---|"
+        " arrived in pause (503 on vLLM) | rejected | resize |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     rows = [
         f"| {r.name} | {r.requests} | {r.completed} | {r.max_rolling_p95_ttft_s:.2f} | "
-        f"{r.seconds_above_slo:.0f} | {r.gpu_hours:.2f} | {r.arrived_in_pause} | "
+        f"{r.seconds_above_slo:.0f} | {r.gpu_hours:.2f} | {r.arrived_in_pause} | {r.rejected} | "
         f"{'; '.join(r.resizes) or '-'} |"
         for r in results
     ]
@@ -363,14 +448,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the JSON summary only")
     parser.add_argument("--seed", type=int, default=0, help="workload and simulator seed")
+    parser.add_argument(
+        "--replay", action="store_true", help="run the requests through planner replay"
+    )
+    parser.add_argument(
+        "--only", action="append", metavar="POLICY", help="run only this policy (repeatable)"
+    )
     args = parser.parse_args(argv)
     profile = load_profile(resolve_profile(PROFILE))
     requests = ramp_requests(
         REQUESTS, start_rps=START_RPS, end_rps=END_RPS, seed=args.seed, isl=ISL, osl=OSL
     )
+    known = REPLAY_POLICIES if args.replay else POLICIES
+    names = args.only or list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"--only {', '.join(unknown)}: expected one of {', '.join(known)}")
     results = []
-    for name in POLICIES:
-        result = run_policy(name, requests, profile=profile, seed=args.seed)
+    for name in names:
+        if args.replay:
+            result = run_through_replay(name, requests, seed=args.seed)
+        else:
+            result = run_policy(name, requests, profile=profile, seed=args.seed)
         results.append(result)
         if not args.json:
             print(f"{name}: {result.wall_s:.1f} s wall", file=sys.stderr)

@@ -11,6 +11,14 @@ does and costs no more than it, and every policy uses at least the fluid bound.
 
     python benchmarks/scorecard.py [--write] [--only NAME] [--jobs N] [--variant K=V ...]
 
+The wide-EP workload (``--only wide-ep``) runs a DeepSeek-V3 DP16/EP16 engine on GB200
+(the bundled DP profile) and compares three ways of moving its capacity on the same
+traffic: a fixed size (``fixed-dp16``, one engine), replica scaling (``planner``: whole
+16-GPU engines) and elastic resizing (``elastic-ep``: the planner with ``elastic_ep``, which
+resizes the one engine's DP size in steps of 4 ranks, its followers starting for as long as
+a new replica does and joining, then NIXL EP's resize); it prints their GPU-hours,
+attainment and requests rejected with 503 during resize pauses in a table of its own.
+
 The references of each workload (:mod:`disagg_planner.replay.bounds`) are found once, the
 workloads in parallel, then every policy run in parallel with them handed over (``--jobs``,
 default the number of cores). ``--write`` replaces the scorecard section of
@@ -50,6 +58,21 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 POLICIES = ("static-peak", "hpa", "dynamo-default", "planner", "best-static", "oracle")
+# The wide-EP workload's policies: fixed size, replica scaling, elastic resizing.
+WIDE_EP_POLICIES = ("fixed-dp16", "planner", "elastic-ep", "best-static")
+WIDE_EP_PROFILE = "gb200/vllm/deepseek-v3/tp1-dp16-ep16"
+WIDE_EP_ENGINE = "sim:deepseek-v3@gb200:tp1:dp16:ep16"
+# The elastic policy's settings on the wide-EP workload; its followers' start-up + join is the
+# scenario's start-up delay (the same pods a new replica would start), set in _plan.
+WIDE_EP_ELASTIC: dict[str, Any] = {
+    "elastic_ep": "agg",
+    "elastic_ep_mode": "nixl",
+    "elastic_ep_min_dp": 16,
+    "elastic_ep_max_dp": 32,
+    "elastic_ep_dp_step": 4,
+    "elastic_ep_gpus_per_rank": 1,
+    "elastic_ep_follower_service": "agg-flw",
+}
 
 
 @dataclass(frozen=True)
@@ -65,6 +88,18 @@ class Scenario:
     # issue 18's "<= 1.25x the feasible oracle" applies to real traces (and ServeGen's
     # production-client descriptions), not to the synthetic shapes
     real: bool = False
+    # the simulated deployment (default: the scorecard's Llama-3.1-8B disaggregated one)
+    profile: str = PROFILE
+    engine: str | None = None
+    mode: str = "disagg"
+    # a wide-EP workload: the elastic-ep policy's settings and the policies it runs
+    elastic: dict[str, Any] | None = None
+    router: str = "least_loaded"
+    settings: dict[str, Any] | None = None  # config settings of every policy of the workload
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return WIDE_EP_POLICIES if self.elastic is not None else POLICIES
 
     def located(self) -> Scenario:
         if self.trace is None:
@@ -152,18 +187,53 @@ SCENARIOS = (
         20,
         "the test load with a slower period: 5 to 45 req/s, period 1800 s, ISL/OSL 3000/300, 1 h",
     ),
+    Scenario(
+        "wide-ep sinusoid 6-22 req/s",
+        WorkloadSpec(workload="sinusoid:min=6,max=22,period=1200,duration=2400,isl=9000,osl=2000"),
+        5000,
+        100,
+        "wide EP: one aggregated DeepSeek-V3 engine on GB200 at TP1, DP/EP 16 (16 GPUs; "
+        "bundled profile gb200/vllm/deepseek-v3/tp1-dp16-ep16, about 0.8 req/s per rank at "
+        "ISL/OSL 9000/2000), 6 to 22 req/s, period 1200 s, 40 min; TTFT target 5 s and ITL "
+        "100 ms, as the elastic-EP ramp benchmark; a planner interval of 60 s; round-robin "
+        "routing",
+        profile=WIDE_EP_PROFILE,
+        engine=WIDE_EP_ENGINE,
+        mode="agg",
+        elastic=WIDE_EP_ELASTIC,
+        # vLLM balances a DP engine's ranks by their request counts; the simulator's
+        # least-loaded router weighs KV tokens held, and floods the empty ranks of a grow
+        # (or a new replica) until their queued prompts weigh as much
+        router="round_robin",
+        # both planner policies decide every minute: a 180 s interval adds 180 s to the
+        # elastic policy's lead time (followers + resize + one interval)
+        settings={"throughput_adjustment_interval_seconds": 60.0},
+    ),
 )
 
 
 def _plan(scenario: Scenario, variant: dict[str, Any], startup: float) -> ReplayPlan:
     cfg = PlannerConfig(
-        profile=PROFILE,
+        profile=scenario.profile,
+        mode=scenario.mode,
         ttft_ms=scenario.ttft_ms,
         itl_ms=scenario.itl_ms,
         max_gpu_budget=-1,
-        **variant,
+        **((scenario.settings or {}) | variant),
     )
-    return prepare(cfg, scenario.workload, startup_delay_s=startup)
+    return prepare(
+        cfg,
+        scenario.workload,
+        engine=scenario.engine,
+        startup_delay_s=startup,
+        router=scenario.router,
+    )
+
+
+def _elastic_variant(scenario: Scenario, startup: float) -> dict[str, Any]:
+    """The elastic-ep policy's settings: the scenario's, followers starting as replicas do."""
+    assert scenario.elastic is not None
+    return scenario.elastic | {"elastic_ep_follower_ready_seconds": startup}
 
 
 def _references(args: tuple[Scenario, float]) -> tuple[str, References]:
@@ -178,17 +248,25 @@ def _run_one(
     args: tuple[Scenario, str, dict[str, Any], float, tuple[str, References] | None],
 ) -> dict[str, Any]:
     scenario, policy, variant, startup, found = args
+    if policy == "elastic-ep":
+        variant = variant | _elastic_variant(scenario, startup)
     plan = _plan(scenario, variant, startup)
     if found is not None:
         # the same key: the same requests, cluster, targets and floors (a variant may change
         # them, and then this run finds its own)
         adopt_references(*found)
     name = policy
+    if policy == "elastic-ep":
+        name = "planner"
+    elif policy == "fixed-dp16":
+        name = "static:1"
+        plan = replace(plan, setup=replace(plan.setup, initial_replicas={"agg": 1}))
     if policy == "static-peak":
         peak = {r: max(n.replicas[r] for n in plan.needs) for r in plan.setup.specs}
         name = "static:" + ",".join(str(peak[r]) for r in plan.setup.specs)
         plan = replace(plan, setup=replace(plan.setup, initial_replicas=peak))
     summary = run(plan, name, progress=False).summary
+    summary["policy"] = policy if policy in ("elastic-ep", "fixed-dp16") else summary["policy"]
     summary["scenario"] = scenario.name
     summary["real_traffic"] = scenario.real
     summary["startup_delay_s"] = startup
@@ -213,6 +291,29 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {_r(s.get('gpu_hours_ratio_to_fluid_bound'))} "
             f"| {sum(s['scale_actions'].values())} "
             f"| {sum(s['flaps'].values())} | {'/'.join(str(v) for v in mx.values())} |"
+        )
+    return "\n".join(lines)
+
+
+def wide_ep_table(rows: list[dict[str, Any]]) -> str:
+    """The wide-EP workloads' comparison: fixed size, replica scaling, elastic resizing."""
+    head = (
+        "| scenario | policy | SLO both | TTFT p99 ms | GPU-h | x best-static | rejected (503) "
+        "| failed | replicas max | DP min-max (mean) | resizes (paused s) |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for s in rows:
+        elastic = s.get("elastic_ep")
+        dp = resizes = "-"
+        if elastic is not None:
+            dp = f"{elastic['dp_min']}-{elastic['dp_max']} ({elastic['dp_mean']:.1f})"
+            resizes = f"{len(elastic['resizes'])} ({elastic['paused_s']:.1f})"
+        lines.append(
+            f"| {s['scenario']} | {s['policy']} | {s['slo_attainment']['both']:.2%} "
+            f"| {_f(s['ttft_ms']['p99'])} | {s['gpu_hours']:.2f} "
+            f"| {_r(s.get('gpu_hours_ratio_to_best_static'))} | {s.get('rejected', 0)} "
+            f"| {s['failed']} | {'/'.join(str(v) for v in s['max_replicas'].values())} "
+            f"| {dp} | {resizes} |"
         )
     return "\n".join(lines)
 
@@ -403,7 +504,6 @@ def main(argv: list[str] | None = None) -> int:
         for s in SCENARIOS
         if not args.only or any(s.name.startswith(o) for o in args.only)
     ]
-    policies = args.policy or list(POLICIES)
     delays = [args.startup_delay]
     if args.startup_sweep:
         try:
@@ -420,21 +520,26 @@ def main(argv: list[str] | None = None) -> int:
         found = list(pool.map(_references, runs))
         print(f"references found in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         tasks = [
-            (s, p, variant if p == "planner" else {}, d, refs)
+            (s, p, variant if p in ("planner", "elastic-ep") else {}, d, refs)
             for (s, d), refs in zip(runs, found, strict=True)
-            for p in policies
+            for p in (args.policy or s.policies)
         ]
         rows = list(pool.map(_run_one, tasks))
     wall = time.perf_counter() - t0
-    table = markdown(rows)
+    every = rows
+    wide = [r for r in rows if any(s.elastic and s.name == r["scenario"] for s in scenarios)]
+    rows = [r for r in rows if r not in wide]
+    table = markdown(rows) if rows else ""
+    if wide:
+        table += ("\n\n" if table else "") + wide_ep_table(wide)
     held = "\n".join([*conditions(rows), "", *decision_targets(rows), *startup_sweep(rows)])
     command = "python benchmarks/scorecard.py " + " ".join(argv or sys.argv[1:])
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(json.dumps(every, indent=2, default=str))
     else:
         print(table)
         print(f"\n{held}")
-        print(f"\n{len(rows)} runs in {wall:.0f} s")
+        print(f"\n{len(every)} runs in {wall:.0f} s")
     if args.write:
         notes = "\n".join(f"- **{s.name}**: {s.note}" for s in scenarios)
         section = (

@@ -47,7 +47,9 @@ def register(sub: Any) -> None:
         "from the hour of the Azure 2023 conversation trace (per-minute request counts, "
         "ISL/OSL distribution), compressed 2x, four times its load, under the planner (load "
         "loop on), an HPA and best-static. Writes summary.json, requests.csv, timeline.csv and "
-        "report.html to -o (to -o/<policy>/ with several policies, and comparison.html to -o).",
+        "report.html to -o (to -o/<policy>/ with several policies, and comparison.html to -o). "
+        "With --elastic-ep ROLE (a MoE --engine), the planner resizes that role's one engine "
+        "by its data-parallel size instead of scaling its replicas (docs/elastic-ep.md).",
     )
     src = parser.add_argument_group("workload")
     src.add_argument(

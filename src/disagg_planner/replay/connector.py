@@ -24,8 +24,9 @@ The connector's coroutines never suspend, so replay drives them, and the loop's 
 from __future__ import annotations
 
 from collections.abc import Coroutine, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Hold, ScaleOutcome, check_replicas
 from disagg_planner.core.load_scaling import EngineKey
 from disagg_planner.core.types import (
@@ -34,6 +35,7 @@ from disagg_planner.core.types import (
     RoleStatus,
     TrafficObservation,
 )
+from disagg_planner.errors import SpecError
 from disagg_planner.observe.window import (
     SampleLike,
     Snapshot,
@@ -42,6 +44,9 @@ from disagg_planner.observe.window import (
 )
 from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.signals.frontend import MODEL_LABEL, NAMESPACE_LABEL
+
+if TYPE_CHECKING:
+    from disagg_planner.replay.elastic import SimulatedElasticEngine
 
 T = TypeVar("T")
 
@@ -154,6 +159,16 @@ class SimulatedConnector:
 
     def holds(self) -> Mapping[str, Hold]:
         return {}
+
+    def elastic_controller(self, config: PlannerConfig) -> SimulatedElasticEngine:
+        """The elastic-EP role's engine, resized on the simulated cluster
+        (:class:`disagg_planner.runtime.elastic.ElasticEngineProvider`)."""
+        from disagg_planner.replay.elastic import SimulatedElasticEngine
+        from disagg_planner.simulator.cluster import Cluster
+
+        if not isinstance(self.cluster, Cluster):
+            raise SpecError("elastic EP in replay needs the simulated cluster")
+        return SimulatedElasticEngine(self.cluster, config)
 
     async def close(self) -> None:
         return None

@@ -276,6 +276,19 @@ def policy_report_sections(
     (pass as keyword arguments to ``DiagnosticsRecorder.write_report``)."""
     requests = RequestSeries.of_records(result.records)
     timeline = timeline_dicts(result)
+    elastic = result.summary.get("elastic_ep")
+    panels = []
+    if elastic is not None:
+        panels.append(
+            Panel(
+                "elastic",
+                f"Elastic EP: the {elastic['role']} engine's serving DP size and its GPUs "
+                "(followers included while they start); shaded: resizes pausing serving, "
+                f"{result.summary.get('rejected', 0)} request(s) rejected with 503 in them",
+                elastic_figure(result, elastic),
+                "",
+            )
+        )
     return {
         "summary": result.summary,
         "latency": latency_windows(requests),
@@ -294,9 +307,46 @@ def policy_report_sections(
                 "Every request's TTFT and ITL (ms), failed requests marked x",
                 per_request_figure(requests, ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms),
                 "no request was replayed",
-            )
+            ),
+            *panels,
         ],
     }
+
+
+def elastic_figure(result: ReplayResult, elastic: Mapping[str, Any]) -> Any:
+    """DP size (steps) and GPUs in use over time, with each resize's pause shaded."""
+    role = elastic["role"]
+    t = [row.t_s for row in result.timeline]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=t,
+            y=[row.dp.get(role, 0) for row in result.timeline],
+            mode="lines",
+            line={"shape": "hv"},
+            name=f"DP size ({role})",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=t,
+            y=[row.gpus_in_use for row in result.timeline],
+            mode="lines",
+            line={"shape": "hv", "dash": "dot"},
+            name="GPUs in use",
+        )
+    )
+    for resize in elastic["resizes"]:
+        fig.add_vrect(
+            x0=resize["pause_start_s"],
+            x1=resize["end_s"],
+            fillcolor="red",
+            opacity=0.2,
+            line_width=0,
+        )
+    fig.update_xaxes(title_text="time (s)")
+    fig.update_yaxes(title_text="DP ranks / GPUs")
+    return _layout(fig, height=320)
 
 
 def per_request_figure(requests: RequestSeries, *, ttft_slo_ms: float, itl_slo_ms: float) -> Any:

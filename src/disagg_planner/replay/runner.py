@@ -15,7 +15,9 @@ those requests count as failed.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +39,9 @@ from disagg_planner.replay.summary import (
 )
 from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
 from disagg_planner.runtime.observation import engine_queues
+from disagg_planner.simulator import elastic_ep
 from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S, Cluster, Replica
+from disagg_planner.simulator.elastic_ep import ResizePlan
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.heap import FrozenHeap
 from disagg_planner.simulator.request import RequestLike
@@ -64,6 +68,10 @@ class ClusterSetup:
     namespace: str = "dynamo"
     drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S  # None: drains are not bounded
     migrate_on_drain: bool = False
+    # the frontend retries what an engine paused by an elastic-EP resize answers 503
+    retry_paused: bool = False
+    # the role the planner resizes by DP size (elastic_ep), shown in the outputs
+    elastic_role: str | None = None
 
     def build(self, requests: Sequence[RequestLike]) -> Cluster:
         cluster = Cluster(
@@ -77,6 +85,7 @@ class ClusterSetup:
             namespace=self.namespace,
             drain_grace_s=self.drain_grace_s,
             migrate_on_drain=self.migrate_on_drain,
+            retry_paused=self.retry_paused,
         )
         cluster.submit(requests)
         return cluster
@@ -162,7 +171,13 @@ def run_policy(
     if progress is not None:
         progress(last_arrival, last_arrival)
     timeline = replica_timeline(
-        cluster.replicas, ticks, roles=roles, initial_desired=initial_desired, end_s=end_s
+        cluster.replicas,
+        ticks,
+        roles=roles,
+        initial_desired=initial_desired,
+        end_s=end_s,
+        resizes=cluster.resizes,
+        elastic_role=setup.elastic_role,
     )
 
     records = list(cluster.records)
@@ -187,6 +202,12 @@ def run_policy(
         "cancelled": cluster.cancelled_at_drain,
         "migrated": cluster.migrated_at_drain,
     }
+    # requests a resize's pause answered 503 (frontend not retrying); 0 without resizes
+    summary["rejected"] = cluster.rejected_in_pause
+    if setup.elastic_role is not None:
+        summary["elastic_ep"] = elastic_summary(
+            cluster.resizes, timeline, role=setup.elastic_role, requests=requests
+        )
     summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
     summary["flap_window_s"] = flap_window_s
     summary["max_replicas"] = max_replicas
@@ -201,6 +222,45 @@ def _alive_s(replica: Replica, end_s: float) -> float:
     return max(0.0, stop - replica.start_s)
 
 
+def elastic_summary(
+    resizes: Sequence[ResizePlan],
+    timeline: Sequence[TimelineRow],
+    *,
+    role: str,
+    requests: Sequence[RequestLike],
+) -> dict[str, Any]:
+    """The elastic role's DP sizes and resizes: for summary.json and the report."""
+    sizes = [row.dp[role] for row in timeline if role in row.dp]
+    span = [(a.t_s, b.t_s, a.dp.get(role, 0)) for a, b in itertools.pairwise(timeline)]
+    total = sum(t1 - t0 for t0, t1, _ in span)
+    arrivals = sorted(r.arrival_s for r in requests)
+    return {
+        "role": role,
+        "dp_initial": sizes[0] if sizes else None,
+        "dp_final": sizes[-1] if sizes else None,
+        "dp_min": min(sizes, default=None),
+        "dp_max": max(sizes, default=None),
+        "dp_mean": sum((t1 - t0) * dp for t0, t1, dp in span) / total if total > 0 else None,
+        "resizes": [
+            {
+                "from_dp": p.from_dp,
+                "to_dp": p.to_dp,
+                "mode": p.mode,
+                "requested_s": p.start_s if p.requested_s is None else p.requested_s,
+                "followers_ready_s": p.followers_ready_s,
+                "start_s": p.start_s,
+                "pause_start_s": p.downtime_start_s,
+                "end_s": p.end_s,
+                "pause_s": p.downtime_s,
+                "arrived_in_pause": bisect.bisect_left(arrivals, p.end_s)
+                - bisect.bisect_left(arrivals, p.downtime_start_s),
+            }
+            for p in resizes
+        ],
+        "paused_s": sum(p.downtime_s for p in resizes),
+    }
+
+
 def replica_timeline(
     replicas: Sequence[Replica],
     ticks: Sequence[TimelineRow],
@@ -208,6 +268,8 @@ def replica_timeline(
     roles: Sequence[str],
     initial_desired: Mapping[str, int],
     end_s: float,
+    resizes: Sequence[ResizePlan] = (),
+    elastic_role: str | None = None,
 ) -> list[TimelineRow]:
     """The policy's decisions merged with every change of any replica's state, each row
     giving the deployment just after everything that happened at its instant.
@@ -230,6 +292,12 @@ def replica_timeline(
         changes.update(t for t, _ in x.gpu_segments)
         if x.startup_plan is not None:
             changes.update(t for _, t in x.startup_plan.phase_starts(x.start_s))
+    plans_of: dict[str, list[ResizePlan]] = {}
+    for plan in resizes:
+        plans_of.setdefault(plan.worker_id, []).append(plan)
+        changes.update((plan.start_s, plan.downtime_start_s, plan.end_s))
+        if plan.requested_s is not None:
+            changes.add(plan.requested_s)
     tick_times = {row.t_s for row in ticks}
     # at one instant a tick's row comes first: it already shows the state after that instant
     pending: list[tuple[float, TimelineRow | None]] = [(row.t_s, row) for row in ticks]
@@ -245,10 +313,17 @@ def replica_timeline(
         ready = dict.fromkeys(roles, 0)
         draining = dict.fromkeys(roles, 0)
         phases = {p: dict.fromkeys(roles, 0) for p in STARTUP_PHASES}
+        dp = {elastic_role: 0} if elastic_role is not None else {}
+        paused = dict(dp)
         gpus = 0
         for x in replicas:
             if x.start_s > t or (x.stop_s is not None and x.stop_s <= t):
                 continue
+            if x.role == elastic_role:
+                plans = plans_of.get(x.worker_id, [])
+                first = plans[0].from_dp if plans else len(x.ranks)
+                dp[x.role] += elastic_ep.dp_at(plans, t, initial=first)
+                paused[x.role] += any(p.downtime_start_s <= t < p.end_s for p in plans)
             if x.ready_s > t:
                 starting[x.role] += 1
                 phase = x.startup_phase(t)
@@ -277,6 +352,8 @@ def replica_timeline(
                 draining=draining,
                 startup_phases=phases,
                 event=event,
+                dp=dp,
+                paused=paused,
             )
         )
     if rows[-1].event != "end":
@@ -362,5 +439,15 @@ def write_outputs(
     if config is not None:
         summary["config"] = config.model_dump(mode="json")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    write_requests_csv(out_dir / "requests.csv", result.records)
+    elastic = result.summary.get("elastic_ep")
+    dp_at = None
+    if elastic is not None:
+        role = elastic["role"]
+        steps = [(row.t_s, row.dp.get(role, 0)) for row in result.timeline]
+        times = [t for t, _ in steps]
+
+        def dp_at(t_s: float) -> int:
+            return steps[max(0, bisect.bisect_right(times, t_s) - 1)][1]
+
+    write_requests_csv(out_dir / "requests.csv", result.records, dp_at=dp_at)
     write_timeline_csv(out_dir / "timeline.csv", result.timeline, roles)

@@ -4,7 +4,7 @@ simulated cluster, write the outputs. Used by ``planner replay`` and the scoreca
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from disagg_planner.predictors.traces import read_trace
 from disagg_planner.profiles import Profile
 from disagg_planner.replay import bounds, default_workload
 from disagg_planner.replay.bounds import References, compute_references, reference_summary
+from disagg_planner.replay.elastic import check_elastic_setup, retry_paused
 from disagg_planner.replay.hpa import HpaBehavior
 from disagg_planner.replay.oracle import WindowNeed, initial_replicas, plan_needs
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
@@ -110,19 +111,14 @@ def prepare(
     router: str = "least_loaded",
     drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S,
     migrate_on_drain: bool = False,
+    requests: Sequence[RequestLike] | None = None,
 ) -> ReplayPlan:
     """The shared part of one replay. ``startup_delay_s``: a constant start-up of every new
     replica, or ``None`` for the phase model of :mod:`disagg_planner.simulator.startup`.
     ``drain_grace_s`` bounds a removed replica's drain (``None``: unbounded); after it the
-    requests left on it are cancelled, or with ``migrate_on_drain`` moved to another."""
-    if config.elastic_ep is not None:
-        # Better a clear refusal than a setting the replay would silently ignore.
-        raise SpecError(
-            f"elastic_ep={config.elastic_ep}: resizing engines in place is driven by the live "
-            "loop (planner run / operator) and measured by benchmarks/elastic_ep_ramp.py, but "
-            "planner replay does not drive it yet; unset elastic_ep to replay this deployment "
-            "scaled by replicas (see docs/elastic-ep.md)"
-        )
+    requests left on it are cancelled, or with ``migrate_on_drain`` moved to another.
+    ``requests``: the requests themselves (a benchmark's own workload, sorted by arrival)
+    instead of those of ``workload``, whose seed still seeds the simulator."""
     if config.mode not in ("disagg", "agg"):
         raise SpecError(f"replay simulates disagg or agg deployments, not mode={config.mode}")
     profile = profile_for(config) if (config.throughput_scaling_active or engine is None) else None
@@ -132,7 +128,12 @@ def prepare(
     spec = engine_specs.parse(spec_text)
     roles = ("agg",) if config.mode == "agg" else ("prefill", "decode")
     specs = dict.fromkeys(roles, spec)
-    requests = load_requests(workload)
+    check_elastic_setup(config, specs, initial)
+    if requests is None:
+        requests = load_requests(workload)
+    elif not requests:
+        raise SpecError("the workload has no requests")
+    requests = list(requests)
     duration = max(r.arrival_s for r in requests)
     floors = {r: config.min_endpoint_for(r) for r in roles}
     if warning := bounds.refused_warning(requests, specs):
@@ -165,6 +166,10 @@ def prepare(
         )
         for warning in filter(None, (oversized, over_budget)):
             log.warning("replay: %s", warning)
+    if config.elastic_ep is not None:
+        # one engine, resized in place (every policy starts with it; the baselines scale
+        # its replicas, which is what elastic resizing is compared with)
+        start = {**start, config.elastic_ep: 1}
     setup = ClusterSetup(
         mode=config.mode,
         specs=specs,
@@ -176,6 +181,8 @@ def prepare(
         namespace=config.namespace,
         drain_grace_s=drain_grace_s,
         migrate_on_drain=migrate_on_drain,
+        retry_paused=retry_paused(config),
+        elastic_role=config.elastic_ep,
     )
     return ReplayPlan(config, profile, setup, requests, needs)
 

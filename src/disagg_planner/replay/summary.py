@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,10 @@ class TimelineRow:
     # "start" (t = 0), "tick" (the policy decided), "state" (a replica started, became ready,
     # began draining or stopped between ticks) or "end" (the last request finished)
     event: str = "tick"
+    # the elastic-EP role only (empty otherwise): its engine's serving DP size, and whether a
+    # resize pauses it (1) at this instant
+    dp: dict[str, int] = field(default_factory=dict)
+    paused: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,11 +126,20 @@ def score_requests(
     }
 
 
-def write_requests_csv(path: Path, records: Iterable[RequestRecord]) -> None:
+def write_requests_csv(
+    path: Path,
+    records: Iterable[RequestRecord],
+    *,
+    dp_at: Callable[[float], int] | None = None,
+) -> None:
+    """One line per request. ``dp_at`` (an elastic-EP replay: the elastic engine's serving
+    DP size at a time) adds ``dp_at_arrival`` and ``error`` (why a request failed, e.g. the
+    503 of a resize's pause)."""
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(REQUEST_COLUMNS)
+        writer.writerow(REQUEST_COLUMNS + (("dp_at_arrival", "error") if dp_at else ()))
         for r in sorted(records, key=lambda r: (r.arrival_s, r.request_id)):
+            extra = [dp_at(r.arrival_s), r.error or ""] if dp_at is not None else []
             writer.writerow(
                 [
                     f"{r.arrival_s:.6f}",
@@ -137,11 +150,14 @@ def write_requests_csv(path: Path, records: Iterable[RequestRecord]) -> None:
                     "" if r.ttft_ms is None else f"{r.ttft_ms:.3f}",
                     "" if r.itl_ms is None else f"{r.itl_ms:.3f}",
                     int(r.ok),
+                    *extra,
                 ]
             )
 
 
 def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[str]) -> None:
+    """One line per row; an elastic-EP role adds ``dp_ROLE`` and ``paused_ROLE``."""
+    elastic = [r for r in roles if any(r in row.dp for row in rows)]
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(
@@ -152,6 +168,8 @@ def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[
             + [f"draining_{r}" for r in roles]
             + [f"replicas_{r}" for r in roles]
             + [f"{p}_{r}" for p in STARTUP_PHASES for r in roles]
+            + [f"dp_{r}" for r in elastic]
+            + [f"paused_{r}" for r in elastic]
             + ["gpus_in_use", "event", "decision", "reason", "message"]
         )
         for row in rows:
@@ -164,6 +182,8 @@ def write_timeline_csv(path: Path, rows: Sequence[TimelineRow], roles: Sequence[
                 + [row.draining.get(r, 0) for r in roles]
                 + [row.replicas.get(r, 0) for r in roles]
                 + [row.startup_phases.get(p, {}).get(r, 0) for p in STARTUP_PHASES for r in roles]
+                + [row.dp.get(r, 0) for r in elastic]
+                + [row.paused.get(r, 0) for r in elastic]
                 + [row.gpus_in_use, row.event, row.decision, row.reason, row.message]
             )
 

@@ -23,13 +23,22 @@ pure policy (:class:`disagg_planner.core.elastic.ElasticPlanner`) to the actuato
 The controller's waits run on real time (``time.monotonic`` / ``asyncio.sleep``), not on the
 loop's clock: they bound HTTP calls and pod start-up, which a test's jumping clock does not
 speed up.
+
+A connector that is an :class:`ElasticEngineProvider` (replay's simulated deployment) hands
+the driver its own :class:`ElasticController` instead: one whose ``resize`` only schedules
+the resize on an engine that plays it in the connector's own time, and so returns at once;
+the driver runs it to completion in place rather than as a background task. Everything else
+(the policy, the route of its decisions, the reports) is the same code.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.elastic_ep import (
@@ -52,6 +61,39 @@ from disagg_planner.runtime.connector_settings import elastic_ep_settings
 from disagg_planner.runtime.outcome import Problem, ProblemKind
 
 log = logging.getLogger(__name__)
+
+
+class ElasticController(Protocol):
+    """What the driver asks of an engine's resizer (:class:`ElasticEpController` live)."""
+
+    async def current_dp(self) -> int: ...
+    async def partial_reconfiguration(self) -> str | None: ...
+    async def is_resizing(self) -> bool: ...
+    async def resize(self, new_dp: int) -> ResizeResult: ...
+    async def recover(self) -> ResizeResult | None: ...
+
+
+@runtime_checkable
+class ElasticEngineProvider(Protocol):
+    """A connector whose deployment resizes its own engine (replay's simulated one): its
+    controller's coroutines never suspend (see the module doc)."""
+
+    def elastic_controller(self, config: PlannerConfig) -> ElasticController: ...
+
+
+def _run_inline(work: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
+    """A coroutine that never suspends, run to its end: a done future of its outcome."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    try:
+        work.send(None)
+    except StopIteration as done:
+        future.set_result(done.value)
+    except Exception as exc:
+        future.set_exception(exc)
+    else:
+        work.close()
+        future.set_exception(RuntimeError("an inline elastic-EP controller suspended"))
+    return future
 
 
 @dataclass(frozen=True)
@@ -112,21 +154,28 @@ class ElasticDriver:
                 "loop's profile; enable throughput scaling and give --profile or "
                 "--profile-results-dir"
             )
+        self.config = config
+        self.role: str = role
+        self.planner = ElasticPlanner(config=config, profile=profile)
+        self._task: asyncio.Task[ResizeResult | None] | concurrent.futures.Future[Any] | None
+        self._task = None
+        self._task_what = ""
+        self._inline = isinstance(connector, ElasticEngineProvider)
+        self._controller: ElasticController | None = None
+        self.followers: ElasticEpKubernetes | None = None
+        self.admin_url: str = ""
+        if isinstance(connector, ElasticEngineProvider):
+            self._controller = connector.elastic_controller(config)
+            return
         if not config.elastic_ep_admin_url:
             raise SpecError(
                 f"elastic_ep={role}: elastic_ep_admin_url is required (vLLM's API server, "
                 "e.g. http://leader:8000, or a Dynamo vLLM worker's system port)"
             )
-        self.config = config
-        self.role: str = role
-        self.admin_url: str = config.elastic_ep_admin_url
-        self.planner = ElasticPlanner(config=config, profile=profile)
+        self.admin_url = config.elastic_ep_admin_url
         self.followers = connector if isinstance(connector, ElasticEpKubernetes) else None
-        self._controller: ElasticEpController | None = None
         if config.elastic_ep_api != "auto":
             self._controller = self._make_controller(config.elastic_ep_api)
-        self._task: asyncio.Task[ResizeResult | None] | None = None
-        self._task_what = ""
 
     def _make_controller(self, api: str) -> ElasticEpController:
         """The controller of the engine behind ``elastic_ep_admin_url`` speaking ``api``."""
@@ -149,13 +198,13 @@ class ElasticDriver:
         )
 
     @property
-    def controller(self) -> ElasticEpController:
+    def controller(self) -> ElasticController:
         """The engine's controller; RuntimeError before :meth:`connect` found the route."""
         if self._controller is None:
             raise RuntimeError("elastic EP: the engine's route is not known yet")
         return self._controller
 
-    async def connect(self) -> ElasticEpController:
+    async def connect(self) -> ElasticController:
         """The controller, choosing the route first when ``elastic_ep_api = "auto"``
         (ConnectorError when the admin URL serves neither)."""
         if self._controller is None:
@@ -170,7 +219,7 @@ class ElasticDriver:
     async def wait_idle(self) -> None:
         """Wait for the background resize, if any, to end (its outcome is kept for the next
         tick's report)."""
-        if self._task is not None:
+        if isinstance(self._task, asyncio.Task):
             await asyncio.wait({self._task})
 
     def start(self) -> None:
@@ -189,7 +238,7 @@ class ElasticDriver:
         """Cancel a resize in flight; its record on the deployment lets the next planner
         finish or roll it back."""
         if self.busy:
-            assert self._task is not None
+            assert isinstance(self._task, asyncio.Task)  # an inline one is always done
             log.warning("elastic EP: stopping during the %s; its record stays", self._task_what)
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -255,7 +304,10 @@ class ElasticDriver:
 
     def _spawn(self, work: object, what: str) -> None:
         assert asyncio.iscoroutine(work)
-        self._task = asyncio.create_task(work, name=f"elastic EP {what}")
+        if self._inline:
+            self._task = _run_inline(work)
+        else:
+            self._task = asyncio.create_task(work, name=f"elastic EP {what}")
         self._task_what = what
         log.info("elastic EP (%s): %s started", self.role, what)
 

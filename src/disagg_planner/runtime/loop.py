@@ -526,7 +526,8 @@ class DeploymentLoop:
         wanted = effects.scale_to[role]
         current = status.desired(role) if isinstance(status, DeploymentStatus) else None
         if wanted != current:
-            log.info(
+            log.log(
+                self._tick_log_level,  # once a tick: replay's ticks log at DEBUG
                 "%s: not scaling %s to %d replicas: it is the elastic-EP role, whose capacity "
                 "changes by data-parallel size",
                 self.ref,

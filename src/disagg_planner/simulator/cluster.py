@@ -15,7 +15,12 @@ cancelled (failed), or, with migration, re-queued on another replica of the role
 recomputes their prompt and the tokens generated so far and goes on generating. The GPU
 meter counts a replica from the start-up phase that holds GPUs to the end of its drain (or
 cancellation). ``resize_dp`` changes one engine's
-data-parallel size with the elastic-EP timing of :mod:`disagg_planner.simulator.elastic_ep`.
+data-parallel size with the elastic-EP timing of :mod:`disagg_planner.simulator.elastic_ep`
+(a grow's follower ranks first start and join, holding their GPUs). While the resize pauses
+serving, a request that finds no other engine of the role waits at the frontend and is sent
+once the pause ends, the wait counting in its TTFT (``retry_paused``, the default: a frontend
+that retries), or with ``retry_paused=False`` is answered 503 as vLLM does: failed, counted
+in ``rejected_in_pause`` (replay sets it from ``elastic_ep_frontend_retries``).
 
 Virtual time only advances in :meth:`Cluster.run_until`; everything read after it (frontend
 metrics, FPMs, records, GPU-seconds) is exact at that time.
@@ -157,6 +162,7 @@ class Cluster:
         on_record: Callable[[RequestRecord], None] | None = None,
         prefix_block_tokens: int = 512,
         bulk_decode: bool = True,
+        retry_paused: bool = True,
     ) -> None:
         if mode not in ROLES_BY_MODE:
             raise SimulatorInputError(f"mode {mode!r}: expected 'disagg' or 'agg'")
@@ -214,6 +220,10 @@ class Cluster:
         self.on_record = on_record
         self.prefix_block_tokens = prefix_block_tokens
         self.bulk_decode = bulk_decode
+        # the frontend retries what a paused engine answers 503 (else those requests fail;
+        # see the module doc)
+        self.retry_paused = retry_paused
+        self.rejected_in_pause = 0
 
         self.records: list[RequestRecord] = []
         self.replicas: list[Replica] = []
@@ -476,9 +486,19 @@ class Cluster:
         # ``role`` is one of this cluster's (the event loop passes its own roles)
         engine = self._pick(role)
         if engine is None:
+            if not self.retry_paused and self._paused(role):
+                self.rejected_in_pause += 1
+                self._fail(req, now, elastic_ep.PAUSE_REJECTED)
+                return
             self._frontend_queue[role].append(req)
             return
         self._send(req, engine, now)
+
+    def _paused(self, role: Role) -> bool:
+        """Whether a ready engine of ``role`` is paused by a resize (it answers 503)."""
+        return any(
+            x.paused for x in self.replicas if x.role == role and x.state is ReplicaState.READY
+        )
 
     def _send(self, req: SimRequest, engine: EngineCore, now: float) -> None:
         if engine.role == "decode":
@@ -737,15 +757,24 @@ class Cluster:
     # ------------------------------------------------------------------------------------------
     # Elastic EP
     def resize_dp(
-        self, role: str, new_dp: int, mode: str = "nixl_ep", *, replica: str | None = None
+        self,
+        role: str,
+        new_dp: int,
+        mode: str | elastic_ep.ElasticEpMode = "nixl_ep",
+        *,
+        replica: str | None = None,
+        followers_ready_s: float = 0.0,
     ) -> list[elastic_ep.ResizePlan]:
         """Change the data-parallel (and expert-parallel) size of the ready replicas of
         ``role`` (or only ``replica``, a worker id) to ``new_dp``.
 
-        The replica keeps serving at its old size during preparation, serves nothing during
-        the downtime, then serves at the new size. Added GPUs are metered from the request;
-        removed GPUs until the end. Requests on removed ranks are recomputed on the others.
-        When every replica is resized, later replicas start at the new size.
+        ``mode`` names the timing (or is one). A grow's added ranks first start and join the
+        engine for ``followers_ready_s`` (follower pods), then the resize runs. The replica
+        keeps serving at its old size meanwhile and during preparation, serves nothing during
+        the downtime, then serves at the new size. Added GPUs are metered from the request
+        (followers included while they start); removed GPUs until the end. Requests on
+        removed ranks are recomputed on the others. When every replica is resized, later
+        replicas start at the new size.
         """
         r = self._role(role)
         spec = self._specs[r]
@@ -755,7 +784,11 @@ class Cluster:
             )
         if new_dp < 1:
             raise SimulatorInputError(f"resize_dp: new_dp={new_dp} must be >= 1")
-        elastic_ep.mode(mode)  # validates the name
+        if not (math.isfinite(followers_ready_s) and followers_ready_s >= 0):
+            raise SimulatorInputError(
+                f"resize_dp: followers_ready_s={followers_ready_s} must be finite and >= 0"
+            )
+        timings = mode if isinstance(mode, elastic_ep.ElasticEpMode) else elastic_ep.mode(mode)
         self._resized_model(spec.with_dp(new_dp))  # fails now if the new size cannot fit
         targets = [
             x
@@ -775,15 +808,17 @@ class Cluster:
             if x.resizing is not None:
                 raise SimulatorInputError(f"resize_dp: {x.worker_id} is already resizing")
             up = new_dp > old
-            timing = elastic_ep.timing(mode, scale_up=up)
+            timing = timings.up if up else timings.down
+            begin = now + (followers_ready_s if up else 0.0)
             plan = elastic_ep.ResizePlan(
                 worker_id=x.worker_id,
                 from_dp=old,
                 to_dp=new_dp,
-                mode=elastic_ep.mode(mode).name,
-                start_s=now,
-                downtime_start_s=now + timing.preparation_s,
-                end_s=now + timing.preparation_s + timing.downtime_s,
+                mode=timings.name,
+                start_s=begin,
+                downtime_start_s=begin + timing.preparation_s,
+                end_s=begin + timing.preparation_s + timing.downtime_s,
+                requested_s=now,
             )
             x.resizing = plan
             if up:

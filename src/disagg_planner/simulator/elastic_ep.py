@@ -2,12 +2,17 @@
 
 How long a resize takes, per mode and direction, is a fact about the engine and lives in
 :mod:`disagg_planner.profiles.elastic_resize` (the planner plans with the same numbers); this
-module only plays it: the replica keeps serving during the preparation, serves nothing
-during the downtime, then serves at the new size (:meth:`Cluster.resize_dp`).
+module only plays it (:meth:`Cluster.resize_dp`): a grow's follower ranks start and join
+first (their GPUs held), the replica keeps serving during that and the preparation, serves
+nothing during the downtime, then serves at the new size. What vLLM does with a request that
+arrives during the downtime is answer it 503 (:data:`PAUSE_REJECTED`): the simulator fails
+it with ``Cluster(retry_paused=False)``; a frontend that retries (the cluster's default)
+resends it after the pause.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from disagg_planner.profiles import elastic_resize
@@ -16,7 +21,10 @@ from disagg_planner.profiles.errors import ProfileError
 from disagg_planner.simulator.errors import SimulatorInputError
 
 # ``timing`` is read through this module by the cluster, with ``mode`` below.
-__all__ = ["ResizePlan", "mode", "timing"]
+__all__ = ["PAUSE_REJECTED", "ElasticEpMode", "ResizePlan", "dp_at", "mode", "timing"]
+
+# The error of a request a paused engine answered (vLLM's 503 while it scales).
+PAUSE_REJECTED = "rejected: HTTP 503, the engine is paused for an elastic-EP resize"
 
 
 def mode(name: str) -> ElasticEpMode:
@@ -36,10 +44,29 @@ class ResizePlan:
     from_dp: int
     to_dp: int
     mode: str
-    start_s: float
+    start_s: float  # the resize itself starts (after a grow's followers have joined)
     downtime_start_s: float
     end_s: float
+    requested_s: float | None = None  # when it was asked for (None: at ``start_s``)
 
     @property
     def downtime_s(self) -> float:
         return self.end_s - self.downtime_start_s
+
+    @property
+    def followers_ready_s(self) -> float:
+        """How long the added ranks took to start and join before the resize began."""
+        return 0.0 if self.requested_s is None else self.start_s - self.requested_s
+
+
+def dp_at(plans: Sequence[ResizePlan], t_s: float, *, initial: int) -> int:
+    """The DP size serving at ``t_s`` of one replica whose resizes are ``plans`` (in the
+    order made) and whose size before the first was ``initial``: a resize counts from its
+    end, when the new topology serves."""
+    dp = initial
+    for plan in plans:
+        if plan.end_s <= t_s:
+            dp = plan.to_dp
+        else:
+            break
+    return dp

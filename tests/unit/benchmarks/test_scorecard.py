@@ -173,3 +173,41 @@ def test_a_bad_startup_sweep_is_refused(
             scorecard.main(["--startup-sweep", bad])
         assert exit_.value.code == 2
         assert f"--startup-sweep {bad!r}" in capsys.readouterr().err
+
+
+def test_the_wide_ep_rows_compare_elastic_resizing_with_replicas_and_a_fixed_size(
+    scorecard: ModuleType,
+) -> None:
+    elastic = scorecard.WIDE_EP_ELASTIC | {"elastic_ep_min_dp": 8, "elastic_ep_max_dp": 16}
+    scenario = scorecard.Scenario(
+        "wide-ep small",
+        WorkloadSpec(workload="step:rates=6/40,at=60,duration=330,isl=2000,osl=200", seed=3),
+        2000,
+        100,
+        "a short rise on a DP8 engine",
+        profile=scorecard.WIDE_EP_PROFILE,
+        engine="sim:deepseek-v3@gb200:tp1:dp8:ep8",
+        mode="agg",
+        elastic=elastic,
+        router="round_robin",
+        settings={"throughput_adjustment_interval_seconds": 30.0},
+    )
+    assert scenario.policies == ("fixed-dp16", "planner", "elastic-ep", "best-static")
+    found = scorecard._references((scenario, 60.0))
+    rows = [
+        scorecard._run_one((scenario, p, {}, 60.0, found))
+        for p in ("fixed-dp16", "planner", "elastic-ep")
+    ]
+    fixed, replicas, resized = rows
+    assert fixed["max_replicas"] == {"agg": 1} and "elastic_ep" not in fixed
+    assert "elastic_ep" not in replicas  # replica scaling: the planner without elastic_ep
+    assert resized["max_replicas"] == {"agg": 1} and resized["elastic_ep"]["dp_max"] > 8
+    # the followers start for as long as a new replica does
+    assert resized["elastic_ep"]["resizes"][0]["followers_ready_s"] == pytest.approx(60.0)
+    table = scorecard.wide_ep_table(rows).splitlines()
+    assert "| rejected (503) | failed | replicas max | DP min-max (mean) |" in table[0]
+    for s, line in zip(rows, table[2:], strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1] == s["policy"] and cells[4] == f"{s['gpu_hours']:.2f}"
+        assert cells[6] == str(s["rejected"]) and cells[7] == str(s["failed"])
+    assert table[4].split("|")[-3].strip().startswith("8-")  # the elastic row's DP range

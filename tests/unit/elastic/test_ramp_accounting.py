@@ -140,6 +140,7 @@ def test_fixed_policy_meters_16_gpus_to_the_last_arrival(profile):
         "seconds_above_slo",
         "gpu_hours",
         "arrived_in_pause",
+        "rejected",
     }
     assert result.arrived_in_pause == 0  # no resize, no pause
 
@@ -173,3 +174,20 @@ def test_restart_mode_exists_only_while_a_restart_policy_runs():
 def test_unknown_policy_is_rejected(profile):
     with pytest.raises(ValueError, match="unknown policy 'elastic-fast'"):
         ramp.run_policy("elastic-fast", [TraceRequest(0.0, 10, 10)], profile=profile, seed=0)
+
+
+def test_the_ramp_through_replay_rejects_the_arrivals_of_a_pause_unless_retried():
+    # a short, steep ramp: the elastic policy grows DP 16 -> 20 within it
+    requests = ramp.ramp_requests(
+        3000, start_rps=10.0, end_rps=18.0, seed=1, isl=ramp.ISL, osl=ramp.OSL
+    )
+    rejecting = ramp.run_through_replay("elastic-nixl", requests, seed=1)
+    retrying = ramp.run_through_replay("elastic-nixl-retry", requests, seed=1)
+    for result in (rejecting, retrying):
+        assert [r.split(" at ")[0] for r in result.resizes] == ["16->20 nixl_ep"]
+        assert result.arrived_in_pause > 0
+    assert 0 < rejecting.rejected <= rejecting.arrived_in_pause + 1
+    assert retrying.rejected == 0 and retrying.completed >= rejecting.completed
+    assert rejecting.public()["rejected"] == rejecting.rejected
+    with pytest.raises(ValueError, match="restart-20"):
+        ramp.run_through_replay("restart-20", requests, seed=1)
