@@ -42,6 +42,8 @@ MIN_BURST_SAMPLES = 8
 # this many Poisson standard deviations: at low rates a short window's count is noisy
 # enough to double by chance.
 BURST_RISE_SIGMAS = 3.0
+# The burst memory reads arrival rates over this trailing span (short windows pooled).
+BURST_SMOOTHING_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -245,24 +247,27 @@ def burst_memory(
     memory_s: float | None,
 ) -> RuleValue:
     """The request rate to keep capacity for, learnt from bursts already seen: 0 (no floor)
-    unless, within the last ``memory_s``, the short-window rate rose more than
+    unless, within the last ``memory_s``, the arrival rate (over trailing
+    :data:`BURST_SMOOTHING_S` spans) rose more than
     :data:`MAX_TREND_GROWTH` times above its lowest value of the preceding time-to-ready
     (a rise the arrival envelope does not extrapolate, and capacity ordered at its start
     serves only after it), by more than :data:`BURST_RISE_SIGMAS` Poisson deviations; then
     the highest short-window rate of the last ``memory_s``. A reactive policy loses the
     first such burst; this keeps the next one from finding the deployment at its quiet
-    size. The floor is forgotten ``memory_s`` after the last fast rise."""
+    size. The floor, the highest such rate of the last ``memory_s``, is forgotten
+    ``memory_s`` after the last fast rise."""
     if memory_s is None:
         return RuleValue(0.0, "burst memory off")
-    recent = sorted(
-        (s for s in samples if s.end_s >= now_s - memory_s and math.isfinite(s.rate)),
-        key=lambda s: s.end_s,
+    recent = _smoothed(
+        sorted(
+            (s for s in samples if s.end_s >= now_s - memory_s and math.isfinite(s.rate)),
+            key=lambda s: s.end_s,
+        )
     )
-    last_rise: tuple[RateSample, float] | None = None
+    steepest: tuple[float, RateSample, float] | None = None  # (ratio, sample, quiet)
+    last_rise_s: float | None = None
     for j, sample in enumerate(recent):
-        before = [
-            s.rate for s in recent[:j] if s.end_s >= sample.end_s - time_to_ready_s - s.duration_s
-        ]
+        before = [s.rate for s in recent[:j] if s.end_s >= sample.end_s - time_to_ready_s]
         if not before:
             continue
         quiet = max(0.0, min(before))
@@ -272,21 +277,39 @@ def burst_memory(
             sample.rate > MAX_TREND_GROWTH * quiet
             and peak_n - quiet_n > BURST_RISE_SIGMAS * math.sqrt(peak_n + quiet_n)
         ):
-            last_rise = (sample, quiet)
-    if last_rise is None:
+            last_rise_s = sample.end_s
+            ratio = sample.rate / quiet if quiet > 0 else math.inf
+            if steepest is None or ratio > steepest[0]:
+                steepest = (ratio, sample, quiet)
+    if steepest is None or last_rise_s is None:
         return RuleValue(
             0.0,
             f"burst memory: no rise faster than time-to-ready {time_to_ready_s:.0f} s in the "
             f"last {memory_s:.0f} s",
         )
-    rise, quiet = last_rise
+    _ratio, _rise, quiet = steepest
     peak = max(s.rate for s in recent)
     return RuleValue(
         peak,
-        f"burst memory: the rate rose {quiet:.1f} -> {rise.rate:.1f} req/s within "
-        f"{time_to_ready_s:.0f} s (time-to-ready), {now_s - rise.end_s:.0f} s ago: capacity "
-        f"kept for the peak {peak:.1f} req/s of the last {memory_s:.0f} s",
+        f"burst memory: the rate rose more than {MAX_TREND_GROWTH:g}x from {quiet:.1f} req/s "
+        f"within {time_to_ready_s:.0f} s (time-to-ready), the last such rise "
+        f"{now_s - last_rise_s:.0f} s ago: capacity kept for the peak {peak:.1f} req/s of the "
+        f"last {memory_s:.0f} s",
     )
+
+
+def _smoothed(samples: Sequence[RateSample]) -> list[RateSample]:
+    """Each window widened to the trailing :data:`BURST_SMOOTHING_S` (the windows ending
+    within it, pooled): a burst is a rise that lasts, not one noisy window, and the pooled
+    counts make the Poisson test sharper."""
+    out = []
+    for j, sample in enumerate(samples):
+        pooled = [s for s in samples[: j + 1] if s.end_s > sample.end_s - BURST_SMOOTHING_S]
+        span = sum(s.duration_s for s in pooled)
+        if span > 0:
+            rate = sum(s.rate * s.duration_s for s in pooled) / span
+            out.append(RateSample(sample.end_s, rate, span))
+    return out
 
 
 def histogram_quantile(histogram: Histogram, quantile: float) -> float | None:

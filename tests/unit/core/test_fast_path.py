@@ -217,7 +217,7 @@ def test_the_burst_memory_keeps_capacity_for_the_recent_peak(h200_like_profile: 
     )
     assert dropped["replicas"]["prefill"] == 1
     assert kept["replicas"]["prefill"] >= 4
-    assert "burst memory: the rate rose 4.0 -> 60.0 req/s" in kept["decision"].message
+    assert "burst memory: the rate rose more than 2x from 4.0 req/s" in kept["decision"].message
     assert "the burst memory's floor" in kept["decision"].message
 
 

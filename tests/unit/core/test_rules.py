@@ -165,7 +165,9 @@ ROWS = [
         burst_memory,
         {"samples": ON_OFF, "now_s": 1380.0, "time_to_ready_s": 120.0, "memory_s": 1800.0},
         25.0,
-        "rose 4.0 -> 25.0 req/s within 120 s (time-to-ready), 645 s ago: capacity kept for "
+        "rose more than 2x from 4.0 req/s within 120 s (time-to-ready), the last such rise 645 s "
+        "ago: "
+        "capacity kept for "
         "the peak 25.0 req/s",
     ),
     Row(
@@ -210,7 +212,8 @@ ROWS = [
             "time_to_ready_s": 300.0,
             "memory_s": 1800.0,
         },
-        25.0,
+        # the last minute's rate: the mean of its four windows
+        4.0 + 0.35 * 58.5,
         "within 300 s (time-to-ready)",
     ),
     Row(
