@@ -333,6 +333,16 @@ class PlannerConfig(BaseModel):
         "for the mean.",
         json_schema_extra=_extra("slo"),
     )
+    burst_memory_seconds: float | None = Field(
+        1800.0,
+        gt=0,
+        description="Learn from bursts already seen: once the short-window arrival rate has "
+        "risen more than twofold within one time-to-ready (faster than new capacity can "
+        "follow), keep capacity for the highest short-window rate of this many past seconds "
+        "as a floor, instead of dropping to the quiet level before the next burst; forgotten "
+        "this long after the last such rise. null turns it off.",
+        json_schema_extra=_extra("slo"),
+    )
     backlog_drain_seconds: float = Field(
         60.0,
         gt=0,

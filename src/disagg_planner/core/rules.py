@@ -11,11 +11,15 @@ can serve, not for the window just past:
   just observed and the forecast of the next;
 - :func:`burst_factor`: the upper quantile of short-window arrival rates relative to their
   interval's mean, so that prefill is sized for the bursts inside an interval;
+  :func:`within_envelope`: what of it the arrival envelope has not already covered;
 - :func:`backlog_tokens`: the work already waiting, which the demand must also drain;
 - :func:`length_mix`: what the spread of prompt lengths adds to the prefill work of their
   mean (long prompts run at a lower throughput per GPU);
 - :func:`scale_down_allowed`: up fast, down slowly: no scale-down within one time-to-ready
   of the last scale-up;
+- :func:`burst_memory`: where the rate has risen faster than new capacity can follow
+  (more than :data:`MAX_TREND_GROWTH` times within one time-to-ready), capacity for the
+  recent peak is kept as a floor until no such rise has been seen for a while;
 - :func:`slo_at_risk`: the fast path's trigger, from the frontend alone.
 
 No I/O, no clock: every input is an argument.
@@ -34,6 +38,12 @@ from disagg_planner.core.types import Histogram
 MAX_TREND_GROWTH = 2.0
 # Fewer short windows than this say nothing about bursts: the factor stays 1.
 MIN_BURST_SAMPLES = 8
+# A rise counts as a burst only when its count of requests exceeds the quiet level's by
+# this many Poisson standard deviations: at low rates a short window's count is noisy
+# enough to double by chance.
+BURST_RISE_SIGMAS = 3.0
+# The burst memory reads arrival rates over this trailing span (short windows pooled).
+BURST_SMOOTHING_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,22 @@ def burst_factor(ratios: Sequence[float], quantile: float | None) -> RuleValue:
         factor,
         f"burst factor {factor:.2f} (p{quantile * 100:g} of {len(finite)} short-window rates "
         "over their interval's mean)",
+    )
+
+
+def within_envelope(burst: RuleValue, *, forecast_req: float, envelope_req: float) -> RuleValue:
+    """The burst factor left to apply on top of the arrival envelope: the short-window peak
+    is ``forecast x burst``, the envelope's rise already covers part of it (the ratios of a
+    rate that rises within its interval are its trend as much as its bursts), so the rate
+    sized for is the larger of the two, not their product: ``max(1, forecast x burst /
+    envelope)``."""
+    if envelope_req <= forecast_req or forecast_req <= 0 or burst.value <= 1.0:
+        return burst
+    factor = max(1.0, burst.value * forecast_req / envelope_req)
+    return RuleValue(
+        factor,
+        f"{burst.reason}; {factor:.2f} beyond the envelope (the larger of the envelope and "
+        f"the forecast's burst peak, not their product)",
     )
 
 
@@ -202,6 +228,88 @@ def scale_down_allowed(
         f"no scale-down {now_s - last_scale_up_s:.0f} s after a scale-up (within "
         f"time-to-ready {time_to_ready_s:.0f} s)",
     )
+
+
+@dataclass(frozen=True)
+class RateSample:
+    """The arrival rate of one short window ``[end_s - duration_s, end_s]``."""
+
+    end_s: float
+    rate: float
+    duration_s: float
+
+
+def burst_memory(
+    samples: Sequence[RateSample],
+    *,
+    now_s: float,
+    time_to_ready_s: float,
+    memory_s: float | None,
+) -> RuleValue:
+    """The request rate to keep capacity for, learnt from bursts already seen: 0 (no floor)
+    unless, within the last ``memory_s``, the arrival rate (over trailing
+    :data:`BURST_SMOOTHING_S` spans) rose more than
+    :data:`MAX_TREND_GROWTH` times above its lowest value of the preceding time-to-ready
+    (a rise the arrival envelope does not extrapolate, and capacity ordered at its start
+    serves only after it), by more than :data:`BURST_RISE_SIGMAS` Poisson deviations; then
+    the highest short-window rate of the last ``memory_s``. A reactive policy loses the
+    first such burst; this keeps the next one from finding the deployment at its quiet
+    size. The floor, the highest such rate of the last ``memory_s``, is forgotten
+    ``memory_s`` after the last fast rise."""
+    if memory_s is None:
+        return RuleValue(0.0, "burst memory off")
+    recent = _smoothed(
+        sorted(
+            (s for s in samples if s.end_s >= now_s - memory_s and math.isfinite(s.rate)),
+            key=lambda s: s.end_s,
+        )
+    )
+    steepest: tuple[float, RateSample, float] | None = None  # (ratio, sample, quiet)
+    last_rise_s: float | None = None
+    for j, sample in enumerate(recent):
+        before = [s.rate for s in recent[:j] if s.end_s >= sample.end_s - time_to_ready_s]
+        if not before:
+            continue
+        quiet = max(0.0, min(before))
+        peak_n = sample.rate * sample.duration_s
+        quiet_n = quiet * sample.duration_s
+        if (
+            sample.rate > MAX_TREND_GROWTH * quiet
+            and peak_n - quiet_n > BURST_RISE_SIGMAS * math.sqrt(peak_n + quiet_n)
+        ):
+            last_rise_s = sample.end_s
+            ratio = sample.rate / quiet if quiet > 0 else math.inf
+            if steepest is None or ratio > steepest[0]:
+                steepest = (ratio, sample, quiet)
+    if steepest is None or last_rise_s is None:
+        return RuleValue(
+            0.0,
+            f"burst memory: no rise faster than time-to-ready {time_to_ready_s:.0f} s in the "
+            f"last {memory_s:.0f} s",
+        )
+    _ratio, _rise, quiet = steepest
+    peak = max(s.rate for s in recent)
+    return RuleValue(
+        peak,
+        f"burst memory: the rate rose more than {MAX_TREND_GROWTH:g}x from {quiet:.1f} req/s "
+        f"within {time_to_ready_s:.0f} s (time-to-ready), the last such rise "
+        f"{now_s - last_rise_s:.0f} s ago: capacity kept for the peak {peak:.1f} req/s of the "
+        f"last {memory_s:.0f} s",
+    )
+
+
+def _smoothed(samples: Sequence[RateSample]) -> list[RateSample]:
+    """Each window widened to the trailing :data:`BURST_SMOOTHING_S` (the windows ending
+    within it, pooled): a burst is a rise that lasts, not one noisy window, and the pooled
+    counts make the Poisson test sharper."""
+    out = []
+    for j, sample in enumerate(samples):
+        pooled = [s for s in samples[: j + 1] if s.end_s > sample.end_s - BURST_SMOOTHING_S]
+        span = sum(s.duration_s for s in pooled)
+        if span > 0:
+            rate = sum(s.rate * s.duration_s for s in pooled) / span
+            out.append(RateSample(sample.end_s, rate, span))
+    return out
 
 
 def histogram_quantile(histogram: Histogram, quantile: float) -> float | None:

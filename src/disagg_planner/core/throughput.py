@@ -26,10 +26,12 @@ from typing import Protocol
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.budget import BudgetResult, apply_floors, apply_gpu_budget, cap_change
 from disagg_planner.core.rules import (
+    RateSample,
     RuleValue,
     arrival_envelope,
     backlog_tokens,
     burst_factor,
+    burst_memory,
     histogram_points,
     histogram_quantile,
     length_mix,
@@ -37,6 +39,7 @@ from disagg_planner.core.rules import (
     slo_at_risk,
     slo_request_seconds,
     time_to_ready,
+    within_envelope,
 )
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -430,6 +433,8 @@ class ThroughputPlanner:
         # short-window rate / its interval's mean rate, for the burst factor
         self.burst_ratios: deque[float] = deque(maxlen=BURST_HISTORY)
         self._short_rates: list[float] = []  # fast-check rates since the last tick
+        # short-window rates (fast checks; the intervals' without them), for the burst memory
+        self.rate_samples: deque[RateSample] = deque(maxlen=BURST_HISTORY)
         self._last_lengths: tuple[float, float] | None = None  # (isl, osl) last seen
 
     # The predictors see every observed window, also those the planner holds on.
@@ -502,7 +507,11 @@ class ThroughputPlanner:
             return fresh
         forecast = self._learn(fresh, status)
         sized_for, rules = self._size_for_arrival(fresh, forecast)
-        burst = burst_factor(self.burst_ratios, self.config.burst_quantile)
+        burst = within_envelope(
+            burst_factor(self.burst_ratios, self.config.burst_quantile),
+            forecast_req=forecast.num_req,
+            envelope_req=sized_for.num_req,
+        )
         backlog = self._backlog(fresh, sized_for.isl, queued_prefill_tokens)
         mix = self._length_mix()
         rules += [burst.reason, backlog.reason, mix.reason]
@@ -513,6 +522,13 @@ class ThroughputPlanner:
             burst=burst.value,
             backlog_tokens_per_s=backlog.value / self.config.backlog_drain_seconds,
             length_mix=mix.value,
+        )
+        # the need without the backlog: what the stabilisation remembers (a drained
+        # backlog does not come back, so it is no reason to keep its replicas)
+        steady = (
+            self._size(sized_for, gpus, burst=burst.value, length_mix=mix.value)
+            if backlog.value > 0
+            else sizing
         )
         diagnostics = ThroughputDiagnostics(
             observed=fresh,
@@ -530,7 +546,11 @@ class ThroughputPlanner:
         plan_from = self._plan_from(now_s, status, warnings, diagnostics)
         if isinstance(plan_from, ThroughputDecision):
             return plan_from
-        stages, budget, guard_notes = self._guard(now_s, sizing, plan_from, gpus)
+        memory, memory_floor = self._burst_memory(now_s, sized_for, gpus, mix.value)
+        diagnostics = replace(diagnostics, rules=(*diagnostics.rules, memory.reason))
+        stages, budget, guard_notes = self._guard(
+            now_s, sizing, plan_from, gpus, memory_floor=memory_floor, steady=steady
+        )
         diagnostics = replace(
             diagnostics,
             stages=stages,
@@ -560,6 +580,7 @@ class ThroughputPlanner:
                 ThroughputDiagnostics(),
             )
         self._short_rates.append(recent.request_rate)
+        self.rate_samples.append(RateSample(recent.end_s, recent.request_rate, recent.duration_s))
         quantile = self.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE
         tail_s = (
             histogram_quantile(recent.ttft_histogram, quantile)
@@ -588,7 +609,8 @@ class ThroughputPlanner:
         interval = self.config.throughput_adjustment_interval_seconds
         observed = LoadForecast(num_req=recent.request_rate * interval, isl=isl, osl=osl)
         gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
-        burst = burst_factor(self.burst_ratios, self.config.burst_quantile)
+        # the window is itself a short one: its rate is a burst's, no factor on top
+        burst = RuleValue(1.0, "burst factor 1 (the fast check's window is a short window)")
         drain_s = self.config.backlog_drain_seconds
         mix = self._length_mix()
         sizing = self._size(
@@ -637,7 +659,14 @@ class ThroughputPlanner:
                 diagnostics,
             )
         self._note_scale(now_s, target, desired)
-        self._remember(now_s, target)
+        # remembered for the stabilisation: the need of the observed rate, not the replicas
+        # ordered to drain the backlog
+        steady = (
+            self._size(observed, gpus, burst=burst.value, length_mix=mix.value)
+            if backlog.value > 0
+            else sizing
+        )
+        self._remember(now_s, apply_floors({r: steady[r].replicas for r in cfg.roles}, floors))
         return ThroughputDecision(now_s, target, ThroughputReason.SCALE, explain, diagnostics)
 
     # --- the stages of a tick, in order ----------------------------------------------------
@@ -685,6 +714,8 @@ class ThroughputPlanner:
             self._update_corrections(traffic, status)
         forecast = self._forecast()
         mean_rate = traffic.request_rate
+        if not self._short_rates:
+            self.rate_samples.append(RateSample(traffic.end_s, mean_rate, traffic.duration_s))
         if mean_rate > 0:
             self.burst_ratios.extend(r / mean_rate for r in self._short_rates)
         self._short_rates = []
@@ -724,6 +755,32 @@ class ThroughputPlanner:
             isl=isl,
             queued_prefill_tokens=queued_prefill_tokens,
         )
+
+    def _burst_memory(
+        self,
+        now_s: float,
+        sized_for: LoadForecast,
+        gpus: Mapping[str, int],
+        length_mix: float,
+    ) -> tuple[RuleValue, dict[str, int]]:
+        """The burst memory rule (:func:`disagg_planner.core.rules.burst_memory`) and the
+        replicas its remembered peak rate needs (sized as the forecast is, without the burst
+        factor, which the short-window peak already is, and without a backlog); no floor
+        when it remembers none or the profile cannot size it."""
+        memory = burst_memory(
+            self.rate_samples,
+            now_s=now_s,
+            time_to_ready_s=self._deployment_time_to_ready().value,
+            memory_s=self.config.burst_memory_seconds,
+        )
+        if memory.value <= 0:
+            return memory, {}
+        interval = self.config.throughput_adjustment_interval_seconds
+        peak = replace(sized_for, num_req=memory.value * interval)
+        sizing = self._size(peak, gpus, length_mix=length_mix)
+        if any(not s.feasible for s in sizing.values()):
+            return memory, {}
+        return memory, {r: s.replicas for r, s in sizing.items()}
 
     def _hold_if_infeasible(
         self, now_s: float, sizing: Mapping[str, RoleSizing], diagnostics: ThroughputDiagnostics
@@ -778,15 +835,30 @@ class ThroughputPlanner:
         sizing: Mapping[str, RoleSizing],
         current: Mapping[str, int],
         gpus: Mapping[str, int],
+        memory_floor: Mapping[str, int] | None = None,
+        steady: Mapping[str, RoleSizing] | None = None,
     ) -> tuple[dict[str, dict[str, int]], BudgetResult, list[str]]:
-        """The guards in order (floors, stabilisation, change cap, GPU budget), each stage's
-        replicas kept for the diagnostics, and the guards' notes."""
+        """The guards in order (floors, the burst memory's floor, stabilisation, change cap,
+        GPU budget), each stage's replicas kept for the diagnostics, and the guards' notes."""
         cfg = self.config
         roles = cfg.roles
         floors = {r: cfg.min_endpoint_for(r) for r in roles}
         stages: dict[str, dict[str, int]] = {"proposed": {r: sizing[r].replicas for r in roles}}
         stages["floors"] = apply_floors(stages["proposed"], floors)
-        stages["stabilised"], notes = self._stabilise(now_s, stages["floors"], current)
+        kept = memory_floor or {}
+        stages["burst_memory"] = {r: max(n, kept.get(r, 0)) for r, n in stages["floors"].items()}
+        notes = [
+            f"{r}: kept at {n}, not {stages['floors'][r]}: the burst memory's floor"
+            for r, n in stages["burst_memory"].items()
+            if n > stages["floors"][r]
+        ]
+        need = stages["burst_memory"]
+        if steady is not None:
+            need = {r: max(floors[r], kept.get(r, 0), steady[r].replicas) for r in stages["floors"]}
+        stages["stabilised"], stabilise_notes = self._stabilise(
+            now_s, stages["burst_memory"], current, need
+        )
+        notes += stabilise_notes
         stages["step_cap"] = cap_change(
             stages["stabilised"],
             current,
@@ -839,15 +911,21 @@ class ThroughputPlanner:
         return ThroughputDecision(now_s, target, reason, explain, diagnostics)
 
     def _stabilise(
-        self, now_s: float, proposed: Mapping[str, int], current: Mapping[str, int]
+        self,
+        now_s: float,
+        proposed: Mapping[str, int],
+        current: Mapping[str, int],
+        need: Mapping[str, int] | None = None,
     ) -> tuple[dict[str, int], list[str]]:
         """Up fast, down slowly. Scale-down stabilisation (the HPA's): a role goes down only
         to the highest recommendation of the last ``scale_down_stabilization_seconds``, so a
         dip shorter than the time it takes to bring replicas back does not cost a round trip;
         and never within one time-to-ready of its last scale-up
-        (:func:`disagg_planner.core.rules.scale_down_allowed`)."""
+        (:func:`disagg_planner.core.rules.scale_down_allowed`). What it remembers is
+        ``need``, the recommendation without the backlog term (``proposed`` when not given):
+        replicas ordered to drain a backlog are kept only while it lasts."""
         window = self.config.scale_down_stabilization_seconds
-        self._remember(now_s, proposed)
+        self._remember(now_s, need if need is not None else proposed)
         out: dict[str, int] = {}
         notes: list[str] = []
         for role, want in proposed.items():

@@ -169,3 +169,76 @@ def test_fast_windows_give_the_burst_factor(h200_like_profile: Profile) -> None:
             tp.fast_tick(end, recent(rate * 10, FAST_TTFT), status(4, 4))
         decision = tp.tick(tick * 60, traffic(tick * 60, 600), status(4, 4))
     assert "burst factor 2.50" in decision.message
+
+
+def short_window(end_s: float, rate: float) -> TrafficObservation:
+    return TrafficObservation(
+        end_s=end_s,
+        duration_s=15.0,
+        num_req=rate * 15,
+        isl=3000,
+        osl=300,
+        itl_ms=10.0,
+        ttft_histogram=FAST_TTFT,
+    )
+
+
+def replay_rates(tp: ThroughputPlanner, rates: list[float], *, start_s: float = 0.0) -> dict:
+    """Drive a planner with one rate per 15 s window (fast checks), a throughput tick every
+    60 s, the deployment following each decision at once; the last decision's replicas."""
+    current = {"prefill": 1, "decode": 1}
+    window: list[float] = []
+    decision = None
+    for k, rate in enumerate(rates, start=1):
+        end = start_s + 15.0 * k
+        tp.fast_tick(end, short_window(end, rate), status(*current.values()))
+        window.append(rate)
+        if k % 4 == 0:
+            decision = tp.tick(end, traffic(end, sum(window) * 15), status(*current.values()))
+            window = []
+            if decision.replicas is not None:
+                current = dict(decision.replicas)
+    assert decision is not None
+    return {"replicas": current, "decision": decision}
+
+
+# quiet at 4 req/s for 10 min, a 3 min burst at 60 req/s, then quiet again for 7 min
+BURSTS = [4.0] * 40 + [60.0] * 12 + [4.0] * 28
+
+
+def test_the_burst_memory_keeps_capacity_for_the_recent_peak(h200_like_profile: Profile) -> None:
+    """A burst that rose faster than time-to-ready: after it, the deployment stays sized for
+    its peak, not for the quiet level, and the decision says why; with the rule off (and
+    no scale-down stabilisation in either) it drops to the quiet need."""
+    kept = replay_rates(planner(h200_like_profile, scale_down_stabilization_seconds=0), BURSTS)
+    dropped = replay_rates(
+        planner(h200_like_profile, scale_down_stabilization_seconds=0, burst_memory_seconds=None),
+        BURSTS,
+    )
+    assert dropped["replicas"]["prefill"] == 1
+    assert kept["replicas"]["prefill"] >= 4
+    assert "burst memory: the rate rose more than 2x from 4.0 req/s" in kept["decision"].message
+    assert "the burst memory's floor" in kept["decision"].message
+
+
+def test_the_burst_memory_forgets_when_bursts_stop(h200_like_profile: Profile) -> None:
+    tp = planner(h200_like_profile, scale_down_stabilization_seconds=0, burst_memory_seconds=600)
+    # 12 min of quiet after the burst: its last fast rise is older than the memory
+    out = replay_rates(tp, BURSTS + [4.0] * 20)
+    assert out["replicas"]["prefill"] == 1
+    assert "no rise faster than time-to-ready" in out["decision"].message
+
+
+def test_the_stabilisation_does_not_keep_replicas_ordered_for_a_backlog(
+    h200_like_profile: Profile,
+) -> None:
+    """Replicas ordered to drain a backlog are kept while it lasts, not for the stabilisation
+    window: the need it remembers is the arrivals'."""
+    tp = planner(h200_like_profile, scale_down_stabilization_seconds=600)
+    up = tp.tick(60, traffic(60, 240, in_flight=3000.0), status(1, 1))
+    assert up.replicas is not None and up.replicas["prefill"] >= 3, up.message
+    assert "backlog" in up.message
+    p, d = up.replicas["prefill"], up.replicas["decode"]
+    # three minutes on (past time-to-ready), the backlog drained: down to the arrivals' need
+    drained = tp.tick(240, traffic(240, 240, in_flight=10.0), status(p, d))
+    assert drained.replicas is not None and drained.replicas["prefill"] == 1, drained.message

@@ -8,14 +8,18 @@ from typing import Any
 import pytest
 
 from disagg_planner.core.rules import (
+    RateSample,
+    RuleValue,
     arrival_envelope,
     backlog_tokens,
     burst_factor,
+    burst_memory,
     histogram_quantile,
     length_mix,
     scale_down_allowed,
     slo_at_risk,
     time_to_ready,
+    within_envelope,
 )
 from disagg_planner.core.types import Histogram
 from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
@@ -34,6 +38,20 @@ def falling_thpt(isl: float) -> float:
     """40k tokens/s/GPU up to 4096 tokens, then falling as 1/ISL (attention-bound)."""
     return 40_000.0 if isl <= 4096 else 40_000.0 * 4096 / isl
 
+
+def windows(*spans: tuple[float, int], start_s: float = 0.0) -> list[RateSample]:
+    """15 s windows: ``(rate, count)`` spans one after another from ``start_s``."""
+    out: list[RateSample] = []
+    end = start_s
+    for rate, count in spans:
+        for _ in range(count):
+            end += 15.0
+            out.append(RateSample(end, rate, 15.0))
+    return out
+
+
+# quiet at 4 req/s for 10 min, a burst at 25 for 3 min, quiet again for 10 min (ends 1380 s)
+ON_OFF = windows((4.0, 40), (25.0, 12), (4.0, 40))
 
 # 90 prompts around 2.5k, 10 around 35k (bucket midpoints), 5 past the last bound
 MIXED = Histogram(bounds=(1024.0, 4096.0, 65536.0), counts=(0.0, 90.0, 10.0), overflow=5.0)
@@ -101,6 +119,102 @@ ROWS = [
         {"ratios": [0.5] * 10, "quantile": 0.9},
         1.0,
         "burst factor 1.00",
+    ),
+    Row(
+        "burst envelope: a rise the envelope covers leaves no burst factor on top",
+        within_envelope,
+        {
+            "burst": RuleValue(1.2, "burst factor 1.20"),
+            "forecast_req": 100.0,
+            "envelope_req": 130.0,
+        },
+        1.0,
+        "1.00 beyond the envelope",
+    ),
+    Row(
+        "burst envelope: the part of the burst peak above the envelope",
+        within_envelope,
+        {
+            "burst": RuleValue(1.32, "burst factor 1.32"),
+            "forecast_req": 100.0,
+            "envelope_req": 110.0,
+        },
+        1.2,
+        "1.20 beyond the envelope",
+    ),
+    Row(
+        "burst envelope: no rise, the burst factor stands",
+        within_envelope,
+        {
+            "burst": RuleValue(1.3, "burst factor 1.30"),
+            "forecast_req": 100.0,
+            "envelope_req": 100.0,
+        },
+        1.3,
+        "burst factor 1.30",
+    ),
+    Row(
+        "burst memory: off",
+        burst_memory,
+        {"samples": ON_OFF, "now_s": 1380.0, "time_to_ready_s": 120.0, "memory_s": None},
+        0.0,
+        "burst memory off",
+    ),
+    Row(
+        "burst memory: a rise faster than time-to-ready keeps the peak after it ends",
+        burst_memory,
+        {"samples": ON_OFF, "now_s": 1380.0, "time_to_ready_s": 120.0, "memory_s": 1800.0},
+        25.0,
+        "rose more than 2x from 4.0 req/s within 120 s (time-to-ready), the last such rise 645 s "
+        "ago: "
+        "capacity kept for "
+        "the peak 25.0 req/s",
+    ),
+    Row(
+        "burst memory: forgotten once the last fast rise is older than the memory",
+        burst_memory,
+        {"samples": ON_OFF, "now_s": 1380.0, "time_to_ready_s": 120.0, "memory_s": 600.0},
+        0.0,
+        "no rise faster than time-to-ready 120 s in the last 600 s",
+    ),
+    Row(
+        "burst memory: a rise slower than time-to-ready is the envelope's, not a burst",
+        burst_memory,
+        # 4 -> 25 req/s in steps of 0.35 req/s per 15 s window: 1.5x within 120 s
+        {
+            "samples": [RateSample(15.0 * (k + 1), 4.0 + 0.35 * k, 15.0) for k in range(61)],
+            "now_s": 915.0,
+            "time_to_ready_s": 120.0,
+            "memory_s": 1800.0,
+        },
+        0.0,
+        "no rise faster",
+    ),
+    Row(
+        "burst memory: a tripling at a low rate is Poisson noise, not a burst",
+        burst_memory,
+        # 7.5 -> 22.5 requests in 15 s: 15 more, under 3 deviations (sqrt(30) = 5.5)
+        {
+            "samples": windows((0.5, 20), (1.5, 1), (0.5, 20)),
+            "now_s": 615.0,
+            "time_to_ready_s": 120.0,
+            "memory_s": 1800.0,
+        },
+        0.0,
+        "no rise faster",
+    ),
+    Row(
+        "burst memory: a longer start-up makes a slower rise one it cannot follow",
+        burst_memory,
+        {
+            "samples": [RateSample(15.0 * (k + 1), 4.0 + 0.35 * k, 15.0) for k in range(61)],
+            "now_s": 915.0,
+            "time_to_ready_s": 300.0,
+            "memory_s": 1800.0,
+        },
+        # the last minute's rate: the mean of its four windows
+        4.0 + 0.35 * 58.5,
+        "within 300 s (time-to-ready)",
     ),
     Row(
         "backlog: FPM's queued prefill tokens first",
