@@ -198,6 +198,9 @@ DYNAMO_DEFAULTS: dict[str, Any] = {
     "scale_down_stabilization_seconds": 0.0,
     "fast_check_interval_seconds": None,
     "burst_quantile": None,
+    # rules Dynamo's planner does not have: none remembers bursts or sizes per prompt length
+    "burst_memory_seconds": None,
+    "prefill_length_mix": False,
 }
 
 
