@@ -8,8 +8,9 @@ Model (per data-parallel rank, whose ``tp`` GPUs work in lockstep; all quantitie
   per iteration (dense weights; for MoE only the experts some token of the global batch
   ``T * dp`` routes to: ``E/ep_group * (1 - (1 - k/E)^(T*dp))`` experts per layer per GPU).
   Time ``max((F_prefill / e_prefill + F_decode / e_decode) / (peak * k(T)), bytes / (HBM *
-  e_hbm))``: the FLOPs of prefill tokens and of decode tokens each at their own end-to-end
-  efficiency (per weight dtype and backend), ``k(T) = T / (T + T_half)`` the tokens-per-GEMM
+  e_hbm))``: the FLOPs of prefill-chunk tokens and of sampling rows (decodes, and each
+  prefilling request's last token) each at their own end-to-end efficiency (per weight dtype
+  and backend), ``k(T) = T / (T + T_half)`` the tokens-per-GEMM
   knee of Vidur's profiles, ``e_hbm`` the weight-stream efficiency of the GPU.
 - **Attention**: prefill ``pairs = sum_i n_i * (c_i + (n_i + 1) / 2)`` (new tokens ``n_i``
   attending to ``c_i`` earlier tokens plus causally to themselves), decode one pair per KV
@@ -306,10 +307,15 @@ class EngineModel:
         if tokens > 0:
             dense = self._flops_dense_per_token
             head = self._flops_lm_head_per_logit
-            # seconds per FLOP of this batch's token mix (prefill and decode efficiencies)
+            # Seconds per FLOP of this batch's token mix: a prefill chunk's tokens at the prefill
+            # efficiency, but the one row per request that samples a token (a decode, or the
+            # last prompt token, e.g. the one a decode engine recomputes for transferred KV)
+            # at the decode efficiency.
             s_prefill = self._s_per_flop_prefill
             s_decode = self._s_per_flop_decode
-            t_full = (dense * p + head * n_prefill) * s_prefill + (dense + head) * b * s_decode
+            rows = n_prefill if n_prefill < p else p
+            chunk = p - rows
+            t_full = dense * chunk * s_prefill + (dense + head) * (b + rows) * s_decode
             # divided by _gemm_eff(tokens), inline (this runs once per simulated iteration)
             t_flops = t_full * (tokens + self._half) / tokens
             weight_bytes = self._dense_weight_bytes
@@ -318,7 +324,7 @@ class EngineModel:
                 touched = 1.0 - (1.0 - self._top_k / self._experts) ** global_tokens
                 weight_bytes += self._moe_layers * self._expert_bytes_per_gpu_layer * touched
                 per_expert = global_tokens * self._top_k / self._experts
-                routed = self._flops_routed_per_token * (p * s_prefill + b * s_decode)
+                routed = self._flops_routed_per_token * (chunk * s_prefill + (b + rows) * s_decode)
                 t_flops += routed / self._gemm_eff(per_expert)
             t_weights = weight_bytes / self._hbm
             t_gemm = t_flops if t_flops >= t_weights else t_weights  # max(), without a call
