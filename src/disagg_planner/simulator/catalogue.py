@@ -12,7 +12,9 @@ architecture, never typed in; tests check them against the published parameter c
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -215,18 +217,34 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class Efficiency:
-    """The calibrated efficiency factors of ``catalogue.yaml`` (see CALIBRATION.md)."""
+class BackendEfficiency:
+    """One backend's per-phase efficiency factors (``engine_fit.yaml``, see CALIBRATION.md).
 
-    gemm: dict[str, float]
+    ``gemm_prefill`` / ``gemm_decode``: fraction of the dense peak (per weight dtype) the GEMMs
+    of prefill tokens / of decode tokens reach end to end; ``attention``: fraction of the BF16
+    peak the prefill attention kernels reach; ``kv_read``: fraction of the HBM peak the KV-cache
+    reads (decode attention, prefill context) reach; overheads per iteration and per request.
+    """
+
+    gemm_prefill: dict[str, float]
+    gemm_decode: dict[str, float]
+    attention: float
+    kv_read: float
+    step_overhead_s: float
+    request_overhead_s: float
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The simulator's efficiency factors: fitted ones from ``engine_fit.yaml`` (written by
+    ``python -m disagg_planner.simulator.fit --write``), priors from ``catalogue.yaml``."""
+
+    backends: dict[str, BackendEfficiency]
     gemm_half_tokens: float
     activation_hidden_passes: float
     activation_ffn_passes: float
-    attention: float
     hbm: dict[str, float]
-    step_overhead_s: float
     layer_overhead_s: float
-    request_overhead_s: float
     allreduce_latency_s: float
     alltoall_latency_s: float
     link_efficiency: float
@@ -236,8 +254,17 @@ class Efficiency:
     def hbm_for(self, gpu_name: str) -> float:
         return self.hbm.get(gpu_name, self.hbm["default"])
 
+    def backend(self, name: str) -> BackendEfficiency:
+        if name not in self.backends:
+            raise CatalogueError(
+                f"{_FIT}: no efficiency factors for backend {name!r}; "
+                f"known: {', '.join(sorted(self.backends))}"
+            )
+        return self.backends[name]
+
 
 _CATALOGUE = "disagg_planner/simulator/catalogue.yaml"
+_FIT = "disagg_planner/simulator/engine_fit.yaml"
 
 
 @functools.cache
@@ -363,27 +390,88 @@ def model(name: str) -> ModelSpec:
     )
 
 
-@functools.cache
+_trial_fit: dict[str, Any] | None = None
+
+
 def efficiency() -> Efficiency:
-    """The calibrated efficiency factors."""
+    """The efficiency factors: the fitted ones of ``engine_fit.yaml`` and the priors (or,
+    inside ``trial_fit``, the fitting tool's trial values)."""
+    if _trial_fit is not None:
+        return efficiency_from(_trial_fit)
+    return _fitted_efficiency()
+
+
+@functools.cache
+def _fitted_efficiency() -> Efficiency:
+    return efficiency_from(fit_data())
+
+
+@contextlib.contextmanager
+def trial_fit(fit: dict[str, Any]) -> Iterator[None]:
+    """Every engine model made inside this block uses ``fit`` (the layout of
+    ``engine_fit.yaml``) instead of the file: how the fitting tool tries parameter values."""
+    global _trial_fit
+    previous, _trial_fit = _trial_fit, fit
+    try:
+        yield
+    finally:
+        _trial_fit = previous
+
+
+@functools.cache
+def fit_data() -> dict[str, Any]:
+    """``engine_fit.yaml`` as written by the fitting tool (``disagg_planner.simulator.fit``)."""
+    text = (
+        resources.files(__package__ or "disagg_planner.simulator")
+        .joinpath("engine_fit.yaml")
+        .read_text(encoding="utf-8")
+    )
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or not {"hbm", "backends", "allreduce_latency_us"} <= data.keys():
+        raise CatalogueError(f"{_FIT}: expected top-level keys hbm, backends, allreduce_latency_us")
+    return data
+
+
+def _backend(name: str, raw: dict[str, Any], entries: dict[str, Any]) -> BackendEfficiency:
+    if "same_as" in raw:
+        other = str(raw["same_as"])
+        if other not in entries or "same_as" in entries[other]:
+            raise CatalogueError(
+                f"{_FIT}: backends.{name}.same_as={other!r} names no fitted backend"
+            )
+        raw = entries[other]
+    us = 1e-6
+    try:
+        return BackendEfficiency(
+            gemm_prefill={**{k: float(v) for k, v in raw["gemm_prefill"].items()}},
+            gemm_decode={**{k: float(v) for k, v in raw["gemm_decode"].items()}},
+            attention=float(raw["attention"]),
+            kv_read=float(raw["kv_read"]),
+            step_overhead_s=float(raw["step_overhead_us"]) * us,
+            request_overhead_s=float(raw["request_overhead_us"]) * us,
+        )
+    except KeyError as exc:
+        raise CatalogueError(f"{_FIT}: backends.{name} lacks field {exc.args[0]!r}") from None
+
+
+def efficiency_from(fit: dict[str, Any]) -> Efficiency:
+    """Efficiency factors with the fitted part taken from ``fit`` (the fitting tool passes
+    trial values here; everything else reads ``engine_fit.yaml`` through ``efficiency()``)."""
     e = _raw()["efficiency"]
     us = 1e-6
+    entries = fit["backends"]
+    backends = {name: _backend(name, raw, entries) for name, raw in entries.items()}
+    for b in backends.values():
+        for table in (b.gemm_prefill, b.gemm_decode):
+            table.setdefault("fp16", table["bf16"])
     return Efficiency(
-        gemm={
-            "bf16": e["gemm_bf16"],
-            "fp16": e["gemm_bf16"],
-            "fp8": e["gemm_fp8"],
-            "fp4": e["gemm_fp4"],
-        },
+        backends=backends,
         gemm_half_tokens=float(e["gemm_half_tokens"]),
         activation_hidden_passes=float(e["activation_hidden_passes"]),
         activation_ffn_passes=float(e["activation_ffn_passes"]),
-        attention=float(e["attention"]),
-        hbm={str(k): float(v) for k, v in e["hbm"].items()},
-        step_overhead_s=float(e["step_overhead_us"]) * us,
+        hbm={str(k): float(v) for k, v in fit["hbm"].items()},
         layer_overhead_s=float(e["layer_overhead_us"]) * us,
-        request_overhead_s=float(e["request_overhead_us"]) * us,
-        allreduce_latency_s=float(e["allreduce_latency_us"]) * us,
+        allreduce_latency_s=float(fit["allreduce_latency_us"]) * us,
         alltoall_latency_s=float(e["alltoall_latency_us"]) * us,
         link_efficiency=float(e["link_efficiency"]),
         ttft_overhead_s=float(e["ttft_overhead_ms"]) * 1e-3,

@@ -7,12 +7,16 @@ Model (per data-parallel rank, whose ``tp`` GPUs work in lockstep; all quantitie
   through; MoE counts the shared plus top-k routed experts) against the weight bytes read once
   per iteration (dense weights; for MoE only the experts some token of the global batch
   ``T * dp`` routes to: ``E/ep_group * (1 - (1 - k/E)^(T*dp))`` experts per layer per GPU).
-  Time ``max(F_lin / (peak * e_gemm(T)), bytes / (HBM * e_hbm))`` with
-  ``e_gemm(T) = e_max * T / (T + T_half)`` (the tokens-per-GEMM knee of Vidur's profiles).
+  Time ``max((F_prefill / e_prefill + F_decode / e_decode) / (peak * k(T)), bytes / (HBM *
+  e_hbm))``: the FLOPs of prefill-chunk tokens and of sampling rows (decodes, and each
+  prefilling request's last token) each at their own end-to-end efficiency (per weight dtype
+  and backend), ``k(T) = T / (T + T_half)`` the tokens-per-GEMM
+  knee of Vidur's profiles, ``e_hbm`` the weight-stream efficiency of the GPU.
 - **Attention**: prefill ``pairs = sum_i n_i * (c_i + (n_i + 1) / 2)`` (new tokens ``n_i``
   attending to ``c_i`` earlier tokens plus causally to themselves), decode one pair per KV
   token; FLOPs ``pairs * flops_per_pair / tp`` at the BF16 peak times ``e_attn``, against the
-  KV bytes read and written. Time is again the larger of the two.
+  KV bytes read and written at ``HBM * e_kv`` (the backend's KV-read efficiency). Time is
+  again the larger of the two.
 - **Communication**: TP all-reduce twice per layer (ring: ``2 (tp-1)/tp * T * hidden * 2 B``
   over NVLink, plus a fixed latency); EP dispatch + combine per MoE layer
   (``T * top_k * hidden * (1 + 2) B * (g-1)/g``) over NVLink inside an NVLink domain,
@@ -20,9 +24,11 @@ Model (per data-parallel rank, whose ``tp`` GPUs work in lockstep; all quantitie
 - **Elementwise kernels**: ``T * L * 2 B * (a_h * hidden + a_f * ffn / tp)`` activation bytes
   through HBM, added (these kernels do not overlap the GEMMs).
 - **Overhead**: ``step + layer * L + request * (B + prefill requests)`` (scheduling, sampling,
-  kernel launches under CUDA graphs).
+  kernel launches under CUDA graphs); ``step`` and ``request`` per backend.
 
-The efficiency factors live in ``catalogue.yaml`` and are fitted in ``CALIBRATION.md``.
+The fitted factors live in ``engine_fit.yaml`` (each with the training points it was fitted
+to; ``python -m disagg_planner.simulator.fit`` refits them), the priors in ``catalogue.yaml``;
+``CALIBRATION.md`` has the training and validation tables.
 Every function accepts numpy arrays for ``decode_kv_tokens`` so that a run of decode
 iterations whose KV grows by ``B`` tokens per step is timed in one vectorised call.
 """
@@ -89,9 +95,16 @@ class EngineModel:
         self._flops_dense_per_token = 2.0 * (m.active_linear_params - routed_active) / tp
         self._flops_routed_per_token = 2.0 * routed_active / tp
         self._flops_lm_head_per_logit = 2.0 * (m.vocab * m.hidden) / tp
-        self._gemm_peak = g.peak_flops(m.weight_dtype) * e.gemm[m.weight_dtype]
-        self._attn_peak = g.bf16_flops * e.attention
-        self._hbm = g.hbm_bytes_per_s * e.hbm_for(g.name)
+        be = e.backend(s.backend)
+        self.backend_eff = be
+        peak = g.peak_flops(m.weight_dtype)
+        # Seconds per GEMM FLOP of a prefill token and of a decode token at full tiles.
+        self._s_per_flop_prefill = 1.0 / (peak * be.gemm_prefill[m.weight_dtype])
+        self._s_per_flop_decode = 1.0 / (peak * be.gemm_decode[m.weight_dtype])
+        self._attn_peak = g.bf16_flops * be.attention
+        self._hbm = g.hbm_bytes_per_s * e.hbm_for(g.name)  # weights and activations
+        self._kv_hbm = g.hbm_bytes_per_s * be.kv_read  # KV-cache reads and writes
+        self._request_overhead = be.request_overhead_s
         self._half = e.gemm_half_tokens
         # Weight bytes streamed per iteration per GPU (the embedding table is only gathered).
         dense_weights = m.non_expert_params - m.embedding_params
@@ -139,14 +152,20 @@ class EngineModel:
         else:
             self._ep_bytes_per_token = 0.0
             self._ep_bw = 1.0
-        self._fixed_overhead = e.step_overhead_s + e.layer_overhead_s * m.layers
+        self._fixed_overhead = be.step_overhead_s + e.layer_overhead_s * m.layers
         # Memory for the KV cache.
         weights_resident = (m.non_expert_params * wbytes / tp) + (
             m.routed_expert_params_total * wbytes / (tp * dp)
         )
         self.weight_bytes_per_gpu = weights_resident
-        free = g.memory_bytes * s.gpu_memory_utilization - weights_resident
-        free -= e.activation_reserve_bytes
+        if s.backend == "trtllm":
+            # TensorRT-LLM's kv_cache_free_gpu_mem_fraction: a share of the memory left
+            # after the weights and activations (vLLM and SGLang: of the whole GPU).
+            free = g.memory_bytes - weights_resident - e.activation_reserve_bytes
+            free *= s.gpu_memory_utilization
+        else:
+            free = g.memory_bytes * s.gpu_memory_utilization - weights_resident
+            free -= e.activation_reserve_bytes
         tokens = int(free // self._kv_bytes_per_token_gpu) if free > 0 else 0
         self.kv_blocks = tokens // s.block_size
         if self.kv_blocks < 1:
@@ -239,7 +258,7 @@ class EngineModel:
             return base
         kv = decode_kv_tokens
         attn_flops_d = kv * self._attn_decode_flops_pair / self._attn_peak
-        attn_bytes_d = kv * (self._kv_bytes_per_token_gpu / self._hbm)
+        attn_bytes_d = kv * (self._kv_bytes_per_token_gpu / self._kv_hbm)
         if isinstance(kv, np.ndarray):
             return base + np.maximum(attn_flops_d, attn_bytes_d)
         return base + max(float(attn_flops_d), float(attn_bytes_d))
@@ -258,7 +277,7 @@ class EngineModel:
             base = self._decode_base[batch] = self._base_s(0, 0, batch, 0, None)
         flops_pair = self._attn_decode_flops_pair
         peak = self._attn_peak
-        bytes_per_s = self._kv_bytes_per_token_gpu / self._hbm
+        bytes_per_s = self._kv_bytes_per_token_gpu / self._kv_hbm
         if steps > 64:
             kv = kv_tokens + batch * np.arange(steps, dtype=np.float64)
             durs = base + np.maximum(kv * flops_pair / peak, kv * bytes_per_s)
@@ -286,18 +305,27 @@ class EngineModel:
         # GEMMs: the dense part of every token ...
         t_gemm = 0.0
         if tokens > 0:
-            flops = self._flops_dense_per_token * tokens
-            flops += self._flops_lm_head_per_logit * (b + n_prefill)
-            # _gemm_eff(tokens), inline (this runs once per simulated iteration)
-            t_flops = flops / (self._gemm_peak * (tokens / (tokens + self._half)))
+            dense = self._flops_dense_per_token
+            head = self._flops_lm_head_per_logit
+            # Seconds per FLOP of this batch's token mix: a prefill chunk's tokens at the prefill
+            # efficiency, but the one row per request that samples a token (a decode, or the
+            # last prompt token, e.g. the one a decode engine recomputes for transferred KV)
+            # at the decode efficiency.
+            s_prefill = self._s_per_flop_prefill
+            s_decode = self._s_per_flop_decode
+            rows = n_prefill if n_prefill < p else p
+            chunk = p - rows
+            t_full = dense * chunk * s_prefill + (dense + head) * (b + rows) * s_decode
+            # divided by _gemm_eff(tokens), inline (this runs once per simulated iteration)
+            t_flops = t_full * (tokens + self._half) / tokens
             weight_bytes = self._dense_weight_bytes
             if self._moe_layers:
                 global_tokens = tokens * self._dp
                 touched = 1.0 - (1.0 - self._top_k / self._experts) ** global_tokens
                 weight_bytes += self._moe_layers * self._expert_bytes_per_gpu_layer * touched
                 per_expert = global_tokens * self._top_k / self._experts
-                routed = self._flops_routed_per_token * tokens
-                t_flops += routed / (self._gemm_peak * self._gemm_eff(per_expert))
+                routed = self._flops_routed_per_token * (chunk * s_prefill + (b + rows) * s_decode)
+                t_flops += routed / self._gemm_eff(per_expert)
             t_weights = weight_bytes / self._hbm
             t_gemm = t_flops if t_flops >= t_weights else t_weights  # max(), without a call
             t_gemm += tokens * self._act_bytes_per_token / self._hbm
@@ -311,11 +339,11 @@ class EngineModel:
             attn_flops = pairs * self._attn_prefill_flops_pair
             kv_bytes = (prefill_context_tokens + p) * self._kv_bytes_per_token_gpu
             t_attn_flops = attn_flops / self._attn_peak
-            t_attn_bytes = kv_bytes / self._hbm
+            t_attn_bytes = kv_bytes / self._kv_hbm
             t_prefill_attn = t_attn_flops if t_attn_flops >= t_attn_bytes else t_attn_bytes
         else:
             t_prefill_attn = 0.0
-        overhead = self._fixed_overhead + self.eff.request_overhead_s * (b + n_prefill)
+        overhead = self._fixed_overhead + self._request_overhead * (b + n_prefill)
         comm = 0.0
         if tokens > 0:
             if self._ar_count:

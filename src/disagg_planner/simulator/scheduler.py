@@ -226,6 +226,12 @@ class EngineCore:
         self.max_seqs = spec.max_num_seqs
         self.total_blocks = model.kv_blocks
         self.free_blocks = model.kv_blocks
+        # TensorRT-LLM's default capacity scheduler (GUARANTEED_NO_EVICT) admits a request
+        # only when the KV blocks of its whole prompt and output fit beside the reservations
+        # of the running ones, so it never preempts; vLLM and SGLang admit on the prompt alone.
+        self._no_evict = spec.backend == "trtllm"
+        self._reserved = 0
+        self._reserved_by: dict[int, int] = {}
         self.waiting: deque[SimRequest] = deque()
         self._running: list[SimRequest] = []
         # Set while every running request decodes in lockstep (see the module doc); its
@@ -447,6 +453,8 @@ class EngineCore:
 
     # -- the scheduler ---------------------------------------------------------------------------
     def _reset_for_recompute(self, req: SimRequest) -> None:
+        if self._reserved_by:
+            self._reserved -= self._reserved_by.pop(id(req), 0)
         self.free_blocks += req.blocks
         req.blocks = 0
         req.prompt_len = req.isl + req.generated
@@ -588,6 +596,12 @@ class EngineCore:
             need = -(-(computed + n) // bs)
             if need > free:
                 break
+            if self._no_evict:
+                whole = -(-(req.isl + req.osl) // bs)
+                if self._reserved + whole > self.total_blocks and running:
+                    break
+                self._reserved += whole
+                self._reserved_by[id(req)] = whole
             waiting.popleft()
             self._q_add(req, -1)
             req.computed = computed
@@ -838,9 +852,12 @@ class EngineCore:
     def _hand_back(self, done: list[SimRequest], now: float) -> None:
         """``done`` (no longer running) have their last token: free their KV, hand them
         back to the cluster."""
+        reserved = self._reserved_by
         for req in done:
             self.free_blocks += req.blocks
             req.blocks = 0
+            if reserved:
+                self._reserved -= reserved.pop(id(req), 0)
             self.sink.on_leave(self, req, now)
         if self._group is not None and self._group.n == 0:
             self._group = None

@@ -83,8 +83,9 @@ def test_the_oracle_is_metered_like_a_policy(case: Case) -> None:
     assert s["gpu_hours"] == refs.oracle.gpu_hours == s["oracle_gpu_hours"]
     assert s["slo_attainment"]["both"] == refs.oracle.slo_attainment
     assert s["gpu_hours_ratio_to_oracle"] == 1.0
-    # it starts warm with what its first startup delay needs, as the plan assumed
-    windows = refs.oracle_plan.windows[:3]
+    # it starts warm with what its first startup delay needs, as the plan assumed (the needs
+    # it runs: the window plan's, or the best static replicas where those serve as cheaply)
+    windows = refs.oracle_needs[:3]
     first = {r: max(w.replicas[r] for w in windows) for r in case.plan.setup.specs}
     assert s["initial_replicas"] == first
 

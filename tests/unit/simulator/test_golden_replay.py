@@ -12,7 +12,9 @@ last arrival + 120 s; timeline.csv with a row at every replica state change) re-
 ``gpu_hours``, ``duration_s`` and the timeline digests; ``requests.csv`` did not change.
 Merging the decision rules and the regenerated profiles (main at 023a554) changed the
 planner's decisions, and so every replay figure, with no change to the simulator (the two
-bare-cluster digests held): the replay digests were re-recorded there.
+bare-cluster digests held): the replay digests were re-recorded there. Issue 17's per-phase
+calibration of the engine model (engine_fit.yaml, TensorRT-LLM admission, regenerated
+profiles) changed every simulated time, so all four were re-recorded at that change.
 
 A failure here means a simulated result changed. If it comes from the replay shell
 (``replay/``, ``runtime/``) rather than the simulator, ``git log`` says who changed what.
@@ -41,57 +43,57 @@ STEP = "step:rates=4/12,at=300,duration=900,isl=3000,osl=300"
 # the same simulated times, so any change of the model shows here).
 GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     "planner": {
-        "requests_csv": "85fa8f9709fb11fa2108905734f27bae126b5a68049ac45c1eb57705c0be0b0d",
-        "timeline": "1759a33909dfe19b1b808c412a700801ac46ed58a91be6b3d0462481058cd554",
+        "requests_csv": "f416d83113a37cb561a0b950fd72531a368f339747920d92f78f05a66f73582a",
+        "timeline": "e025a3d428015cc06d6361407f8b47177a3bb6d551fcbebf19e1d9a56c744670",
         "summary": {
             "requests": 8302,
             "completed": 8302,
             "failed": 0,
             "slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 1.0},
             "ttft_ms": {
-                "p50": 85.09737699870357,
-                "p90": 122.50440748099439,
-                "p95": 144.20405105117024,
-                "p99": 204.14184866685216,
+                "p50": 88.61724755300315,
+                "p90": 132.61305656486118,
+                "p95": 154.07662824497373,
+                "p99": 217.72564126850557,
             },
             "itl_ms": {
-                "p50": 5.119402958007907,
-                "p90": 5.607007454720316,
-                "p95": 5.769072990129629,
-                "p99": 6.011394781053578,
+                "p50": 5.115962155704275,
+                "p90": 5.52429421133842,
+                "p95": 5.659885357500089,
+                "p99": 5.8679603347042235,
             },
-            "gpu_hours": 0.7510838179556827,
-            "oracle_gpu_hours": 0.7010838179556829,
+            "gpu_hours": 0.7511062947780165,
+            "oracle_gpu_hours": 0.7011062947780171,
             "scale_actions": {"prefill": 0, "decode": 0},
             "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 901.3005815468192,
+            "duration_s": 901.3275537336198,
         },
     },
     "load": {
-        "requests_csv": "581d98cd7ffeda8205e97acb62c3a4029fd34b18460f3fc88fc1165ad8658c76",
-        "timeline": "80b6a543116a9dad0f09167c1cc79cef79eac6792c2f4be320bc1e2b25af20bd",
+        "requests_csv": "d84a3c27ca75a092347bf5b7d90d6aa0fc08c0573960664937487e867bc979ec",
+        "timeline": "54b8502de543db189770066b5c03b1c610acdef338f5d2ace20d1ab18221456b",
         "summary": {
             "requests": 8302,
             "completed": 8302,
             "failed": 0,
-            "slo_attainment": {"ttft": 0.9638641291255119, "itl": 1.0, "both": 0.9638641291255119},
+            "slo_attainment": {"ttft": 0.942423512406649, "itl": 1.0, "both": 0.942423512406649},
             "ttft_ms": {
-                "p50": 85.41235536267777,
-                "p90": 243.42896824193198,
-                "p95": 415.9918149821521,
-                "p99": 728.3698065830854,
+                "p50": 88.93727363462745,
+                "p90": 311.11500041599817,
+                "p95": 549.5843069265645,
+                "p99": 951.0871177466569,
             },
             "itl_ms": {
-                "p50": 5.133500356339254,
-                "p90": 5.554276610547047,
-                "p95": 5.650077589432457,
-                "p99": 5.982599845139587,
+                "p50": 5.131396808334413,
+                "p90": 5.429291911150016,
+                "p95": 5.567067630693202,
+                "p99": 5.8434348954444495,
             },
-            "gpu_hours": 0.7931117572742423,
-            "oracle_gpu_hours": 0.7010838179556829,
+            "gpu_hours": 0.7931372918428853,
+            "oracle_gpu_hours": 0.7011062947780171,
             "scale_actions": {"prefill": 2, "decode": 0},
             "max_replicas": {"prefill": 3, "decode": 1},
-            "duration_s": 901.3005815468181,
+            "duration_s": 901.3235626585968,
         },
     },
 }
@@ -120,8 +122,8 @@ TIMELINE_COLUMNS = (
 )
 
 GOLDEN_CLUSTER: dict[str, str] = {
-    "tight_prefix": "46c925226ec4b3d0e3b0476fbc98af60752ae55d32870e3103ec56f94d09fb73",
-    "moe_resize": "17cd59b4643e3bb6aa5053f1440e4ee69e2ea2fa9a8c289210bebb7ae6de35ea",
+    "moe_resize": "144f4b8f97e392000c3763e0cbeb64bfbbcb77d20ae07cfc39bd6e34d365a062",
+    "tight_prefix": "17b0f86b2f7d438c711023c215c521d607a923bf01e850e2b7936a5daab9e398",
 }
 
 

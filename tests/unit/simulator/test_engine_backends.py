@@ -1,0 +1,125 @@
+"""The roofline per phase and per backend: prefill and decode GEMMs at their own efficiencies,
+TensorRT-LLM's KV-cache sizing and no-evict admission, and the fitted factors' file
+(``engine_fit.yaml``) as the fitting tool writes it, with nothing fitted to validation points."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.simulator import catalogue, fit
+from disagg_planner.simulator.calibration import POINTS
+from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.errors import CatalogueError
+
+H200_8B = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
+
+
+def _with(path: str, value: float) -> dict:
+    tree = fit.build({p.path: p.start for p in fit.PARAMS})
+    fit._set(tree, path, value)
+    return tree
+
+
+def test_prefill_and_decode_gemms_have_their_own_efficiency() -> None:
+    # 4,096 tokens are compute-bound either way; only the decode efficiency moves decode.
+    base = fit.build({p.path: p.start for p in fit.PARAMS})
+    faster_decode = _with("backends.vllm.gemm_decode.fp8", 0.9)
+    with catalogue.trial_fit(base):
+        m = EngineModel(H200_8B)
+        prefill, decode = m.iteration_time_s(4096, 0, 0, 0), m.iteration_time_s(0, 0, 4096, 0)
+    with catalogue.trial_fit(faster_decode):
+        m2 = EngineModel(H200_8B)
+        # Only the prompt's last (sampling) row of 4,096 runs at the decode efficiency.
+        assert prefill > m2.iteration_time_s(4096, 0, 0, 0) > (1 - 1e-3) * prefill
+        assert m2.iteration_time_s(0, 0, 4096, 0) < 0.8 * decode
+        # A decode engine's one recomputed token per transferred request is a sampling row:
+        # 4,096 one-token prefills speed up as 4,096 decodes do.
+        ones = {"prefill_requests": 4096, "prefill_attention_pairs": 4096.0}
+        assert m2.iteration_time_s(4096, 0, 0, 0, **ones) < 0.8 * m.iteration_time_s(
+            4096, 0, 0, 0, **ones
+        )
+
+
+def test_kv_read_efficiency_moves_decode_attention_only() -> None:
+    slow_kv = _with("backends.vllm.kv_read", 0.4)
+    fast_kv = _with("backends.vllm.kv_read", 0.9)
+    with catalogue.trial_fit(slow_kv):
+        slow = EngineModel(H200_8B)
+        s_long, s_short = slow.decode_step_time_s(64, 8000), slow.decode_step_time_s(64, 1)
+    with catalogue.trial_fit(fast_kv):
+        fast = EngineModel(H200_8B)
+        f_long, f_short = fast.decode_step_time_s(64, 8000), fast.decode_step_time_s(64, 1)
+    assert f_long < 0.8 * s_long
+    assert f_short == pytest.approx(s_short, rel=0.01)  # no KV: weights and overheads only
+
+
+def test_backends_time_differently_and_sglang_uses_vllms_factors() -> None:
+    vllm = EngineModel(H200_8B)
+    sglang = EngineModel(H200_8B + ":backend=sglang")
+    trtllm = EngineModel(H200_8B + ":backend=trtllm")
+    args = (0, 0, 512, 512 * 2000)
+    assert sglang.iteration_time_s(*args) == vllm.iteration_time_s(*args)
+    assert trtllm.iteration_time_s(*args) != vllm.iteration_time_s(*args)
+    assert trtllm.backend_eff == catalogue.efficiency().backend("trtllm")
+
+
+def test_trtllm_sizes_its_kv_cache_from_free_memory() -> None:
+    # kv_cache_free_gpu_mem_fraction: 0.9 of what the weights and reserve leave.
+    m = EngineModel(H200_8B + ":backend=trtllm")
+    expected = (141e9 - m.weight_bytes_per_gpu - 2e9) * 0.9 / 65536
+    assert m.max_kv_tokens == pytest.approx(expected, rel=0.001)
+    assert m.max_kv_tokens > EngineModel(H200_8B).max_kv_tokens
+
+
+@pytest.mark.parametrize(
+    ("backend", "mem", "preempts"), [("vllm", 0.17, True), ("trtllm", 0.05, False)]
+)
+def test_trtllm_admission_never_evicts(backend: str, mem: float, preempts: bool) -> None:
+    # A KV cache of ~50k tokens (the memory fraction is of the whole GPU for vLLM, of what
+    # the weights leave for TRT-LLM) and 200 requests of 100 + 1,000 tokens: admitting on the
+    # prompt alone (vLLM) overcommits and preempts; TRT-LLM reserves the whole request.
+    spec = f"sim:llama-3.1-8b-fp8@h100_sxm:tp1:mem={mem}:seqs=512:backend={backend}"
+    cluster = Cluster(engines={"agg": spec}, mode="agg", replicas={"agg": 1})
+    assert 30_000 < cluster.engine_model("agg").max_kv_tokens < 80_000
+    cluster.submit(TraceRequest(0.0, 100, 1000) for _ in range(200))
+    cluster.run_to_completion()
+    records = cluster.records
+    assert len(records) == 200 and all(r.ok for r in records)
+    assert (sum(r.preemptions for r in records) > 0) is preempts
+
+
+def test_the_fit_reads_training_points_only() -> None:
+    for stage in fit.STAGES:
+        points = fit.stage_points(stage)
+        assert points and all(p.point_set == "training" for p in points)
+    fitted = {p.path for p in fit.PARAMS}
+    assert not fitted & set(fit.PRIORS) and not fitted & set(fit.TIES)
+
+
+def test_engine_fit_yaml_is_what_the_fitting_tool_writes() -> None:
+    data = yaml.safe_load(fit.FIT_FILE.read_text())
+    values = {p.path: fit._get(data, p.path) for p in fit.PARAMS}
+    # Priors, ties and shared backends are the tool's, and the text is its rendering.
+    assert fit.build(values) == data
+    assert fit.FIT_FILE.read_text() == fit.render(values)
+    for p in fit.PARAMS:
+        assert p.low <= values[p.path] <= p.high, p.path
+    # Each fitted value names its points, which are training points.
+    for line in fit.FIT_FILE.read_text().splitlines():
+        if "# fitted" in line:
+            numbers = line.split("points ", 1)[1].split(" of ")[0].split(", ")
+            assert all(POINTS[int(n) - 1].point_set == "training" for n in numbers)
+
+
+def test_a_backend_copying_an_unknown_one_is_refused() -> None:
+    tree = fit.build({p.path: p.start for p in fit.PARAMS})
+    tree["backends"]["sglang"] = {"same_as": "nope"}
+    with pytest.raises(CatalogueError, match=r"same_as='nope'"):
+        catalogue.efficiency_from(tree)
+    del tree["backends"]["trtllm"]["kv_read"]
+    tree["backends"]["sglang"] = {"same_as": "vllm"}
+    with pytest.raises(CatalogueError, match=r"backends\.trtllm lacks field 'kv_read'"):
+        catalogue.efficiency_from(tree)
