@@ -46,6 +46,7 @@ flagged (no engine holds more than its cache).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,10 +214,22 @@ class DecodeInterpolator:
     coordinates are merged in (Dynamo uses 100).
     """
 
-    def __init__(self, data: DecodeData, *, resolution: int = DEFAULT_RESOLUTION) -> None:
+    def __init__(
+        self,
+        data: DecodeData,
+        *,
+        resolution: int = DEFAULT_RESOLUTION,
+        max_running: float | None = None,
+    ) -> None:
         if resolution < 2:
             raise ValueError(f"resolution must be at least 2, got {resolution}")
+        if max_running is not None and not (math.isfinite(max_running) and max_running >= 1):
+            raise ValueError(f"max_running must be a number >= 1 or None, got {max_running!r}")
         self.data = data
+        # The most requests the engine runs at once (max_num_seqs x DP ranks, from the
+        # profile's manifest): no answer of find_best holds more, wherever the surface would
+        # put a higher KV usage at a short context (the sweep stops there: the seats are full).
+        self.max_running = max_running
         # Qhull solves one tiny LAPACK system per triangle; with OpenBLAS's thread pool on a
         # busy or CPU-limited host each solve spins for milliseconds (measured: 1.5 s instead
         # of 0.1 ms for 56 samples), so the grid is built with one BLAS thread.
@@ -511,7 +524,17 @@ class DecodeInterpolator:
         one_itl = itl[rows, j] * (1 - wj) + itl[rows, j + 1] * wj
         one_thpt = thpt[rows, j] * (1 - wj) + thpt[rows, j + 1] * wj
         one_out = (outside[rows, j] & (wj < 1)) | (outside[rows, j + 1] & (wj > 0))
-        real = xs[None, :] >= x_one[:, None]  # nodes with at least one request
+        # ... and at most the engine's seats: KV usage above the full batch's is no answer
+        if self.max_running is None:
+            x_cap = np.ones_like(ctx)
+        else:
+            x_cap = np.minimum(self.max_running * ctx / self.data.max_kv_tokens, 1.0)
+        k, wk = _bracket(xs, x_cap)
+        cap_itl = itl[rows, k] * (1 - wk) + itl[rows, k + 1] * wk
+        cap_thpt = thpt[rows, k] * (1 - wk) + thpt[rows, k + 1] * wk
+        cap_out = (outside[rows, k] & (wk < 1)) | (outside[rows, k + 1] & (wk > 0))
+        # nodes with at least one request and no more than the seats
+        real = (xs[None, :] >= x_one[:, None]) & (xs[None, :] <= x_cap[:, None])
         # Candidates: feasible nodes, points inside a segment where the ITL crosses the
         # target (the feasible part of a segment ends there), and the one-request point.
         node_ok = (itl <= target) & real
@@ -519,29 +542,44 @@ class DecodeInterpolator:
         with np.errstate(divide="ignore", invalid="ignore"):
             frac = np.where((a - target) * (b - target) < 0, (target - a) / (b - a), 0.0)
         cross_x = xs[:-1] + frac * np.diff(xs)
-        crossing = ((a - target) * (b - target) < 0) & (cross_x >= x_one[:, None])
+        crossing = (
+            ((a - target) * (b - target) < 0)
+            & (cross_x >= x_one[:, None])
+            & (cross_x <= x_cap[:, None])
+        )
         cross_thpt = thpt[:, :-1] + frac * (thpt[:, 1:] - thpt[:, :-1])
         cand = np.concatenate(
             [
                 np.where(node_ok, thpt, -np.inf),
                 np.where(crossing, cross_thpt, -np.inf),
                 np.where(one_itl <= target, one_thpt, -np.inf)[:, None],
+                np.where((cap_itl <= target) & (x_cap >= x_one), cap_thpt, -np.inf)[:, None],
             ],
             axis=1,
         )
-        cand_x = np.concatenate([np.broadcast_to(xs, itl.shape), cross_x, x_one[:, None]], axis=1)
-        cand_itl = np.concatenate([itl, np.full_like(cross_x, target), one_itl[:, None]], axis=1)
-        cand_thpt = np.concatenate([thpt, cross_thpt, one_thpt[:, None]], axis=1)
+        cand_x = np.concatenate(
+            [np.broadcast_to(xs, itl.shape), cross_x, x_one[:, None], x_cap[:, None]], axis=1
+        )
+        cand_itl = np.concatenate(
+            [itl, np.full_like(cross_x, target), one_itl[:, None], cap_itl[:, None]], axis=1
+        )
+        cand_thpt = np.concatenate([thpt, cross_thpt, one_thpt[:, None], cap_thpt[:, None]], axis=1)
         cand_out = np.concatenate(
-            [outside, outside[:, :-1] | outside[:, 1:], one_out[:, None]], axis=1
+            [outside, outside[:, :-1] | outside[:, 1:], one_out[:, None], cap_out[:, None]],
+            axis=1,
         )
         pick = np.argmax(cand, axis=1)
         best = cand[rows, pick]
         feasible = np.isfinite(best)
         # Infeasible: the lowest ITL among the real operating points.
-        real_itl = np.concatenate([np.where(real, itl, np.inf), one_itl[:, None]], axis=1)
         real_itl = np.concatenate(
-            [real_itl[:, : xs.size], np.full_like(cross_x, np.inf), real_itl[:, xs.size :]], axis=1
+            [
+                np.where(real, itl, np.inf),
+                np.full_like(cross_x, np.inf),
+                one_itl[:, None],
+                np.where(x_cap >= x_one, cap_itl, np.inf)[:, None],
+            ],
+            axis=1,
         )
         lowest = np.argmin(real_itl, axis=1)
         return [

@@ -42,9 +42,14 @@ def load_profile(path: str | Path, *, decode_resolution: int = DEFAULT_RESOLUTIO
     if not root.is_dir():
         raise ProfileError(f"{root} is not a directory; a profile is a directory")
     prefill = PrefillInterpolator(read_prefill(root))
-    decode = DecodeInterpolator(read_decode(root), resolution=decode_resolution)
     manifest_path = root / MANIFEST_FILE
     manifest = load_manifest(manifest_path) if manifest_path.exists() else None
+    # the engine's seats (max_num_seqs on each DP rank) bound the batches the lookup answers
+    seats = None
+    shape = manifest.decode_engine if manifest is not None else None
+    if shape is not None and shape.max_num_seqs is not None:
+        seats = float(shape.max_num_seqs * shape.dp)
+    decode = DecodeInterpolator(read_decode(root), resolution=decode_resolution, max_running=seats)
     return Profile(
         prefill=prefill,
         decode=decode,

@@ -144,3 +144,22 @@ def test_best_decode_throughput_matches_the_engine(bundled: tuple[Profile, Engin
             assert best.thpt_per_gpu == pytest.approx(truth, rel=TOLERANCE), where
             checked += 1
     assert checked >= 20
+
+
+def test_the_lookup_never_answers_more_requests_than_the_engine_seats() -> None:
+    """At a short context the KV cache would hold far more requests than max_num_seqs lets
+    run: the sweep stops at the full batch, and the best throughput the planner sizes from
+    must stop there too, not extend the surface to a KV usage no batch reaches."""
+    from disagg_planner.profiles.decode import DecodeInterpolator
+
+    profile = load_profile(resolve_profile("gb200/vllm/deepseek-v3/tp1-dp16-ep16"))
+    decode = profile.decode
+    assert decode.max_running == 512 * 16  # max_num_seqs on each of the 16 DP ranks
+    seated = decode.find_best_throughput_per_gpu(50.0, 256.0)
+    running = seated.kv_usage * decode.max_kv_tokens / 256.0
+    assert running <= decode.max_running * (1 + 1e-9)
+    unbounded = DecodeInterpolator(decode.data).find_best_throughput_per_gpu(50.0, 256.0)
+    assert unbounded.kv_usage * decode.max_kv_tokens / 256.0 > decode.max_running
+    assert seated.thpt_per_gpu < unbounded.thpt_per_gpu
+    with pytest.raises(ValueError, match="max_running"):
+        DecodeInterpolator(decode.data, max_running=0.5)
