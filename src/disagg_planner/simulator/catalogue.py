@@ -267,17 +267,22 @@ _CATALOGUE = "disagg_planner/simulator/catalogue.yaml"
 _FIT = "disagg_planner/simulator/engine_fit.yaml"
 
 
-@functools.cache
-def _raw() -> dict[str, Any]:
+def _package_yaml(path: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The package data file ``path`` (a mapping with at least ``keys`` at the top)."""
     text = (
         resources.files(__package__ or "disagg_planner.simulator")
-        .joinpath("catalogue.yaml")
+        .joinpath(path.rsplit("/", 1)[-1])
         .read_text(encoding="utf-8")
     )
     data = yaml.safe_load(text)
-    if not isinstance(data, dict) or not {"gpus", "models", "efficiency"} <= data.keys():
-        raise CatalogueError(f"{_CATALOGUE}: expected top-level keys gpus, models, efficiency")
+    if not isinstance(data, dict) or not set(keys) <= data.keys():
+        raise CatalogueError(f"{path}: expected top-level keys {', '.join(keys)}")
     return data
+
+
+@functools.cache
+def _raw() -> dict[str, Any]:
+    return _package_yaml(_CATALOGUE, ("gpus", "models", "efficiency"))
 
 
 def _index(section: str) -> dict[str, str]:
@@ -421,15 +426,7 @@ def trial_fit(fit: dict[str, Any]) -> Iterator[None]:
 @functools.cache
 def fit_data() -> dict[str, Any]:
     """``engine_fit.yaml`` as written by the fitting tool (``disagg_planner.simulator.fit``)."""
-    text = (
-        resources.files(__package__ or "disagg_planner.simulator")
-        .joinpath("engine_fit.yaml")
-        .read_text(encoding="utf-8")
-    )
-    data = yaml.safe_load(text)
-    if not isinstance(data, dict) or not {"hbm", "backends", "allreduce_latency_us"} <= data.keys():
-        raise CatalogueError(f"{_FIT}: expected top-level keys hbm, backends, allreduce_latency_us")
-    return data
+    return _package_yaml(_FIT, ("hbm", "backends", "allreduce_latency_us"))
 
 
 def _backend(name: str, raw: dict[str, Any], entries: dict[str, Any]) -> BackendEfficiency:
