@@ -491,8 +491,11 @@ class DecodeInterpolator:
         )
 
     def find_best_many(self, itl_ms: float, context_length: npt.ArrayLike) -> DecodeBestMany:
-        """:meth:`find_best_throughput_per_gpu` for an array of context lengths at once."""
-        if not (np.isfinite(itl_ms) and itl_ms > 0):
+        """:meth:`find_best_throughput_per_gpu` for an array of context lengths at once.
+
+        ``itl_ms`` may be ``math.inf``: no target, the saturated engine's best throughput (up
+        to its seats), the physical limit a policy that ignores the SLO can reach."""
+        if not (itl_ms > 0):  # NaN fails this too
             raise ValueError(f"the ITL target must be a positive number of ms, got {itl_ms!r}")
         ctx = np.asarray(context_length, dtype=np.float64)
         if not np.all(np.isfinite(ctx)):

@@ -13,9 +13,12 @@ deployment that meets the SLO target, and the fluid bound.
   is left to miss, and counted as ``unservable_requests``; where there is one, the best
   static deployment may qualify without meeting the target over all requests
   (``best_static.qualifies`` and ``best_static.meets_target`` say which).
-- **fluid bound** (:func:`fluid_bound_gpu_hours`): the physical floor: every request's own
-  prompt and output served at the profile's best throughput per GPU, with no integral
-  replicas, no startup, no idle time. No policy can use fewer GPU-hours.
+- **fluid bound** (:func:`fluid_bound_gpu_hours`): the physical floor: every admitted
+  request's own prompt and output served at the saturated engine's throughput per GPU in the
+  profile (no latency target: a policy that lets latency grow gets that far, and no further),
+  with no integral replicas, no startup, no idle time. Requests refused on arrival (longer
+  than ``max_model_len``) take no GPU time and are left out. No policy can use fewer
+  GPU-hours.
 
 :func:`compute_references` finds all three once per replay (several policies of one replay
 share them; the searches' results are also kept on disk under ``$PLANNER_REPLAY_CACHE`` when
@@ -76,9 +79,18 @@ SEARCH_VERSION = 2
 
 
 def fluid_bound_gpu_hours(
-    requests: Sequence[RequestLike], profile: Profile, *, ttft_ms: float, itl_ms: float
+    requests: Sequence[RequestLike],
+    profile: Profile,
+    *,
+    ttft_ms: float = math.inf,
+    itl_ms: float = math.inf,
 ) -> float:
     """GPU-hours of serving every request at the profile's best throughput per GPU.
+
+    Without targets (the default, ``math.inf``) this is the physical floor: the saturated
+    engine's throughput, which a policy that lets latency grow can reach and one holding the
+    SLO cannot pass. With targets it is the best throughput meeting them (what serving under
+    the SLO takes at least, for sizing).
 
     Prefill: a prompt of ``l`` tokens at the profiled tokens/s/GPU of its own length, or,
     when higher, of any profiled length from ``l`` up to ``max_num_batched_tokens`` whose
@@ -87,6 +99,8 @@ def fluid_bound_gpu_hours(
     highest tokens/s/GPU meeting the ITL target at the request's mean context ``l + o/2``
     (the lowest-ITL point's where none does). Lengths outside the profile take its edge
     values, which only lowers the bound for longer ones (their throughput falls with length).
+    Requests the engines refuse on arrival cost nothing: pass only those they admit
+    (:func:`admitted`).
     """
     if not requests:
         return 0.0
@@ -229,7 +243,7 @@ def compute_references(
         needs = [replace(need, replicas=dict(static.replicas)) for need in needs]
         oracle_run = static_run
     fluid = (
-        fluid_bound_gpu_hours(plan.requests, plan.profile, ttft_ms=slo.ttft_ms, itl_ms=slo.itl_ms)
+        fluid_bound_gpu_hours(admitted(plan.requests, setup.specs), plan.profile)
         if plan.profile is not None
         else None
     )
@@ -415,6 +429,13 @@ def fits_context(request: RequestLike, limits: Mapping[str, int]) -> bool:
     return True
 
 
+def admitted(requests: Sequence[RequestLike], specs: Mapping[str, EngineSpec]) -> list[RequestLike]:
+    """The requests of ``requests`` every engine of ``specs`` admits (:func:`fits_context`):
+    the others are refused on arrival and take no GPU time."""
+    limits = context_limits(specs)
+    return [r for r in requests if fits_context(r, limits)]
+
+
 @cache
 def _max_model_len(spec: EngineSpec) -> int:
     return EngineModel(spec).max_model_len
@@ -451,7 +472,7 @@ def sane_initial(
     it plus :data:`OVERSIZED_SLACK_GPUS`), that bound, and the warning saying why ('' when
     they are within it, or without a profile). A prompt whose own prefill outlasts the TTFT
     target sizes its window for a latency no replica count reaches."""
-    first = [r for r in requests if r.arrival_s < lead_s]
+    first = [r for r in admitted(requests, specs) if r.arrival_s < lead_s]
     if profile is None or not first or lead_s <= 0:
         return dict(start), ""
     fluid_gpus = fluid_bound_gpu_hours(first, profile, ttft_ms=ttft_ms, itl_ms=itl_ms)

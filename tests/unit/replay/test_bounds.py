@@ -1,21 +1,23 @@
-"""The fluid bound: every request's own lengths at the profile's best throughput per GPU; no
+"""The fluid bound: every admitted request's own lengths at the saturated engine's throughput; no
 policy uses fewer GPU-hours. The summary's reference keys are ratios of the run's own
 GPU-hours; the searches behind them are found once and can be kept on disk."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.profiles import Profile, load_profile, resolve_profile
 from disagg_planner.replay import bounds
-from disagg_planner.replay.bounds import compute_references, fluid_bound_gpu_hours
+from disagg_planner.replay.bounds import admitted, compute_references, fluid_bound_gpu_hours
 from disagg_planner.replay.oracle import OraclePolicy
-from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, prepare, run
+from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, WorkloadSpec, prepare, run
 from tests.unit.replay.test_oracle_plan import PROFILE, WORKLOADS, config, plan_for
 
 
@@ -67,6 +69,39 @@ def test_the_bound_adds_up_over_requests_and_loosens_with_the_itl_target(
     )
     assert fluid_bound_gpu_hours(requests, profile, ttft_ms=500, itl_ms=60) < single
     assert fluid_bound_gpu_hours([], profile, ttft_ms=500, itl_ms=20) == 0.0
+
+
+def test_without_targets_the_bound_is_the_saturated_engine_s(profile: Profile) -> None:
+    # a policy that lets latency grow runs its engines full: the floor is their throughput
+    # there, at or above what any latency target allows
+    requests = [
+        TraceRequest(arrival_s=float(i), input_length=200 + 311 * i, output_length=20 + 7 * i)
+        for i in range(40)
+    ]
+    saturated = fluid_bound_gpu_hours(requests, profile)
+    for ttft, itl in ((5000, 200), (500, 20), (100, 8)):
+        assert saturated <= fluid_bound_gpu_hours(requests, profile, ttft_ms=ttft, itl_ms=itl)
+    contexts = np.array([500.0, 4000.0, 30000.0])
+    full = profile.decode.find_best_many(math.inf, contexts)
+    assert full.feasible.all()
+    assert np.all(full.thpt_per_gpu >= profile.decode.find_best_many(1e6, contexts).thpt_per_gpu)
+    with pytest.raises(ValueError, match="ITL target"):
+        profile.decode.find_best_many(math.nan, contexts)
+
+
+def test_requests_refused_on_arrival_cost_no_gpu_time_in_the_bound() -> None:
+    # heavy-tailed prompts, a few longer than max_model_len: the engine refuses those on
+    # arrival, and an overloaded single pair serving the rest must still pay at least the bound
+    workload = WorkloadSpec(workload="heavytail:rate=3,duration=300,context=131072,osl=200", seed=7)
+    plan = prepare(config(ttft_ms=5000), workload, startup_delay_s=60)
+    kept = admitted(plan.requests, plan.setup.specs)
+    assert 0 < len(plan.requests) - len(kept) < 20
+    refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+    assert refs.fluid_bound_gpu_hours == pytest.approx(fluid_bound_gpu_hours(kept, plan.profile))
+    assert refs.fluid_bound_gpu_hours < fluid_bound_gpu_hours(plan.requests, plan.profile)
+    for policy in ("static:1,1", "dynamo-default"):
+        s = run(plan, policy, progress=False).summary
+        assert s["gpu_hours"] >= s["fluid_bound_gpu_hours"], policy
 
 
 @pytest.mark.parametrize("name", [*WORKLOADS, "azure"])
