@@ -97,6 +97,7 @@ def test_requests_refused_on_arrival_cost_no_gpu_time_in_the_bound() -> None:
     kept = admitted(plan.requests, plan.setup.specs)
     assert 0 < len(plan.requests) - len(kept) < 20
     refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+    assert plan.profile is not None and refs.fluid_bound_gpu_hours is not None
     assert refs.fluid_bound_gpu_hours == pytest.approx(fluid_bound_gpu_hours(kept, plan.profile))
     assert refs.fluid_bound_gpu_hours < fluid_bound_gpu_hours(plan.requests, plan.profile)
     for policy in ("static:1,1", "dynamo-default"):
