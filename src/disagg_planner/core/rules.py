@@ -13,6 +13,11 @@ can serve, not for the window just past:
   interval's mean, so that prefill is sized for the bursts inside an interval;
   :func:`within_envelope`: what of it the arrival envelope has not already covered;
 - :func:`backlog_tokens`: the work already waiting, which the demand must also drain;
+  :func:`backlog_replica_cap`: no more replicas for it than the engines it waits on (new
+  replicas take new arrivals; a queued request does not move);
+- :func:`pooled_lengths`: the fast path's prompt and output lengths, pooled over the last
+  interval's window and the short windows since (one short window of a heavy-tailed mix is
+  a handful of prompts);
 - :func:`length_mix`: what the spread of prompt lengths adds to the prefill work of their
   mean (long prompts run at a lower throughput per GPU);
 - :func:`scale_down_allowed`: up fast, down slowly: no scale-down within one time-to-ready
@@ -213,6 +218,53 @@ def backlog_tokens(
         excess * isl,
         f"backlog {excess:.0f} requests ({in_flight:.0f} in flight, {expected:.0f} expected) "
         f"= {excess * isl:.0f} prefill tokens",
+    )
+
+
+def backlog_replica_cap(
+    role: str, *, with_backlog: int, without_backlog: int, holding: int
+) -> RuleValue:
+    """The replicas of ``role`` a decision orders with the backlog term, at most
+    ``without_backlog + holding``. The backlog waits in the queues of the ``holding`` engines
+    that are serving now (the router places a request on an engine when it arrives, and it
+    stays there): replicas started for it take new arrivals, which frees those engines to
+    drain their queues at full speed, and no further replica drains them faster."""
+    cap = without_backlog + max(0, holding)
+    if with_backlog <= cap:
+        return RuleValue(float(with_backlog), "")
+    return RuleValue(
+        float(cap),
+        f"{role}: {cap}, not {with_backlog}: the backlog waits on the {holding} ready "
+        f"engine(s), which new replicas relieve of arrivals; more do not drain it faster",
+    )
+
+
+@dataclass(frozen=True)
+class LengthSample:
+    """A window's request count and mean lengths."""
+
+    requests: float
+    isl: float
+    osl: float
+
+
+def pooled_lengths(samples: Sequence[LengthSample]) -> tuple[float, float, str] | None:
+    """The request-weighted mean ISL and OSL of ``samples`` and the sentence saying so;
+    None when they hold no request. A short window of a heavy-tailed prompt mix holds a few
+    dozen prompts, whose mean swings several-fold with one long prompt; pooled with the last
+    interval's window it follows a real change of lengths within one interval."""
+    total = sum(s.requests for s in samples if s.requests > 0)
+    if total <= 0:
+        return None
+    isl = sum(s.requests * s.isl for s in samples if s.requests > 0) / total
+    osl = sum(s.requests * s.osl for s in samples if s.requests > 0) / total
+    return (
+        isl,
+        osl,
+        (
+            f"lengths ISL {isl:.0f} / OSL {osl:.0f} pooled over {total:.0f} requests of the last "
+            f"{len(samples)} window(s)"
+        ),
     )
 
 

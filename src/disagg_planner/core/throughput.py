@@ -26,15 +26,18 @@ from typing import Protocol
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.budget import BudgetResult, apply_floors, apply_gpu_budget, cap_change
 from disagg_planner.core.rules import (
+    LengthSample,
     RateSample,
     RuleValue,
     arrival_envelope,
+    backlog_replica_cap,
     backlog_tokens,
     burst_factor,
     burst_memory,
     histogram_points,
     histogram_quantile,
     length_mix,
+    pooled_lengths,
     scale_down_allowed,
     slo_at_risk,
     slo_request_seconds,
@@ -436,6 +439,8 @@ class ThroughputPlanner:
         # short-window rates (fast checks; the intervals' without them), for the burst memory
         self.rate_samples: deque[RateSample] = deque(maxlen=BURST_HISTORY)
         self._last_lengths: tuple[float, float] | None = None  # (isl, osl) last seen
+        # the last interval's window and the fast windows since, for the fast path's lengths
+        self._length_windows: list[LengthSample] = []
 
     # The predictors see every observed window, also those the planner holds on.
     def _observe(self, obs: TrafficObservation) -> None:
@@ -516,20 +521,10 @@ class ThroughputPlanner:
         mix = self._length_mix()
         rules += [burst.reason, backlog.reason, mix.reason]
         gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
-        sizing = self._size(
-            sized_for,
-            gpus,
-            burst=burst.value,
-            backlog_tokens_per_s=backlog.value / self.config.backlog_drain_seconds,
-            length_mix=mix.value,
+        sizing, steady, capped = self._size_with_backlog(
+            sized_for, gpus, status, burst=burst.value, backlog=backlog, length_mix=mix.value
         )
-        # the need without the backlog: what the stabilisation remembers (a drained
-        # backlog does not come back, so it is no reason to keep its replicas)
-        steady = (
-            self._size(sized_for, gpus, burst=burst.value, length_mix=mix.value)
-            if backlog.value > 0
-            else sizing
-        )
+        rules += capped
         diagnostics = ThroughputDiagnostics(
             observed=fresh,
             forecast=forecast,
@@ -588,18 +583,25 @@ class ThroughputPlanner:
             else None
         )
         tail_ms = tail_s * 1000.0 if tail_s is not None else recent.ttft_ms
-        isl, osl = (
-            (recent.isl, recent.osl)
-            if recent.isl is not None and recent.osl is not None
-            else self._last_lengths or (0.0, 0.0)
-        )
-        backlog = self._backlog(recent, isl, queued_prefill_tokens)
+        if recent.num_req > 0 and recent.isl is not None and recent.osl is not None:
+            self._length_windows.append(LengthSample(recent.num_req, recent.isl, recent.osl))
+        pooled = pooled_lengths(self._length_windows)
+        if pooled is not None:
+            isl, osl, lengths_reason = pooled
+        else:
+            isl, osl = self._last_lengths or (0.0, 0.0)
+            lengths_reason = "no lengths in the recent windows: the last ones seen"
+        # The waiting requests are counted at the short window's own mean prompt (those
+        # reaching their first token now come out of the queue, long prompts among the
+        # last); the arrivals' need at the pooled lengths.
+        queued_isl = recent.isl if recent.num_req > 0 and recent.isl is not None else isl
+        backlog = self._backlog(recent, queued_isl, queued_prefill_tokens)
         risk = slo_at_risk(
             ttft_tail_ms=tail_ms,
             ttft_target_ms=self.config.ttft_ms,
             itl_ms=recent.itl_ms,
             itl_target_ms=self.config.itl_ms,
-            excess_in_flight=backlog.value / isl if isl > 0 else 0.0,
+            excess_in_flight=backlog.value / queued_isl if queued_isl > 0 else 0.0,
         )
         diagnostics = ThroughputDiagnostics(observed=recent, rules=(risk.reason, backlog.reason))
         if not risk.value:
@@ -613,12 +615,8 @@ class ThroughputPlanner:
         burst = RuleValue(1.0, "burst factor 1 (the fast check's window is a short window)")
         drain_s = self.config.backlog_drain_seconds
         mix = self._length_mix()
-        sizing = self._size(
-            observed,
-            gpus,
-            burst=burst.value,
-            backlog_tokens_per_s=backlog.value / drain_s,
-            length_mix=mix.value,
+        sizing, steady, capped = self._size_with_backlog(
+            observed, gpus, status, burst=burst.value, backlog=backlog, length_mix=mix.value
         )
         if any(not s.feasible for s in sizing.values()):
             return self._hold_if_infeasible(now_s, sizing, diagnostics) or self._hold(
@@ -644,10 +642,11 @@ class ThroughputPlanner:
             diagnostics,
             sizing=sizing,
             stages={"proposed": proposed, "budget": dict(target)},
-            rules=(risk.reason, burst.reason, backlog.reason, mix.reason),
+            rules=(risk.reason, lengths_reason, burst.reason, backlog.reason, mix.reason, *capped),
         )
         explain = "fast check: " + "; ".join((risk.reason, backlog.reason))
         explain += f" (drained over {drain_s:.0f} s); " + self._explain(observed, sizing, target)
+        explain += "".join(f"; {note}" for note in (lengths_reason, *capped) if note)
         if budget.limited_by:
             explain += f"; limited by {budget.limited_by}: {budget.message}"
         if target == desired:
@@ -661,11 +660,6 @@ class ThroughputPlanner:
         self._note_scale(now_s, target, desired)
         # remembered for the stabilisation: the need of the observed rate, not the replicas
         # ordered to drain the backlog
-        steady = (
-            self._size(observed, gpus, burst=burst.value, length_mix=mix.value)
-            if backlog.value > 0
-            else sizing
-        )
         self._remember(now_s, apply_floors({r: steady[r].replicas for r in cfg.roles}, floors))
         return ThroughputDecision(now_s, target, ThroughputReason.SCALE, explain, diagnostics)
 
@@ -719,6 +713,12 @@ class ThroughputPlanner:
         if mean_rate > 0:
             self.burst_ratios.extend(r / mean_rate for r in self._short_rates)
         self._short_rates = []
+        # the fast path's lengths pool this window with the short windows until the next
+        self._length_windows = (
+            [LengthSample(traffic.num_req, traffic.isl, traffic.osl)]
+            if traffic.num_req > 0 and traffic.isl is not None and traffic.osl is not None
+            else []
+        )
         if traffic.num_req > 0 and traffic.isl_histogram is not None:
             scv = histogram_scv(traffic.isl_histogram)
             if scv is not None:
@@ -989,6 +989,45 @@ class ThroughputPlanner:
             self.profile.prefill.thpt_per_gpu,
             enabled=self.config.prefill_length_mix,
         )
+
+    def _size_with_backlog(
+        self,
+        forecast: LoadForecast,
+        gpus: Mapping[str, int],
+        status: DeploymentStatus,
+        *,
+        burst: float,
+        backlog: RuleValue,
+        length_mix: float,
+    ) -> tuple[dict[str, RoleSizing], dict[str, RoleSizing], list[str]]:
+        """The sizing with the backlog drained over ``backlog_drain_seconds``, each role at
+        most :func:`disagg_planner.core.rules.backlog_replica_cap` above its sizing without
+        the backlog; that sizing (what the stabilisation remembers: a drained backlog does
+        not come back, so it is no reason to keep its replicas); the cap's sentences."""
+        steady = self._size(forecast, gpus, burst=burst, length_mix=length_mix)
+        if backlog.value <= 0:
+            return steady, steady, []
+        sizing = self._size(
+            forecast,
+            gpus,
+            burst=burst,
+            backlog_tokens_per_s=backlog.value / self.config.backlog_drain_seconds,
+            length_mix=length_mix,
+        )
+        notes: list[str] = []
+        for role, sized in sizing.items():
+            if not (sized.feasible and steady[role].feasible):
+                continue
+            cap = backlog_replica_cap(
+                role,
+                with_backlog=sized.replicas,
+                without_backlog=steady[role].replicas,
+                holding=status.ready(role) if role in status.roles else 0,
+            )
+            if cap.reason:
+                sizing[role] = replace(sized, replicas=int(cap.value))
+                notes.append(cap.reason)
+        return sizing, steady, notes
 
     def _size(
         self,

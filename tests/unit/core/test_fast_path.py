@@ -77,10 +77,18 @@ FAST_ROWS = [
     FastRow(
         "requests piling up: the backlog is sized for too",
         recent(10.0, FAST_TTFT, in_flight=2000.0),
-        (1, 1),
+        (2, 1),
         ThroughputReason.SCALE,
         4,
         "backlog",
+    ),
+    FastRow(
+        "a backlog on one engine: at most one replica more for it (the queue stays there)",
+        recent(10.0, FAST_TTFT, in_flight=2000.0),
+        (1, 1),
+        ThroughputReason.SCALE,
+        3,
+        "prefill: 3, not 4: the backlog waits on the 1 ready engine(s)",
     ),
     FastRow(
         "no traffic data: hold",
@@ -229,13 +237,32 @@ def test_the_burst_memory_forgets_when_bursts_stop(h200_like_profile: Profile) -
     assert "no rise faster than time-to-ready" in out["decision"].message
 
 
+def test_the_fast_path_sizes_arrivals_at_the_lengths_pooled_since_the_last_tick(
+    h200_like_profile: Profile,
+) -> None:
+    """A short window of long prompts (a heavy-tailed mix, or long prompts leaving a queue
+    together) is pooled with the last interval's window: the arrivals are sized at the
+    pooled mean, not at the window's; a planner that has seen no interval yet has only the
+    window."""
+    window = recent(20.0, SLOW_TTFT, isl=30000)  # 300 requests
+    seen = planner(h200_like_profile)
+    seen.tick(60.0, traffic(60, 1200, isl=3000), status(2, 2))
+    pooled = seen.fast_tick(75.0, window, status(2, 2))
+    alone = planner(h200_like_profile).fast_tick(75.0, window, status(2, 2))
+    assert pooled.replicas is not None and alone.replicas is not None
+    # (1200 x 3000 + 300 x 30000) / 1500
+    assert "lengths ISL 8400 / OSL 300 pooled over 1500 requests of the last 2" in pooled.message
+    assert "ISL 30000" in alone.message
+    assert pooled.replicas["prefill"] < alone.replicas["prefill"]
+
+
 def test_the_stabilisation_does_not_keep_replicas_ordered_for_a_backlog(
     h200_like_profile: Profile,
 ) -> None:
     """Replicas ordered to drain a backlog are kept while it lasts, not for the stabilisation
     window: the need it remembers is the arrivals'."""
     tp = planner(h200_like_profile, scale_down_stabilization_seconds=600)
-    up = tp.tick(60, traffic(60, 240, in_flight=3000.0), status(1, 1))
+    up = tp.tick(60, traffic(60, 240, in_flight=3000.0), status(2, 1))
     assert up.replicas is not None and up.replicas["prefill"] >= 3, up.message
     assert "backlog" in up.message
     p, d = up.replicas["prefill"], up.replicas["decode"]

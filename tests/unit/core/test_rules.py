@@ -8,14 +8,17 @@ from typing import Any
 import pytest
 
 from disagg_planner.core.rules import (
+    LengthSample,
     RateSample,
     RuleValue,
     arrival_envelope,
+    backlog_replica_cap,
     backlog_tokens,
     burst_factor,
     burst_memory,
     histogram_quantile,
     length_mix,
+    pooled_lengths,
     scale_down_allowed,
     slo_at_risk,
     time_to_ready,
@@ -251,6 +254,20 @@ ROWS = [
         "no backlog measured",
     ),
     Row(
+        "backlog cap: no more replicas for a backlog than the engines it waits on",
+        backlog_replica_cap,
+        {"role": "prefill", "with_backlog": 21, "without_backlog": 4, "holding": 2},
+        6.0,
+        "prefill: 6, not 21: the backlog waits on the 2 ready engine(s)",
+    ),
+    Row(
+        "backlog cap: within it, the backlog's replicas stand",
+        backlog_replica_cap,
+        {"role": "prefill", "with_backlog": 5, "without_backlog": 3, "holding": 4},
+        5.0,
+        "",
+    ),
+    Row(
         "down: refused within one time-to-ready of a scale-up",
         scale_down_allowed,
         {"now_s": 200.0, "last_scale_up_s": 150.0, "time_to_ready_s": 120.0},
@@ -368,3 +385,16 @@ def test_pooled_engines_run_busier_than_separate_ones_for_the_same_tail(offered:
     assert offered < pooled < separate
     # one engine is exactly the GI/G/1 case
     assert pooled_servers_needed(0.3, slack_s=slack, service_s=service, quantile=0.99) == 1
+
+
+def test_pooled_lengths_weigh_each_window_by_its_requests() -> None:
+    pooled = pooled_lengths(
+        [LengthSample(540, 3000, 300), LengthSample(60, 30000, 200), LengthSample(0, 9e9, 9e9)]
+    )
+    assert pooled is not None
+    isl, osl, reason = pooled
+    assert isl == pytest.approx((540 * 3000 + 60 * 30000) / 600)
+    assert osl == pytest.approx((540 * 300 + 60 * 200) / 600)
+    assert "pooled over 600 requests of the last 3 window(s)" in reason
+    assert pooled_lengths([LengthSample(0, 100, 10)]) is None
+    assert pooled_lengths([]) is None
