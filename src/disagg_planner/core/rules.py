@@ -25,7 +25,9 @@ can serve, not for the window just past:
 - :func:`burst_memory`: where the rate has risen faster than new capacity can follow
   (more than :data:`MAX_TREND_GROWTH` times within one time-to-ready), capacity for the
   recent peak is kept as a floor until no such rise has been seen for a while;
-- :func:`slo_at_risk`: the fast path's trigger, from the frontend alone.
+- :func:`slo_at_risk`: the fast path's trigger, from the frontend alone;
+  :func:`rising_trend`: the rate the fast path sizes for when its short windows rise
+  significantly (what it orders serves one time-to-ready later).
 
 No I/O, no clock: every input is an argument.
 """
@@ -347,6 +349,52 @@ def burst_memory(
         f"within {time_to_ready_s:.0f} s (time-to-ready), the last such rise "
         f"{now_s - last_rise_s:.0f} s ago: capacity kept for the peak {peak:.1f} req/s of the "
         f"last {memory_s:.0f} s",
+    )
+
+
+# A short-window trend is fitted over no fewer windows than this.
+MIN_TREND_WINDOWS = 6
+
+
+def rising_trend(
+    samples: Sequence[RateSample], *, now_s: float, span_s: float, reach_s: float
+) -> RuleValue:
+    """The request rate expected ``reach_s`` from now, from a least-squares line through the
+    short windows of the last ``span_s`` (their midpoints); 0 when fewer than
+    :data:`MIN_TREND_WINDOWS` windows, or when the rise is not significant: its slope below
+    :data:`BURST_RISE_SIGMAS` standard errors, each window's rate counted as Poisson (its
+    variance ``rate / duration``), so that the noise of a quiet stream is no trend. At most
+    :data:`MAX_TREND_GROWTH` times the last windows' rate (pooled over
+    :data:`BURST_SMOOTHING_S`). The fast path orders replicas that serve one time-to-ready
+    later, while a rising rate goes on rising."""
+    recent = [s for s in samples if s.end_s > now_s - span_s and s.duration_s > 0]
+    if len(recent) < MIN_TREND_WINDOWS:
+        return RuleValue(0.0, f"no rate trend ({len(recent)} short windows)")
+    ts = [s.end_s - s.duration_s / 2.0 for s in recent]
+    t_mean = sum(ts) / len(ts)
+    r_mean = sum(s.rate for s in recent) / len(recent)
+    sxx = sum((t - t_mean) ** 2 for t in ts)
+    if sxx <= 0:
+        return RuleValue(0.0, "no rate trend (the windows do not span time)")
+    slope = sum((t - t_mean) * (s.rate - r_mean) for t, s in zip(ts, recent, strict=True)) / sxx
+    var = sum(
+        (t - t_mean) ** 2 * max(s.rate, 1.0 / s.duration_s) / s.duration_s
+        for t, s in zip(ts, recent, strict=True)
+    ) / (sxx * sxx)
+    if slope <= BURST_RISE_SIGMAS * math.sqrt(var):
+        return RuleValue(
+            0.0,
+            f"no significant rate trend over the last {len(recent)} short windows "
+            f"({slope * 60:+.2f} req/s per minute)",
+        )
+    last = _smoothed(recent)[-1].rate
+    expected = r_mean + slope * (now_s + reach_s - t_mean)
+    value = min(max(expected, last), MAX_TREND_GROWTH * last)
+    return RuleValue(
+        value,
+        f"rate rising {slope * 60:+.2f} req/s per minute over the last {len(recent)} short "
+        f"windows: sized for {value:.2f} req/s, {reach_s:.0f} s on (when what is ordered now "
+        "serves, and the next check's order after it)",
     )
 
 

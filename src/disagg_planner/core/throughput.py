@@ -38,6 +38,7 @@ from disagg_planner.core.rules import (
     histogram_quantile,
     length_mix,
     pooled_lengths,
+    rising_trend,
     scale_down_allowed,
     slo_at_risk,
     slo_request_seconds,
@@ -511,7 +512,7 @@ class ThroughputPlanner:
         if isinstance(fresh, ThroughputDecision):
             return fresh
         forecast = self._learn(fresh, status)
-        sized_for, rules = self._size_for_arrival(fresh, forecast)
+        sized_for, rules, untrended = self._size_for_arrival(fresh, forecast)
         burst = within_envelope(
             burst_factor(self.burst_ratios, self.config.burst_quantile),
             forecast_req=forecast.num_req,
@@ -525,6 +526,8 @@ class ThroughputPlanner:
             sized_for, gpus, status, burst=burst.value, backlog=backlog, length_mix=mix.value
         )
         rules += capped
+        if untrended is not sized_for:
+            steady = self._size(untrended, gpus, burst=burst.value, length_mix=mix.value)
         diagnostics = ThroughputDiagnostics(
             observed=fresh,
             forecast=forecast,
@@ -609,7 +612,14 @@ class ThroughputPlanner:
                 now_s, None, ThroughputReason.NO_CHANGE, f"fast check: {risk.reason}", diagnostics
             )
         interval = self.config.throughput_adjustment_interval_seconds
-        observed = LoadForecast(num_req=recent.request_rate * interval, isl=isl, osl=osl)
+        trend = rising_trend(
+            self.rate_samples,
+            now_s=now_s,
+            span_s=interval,
+            reach_s=self._deployment_time_to_ready().value + recent.duration_s,
+        )
+        rate = max(recent.request_rate, trend.value)
+        observed = LoadForecast(num_req=rate * interval, isl=isl, osl=osl)
         gpus = {r: status.roles[r].gpus_per_replica for r in self.config.roles}
         # the window is itself a short one: its rate is a burst's, no factor on top
         burst = RuleValue(1.0, "burst factor 1 (the fast check's window is a short window)")
@@ -642,11 +652,19 @@ class ThroughputPlanner:
             diagnostics,
             sizing=sizing,
             stages={"proposed": proposed, "budget": dict(target)},
-            rules=(risk.reason, lengths_reason, burst.reason, backlog.reason, mix.reason, *capped),
+            rules=(
+                risk.reason,
+                lengths_reason,
+                trend.reason,
+                burst.reason,
+                backlog.reason,
+                mix.reason,
+                *capped,
+            ),
         )
         explain = "fast check: " + "; ".join((risk.reason, backlog.reason))
         explain += f" (drained over {drain_s:.0f} s); " + self._explain(observed, sizing, target)
-        explain += "".join(f"; {note}" for note in (lengths_reason, *capped) if note)
+        explain += "".join(f"; {note}" for note in (lengths_reason, trend.reason, *capped) if note)
         if budget.limited_by:
             explain += f"; limited by {budget.limited_by}: {budget.message}"
         if target == desired:
@@ -728,9 +746,13 @@ class ThroughputPlanner:
 
     def _size_for_arrival(
         self, traffic: TrafficObservation, forecast: LoadForecast
-    ) -> tuple[LoadForecast, list[str]]:
+    ) -> tuple[LoadForecast, list[str], LoadForecast]:
         """The forecast raised to the upper envelope of the rate over the span in which the
-        capacity ordered now will serve (:func:`disagg_planner.core.rules.arrival_envelope`)."""
+        capacity ordered now will serve (:func:`disagg_planner.core.rules.arrival_envelope`),
+        or to where a significant rise of the short windows leads by the time the next
+        order could serve (:func:`disagg_planner.core.rules.rising_trend`), whichever is
+        higher; the reasons; and the forecast without that trend (what the stabilisation
+        remembers: a line extrapolated at a peak overshoots, and is no need to keep)."""
         interval = self.config.throughput_adjustment_interval_seconds
         ttr = self._deployment_time_to_ready()
         envelope = arrival_envelope(
@@ -739,8 +761,23 @@ class ThroughputPlanner:
             interval_s=interval,
             time_to_ready_s=ttr.value,
         )
-        sized = replace(forecast, num_req=max(forecast.num_req, envelope.value * interval))
-        return sized, [ttr.reason, envelope.reason]
+        # The window's short windows show a rise the interval means (and a flat predictor)
+        # do not: the rate at the end of the span the capacity serves.
+        fast = self.config.fast_check_interval_seconds
+        # with the fast check on, a rise beyond the next check's reach is its to order
+        next_order_s = fast if fast is not None and fast < interval else interval
+        trend = rising_trend(
+            self.rate_samples,
+            now_s=traffic.end_s,
+            span_s=interval,
+            reach_s=ttr.value + next_order_s,
+        )
+        enveloped = replace(forecast, num_req=max(forecast.num_req, envelope.value * interval))
+        reasons = [ttr.reason, envelope.reason]
+        if trend.value * interval <= enveloped.num_req:
+            return enveloped, reasons, enveloped
+        reasons.append(trend.reason)
+        return replace(forecast, num_req=trend.value * interval), reasons, enveloped
 
     def _backlog(
         self, traffic: TrafficObservation, isl: float, queued_prefill_tokens: float | None

@@ -3,7 +3,7 @@ the scale-down guard after a scale-up, sizing for when capacity arrives."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -179,6 +179,11 @@ def test_fast_windows_give_the_burst_factor(h200_like_profile: Profile) -> None:
     assert "burst factor 2.50" in decision.message
 
 
+def replace_duration(obs: TrafficObservation, duration_s: float) -> TrafficObservation:
+    """``obs`` over ``duration_s`` (its count unchanged)."""
+    return replace(obs, duration_s=duration_s)
+
+
 def short_window(end_s: float, rate: float) -> TrafficObservation:
     return TrafficObservation(
         end_s=end_s,
@@ -254,6 +259,31 @@ def test_the_fast_path_sizes_arrivals_at_the_lengths_pooled_since_the_last_tick(
     assert "lengths ISL 8400 / OSL 300 pooled over 1500 requests of the last 2" in pooled.message
     assert "ISL 30000" in alone.message
     assert pooled.replicas["prefill"] < alone.replicas["prefill"]
+
+
+def test_a_steady_rise_inside_the_interval_is_sized_for_by_tick_and_fast_check(
+    h200_like_profile: Profile,
+) -> None:
+    """A constant predictor sees no trend in one interval's mean; the short windows do: the
+    tick sizes for the rate a line through them reaches when its order serves, and the
+    fast check likewise; the stabilisation does not keep what the line asked for."""
+    rising = [4.0 + 1.0 * k for k in range(12)]  # 4 -> 15 req/s over 3 min: +4 per minute
+    tp = planner(h200_like_profile, throughput_adjustment_interval_seconds=180)
+    for k, rate in enumerate(rising, start=1):
+        tp.fast_tick(15.0 * k, short_window(15.0 * k, rate), status(1, 1))
+    mean = sum(rising) / len(rising)
+    tick = tp.tick(180.0, replace_duration(traffic(180, mean * 180), 180.0), status(1, 1))
+    assert "rate rising +4.00 req/s per minute" in tick.message, tick.message
+    assert tick.diagnostics.sized_for is not None
+    assert tick.diagnostics.sized_for.num_req > 2 * mean * 180
+    flat = planner(h200_like_profile, throughput_adjustment_interval_seconds=180)
+    for k in range(1, 13):
+        flat.fast_tick(15.0 * k, short_window(15.0 * k, mean), status(1, 1))
+    level = flat.tick(180.0, replace_duration(traffic(180, mean * 180), 180.0), status(1, 1))
+    assert level.diagnostics.sized_for is not None
+    assert level.diagnostics.sized_for.num_req == pytest.approx(mean * 180)
+    assert tick.replicas is not None
+    assert level.replicas is None or level.replicas["prefill"] < tick.replicas["prefill"]
 
 
 def test_the_stabilisation_does_not_keep_replicas_ordered_for_a_backlog(

@@ -19,6 +19,7 @@ from disagg_planner.core.rules import (
     histogram_quantile,
     length_mix,
     pooled_lengths,
+    rising_trend,
     scale_down_allowed,
     slo_at_risk,
     time_to_ready,
@@ -266,6 +267,59 @@ ROWS = [
         {"role": "prefill", "with_backlog": 5, "without_backlog": 3, "holding": 4},
         5.0,
         "",
+    ),
+    Row(
+        "trend: a steady rise over the short windows is extrapolated to when capacity serves",
+        rising_trend,
+        {
+            # 12 windows of 15 s, 10 -> 21 req/s: +4 req/s per minute
+            "samples": [RateSample(15.0 * (k + 1), 10.0 + k, 15.0) for k in range(12)],
+            "now_s": 180.0,
+            "span_s": 180.0,
+            "reach_s": 60.0,
+        },
+        # the line through the midpoints (7.5 .. 172.5 s) at 240 s: 10 + (240 - 7.5) / 15
+        10.0 + (240.0 - 7.5) / 15.0,
+        "rate rising +4.00 req/s per minute",
+    ),
+    Row(
+        "trend: at most twice the last minute's rate",
+        rising_trend,
+        {
+            "samples": [RateSample(15.0 * (k + 1), 10.0 + k, 15.0) for k in range(12)],
+            "now_s": 180.0,
+            "span_s": 180.0,
+            "reach_s": 3600.0,
+        },
+        2 * (18.0 + 19.0 + 20.0 + 21.0) / 4,
+        "sized for 39.00 req/s",
+    ),
+    Row(
+        "trend: Poisson noise of a flat stream is no trend",
+        rising_trend,
+        {
+            "samples": [
+                RateSample(15.0 * (k + 1), 4.0 + (0.4 if k % 3 == 0 else -0.2) + 0.02 * k, 15.0)
+                for k in range(12)
+            ],
+            "now_s": 180.0,
+            "span_s": 180.0,
+            "reach_s": 135.0,
+        },
+        0.0,
+        "no significant rate trend",
+    ),
+    Row(
+        "trend: too few short windows",
+        rising_trend,
+        {
+            "samples": [RateSample(60.0 * (k + 1), 10.0 * (k + 1), 60.0) for k in range(3)],
+            "now_s": 180.0,
+            "span_s": 180.0,
+            "reach_s": 135.0,
+        },
+        0.0,
+        "no rate trend (3 short windows)",
     ),
     Row(
         "down: refused within one time-to-ready of a scale-up",
