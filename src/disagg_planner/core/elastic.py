@@ -24,9 +24,16 @@ arguments and of the traffic history the planner keeps (no clock, no I/O).
    resize itself (the mode's :class:`disagg_planner.profiles.elastic_resize.ResizeTiming`).
    Both are the median of the last resizes this planner measured (:meth:`ElasticPlanner.
    observe_resize`) once it has any, configured until then (``elastic_ep_follower_ready_seconds``,
-   ``elastic_ep_timing`` or the mode's defaults). The next chance to correct it is one interval
-   after that, so the DP size chosen now must carry the peak forecast load over
-   ``[now, now + follower + up.total_s + interval]``, plus the backlog's drain rate.
+   ``elastic_ep_timing`` or the mode's defaults). *When* to grow: a grow decided at the next
+   tick would be active ``lead = follower + up.total_s + interval`` from now, so the planner
+   grows now when the peak forecast over ``[now, now + lead]``, plus the backlog's drain
+   rate, needs more ranks than it has. *How far*: a resize in flight holds the next one
+   (``resize_in_flight``), so the grow started now is corrected no earlier than by a second
+   grow decided at the first tick after it is active, which is active one
+   ``follower + up.total_s`` later again: the size chosen carries the peak forecast over
+   ``[now, now + lead + follower + up.total_s]`` (``hold_s``), plus the backlog's drain
+   rate. Sized for its own lead time only, the first grow of a steady rise was outrun by the
+   rise before the second could land, and the queue it left stayed.
 
    **Backlog.** The work already waiting, by the throughput loop's rule
    (:func:`disagg_planner.core.rules.backlog_tokens`, on the same observations): the
@@ -196,6 +203,8 @@ class ElasticDiagnostics:
     follower_ready_s: float | None = None  # the lead time's follower part (s)
     backlog_requests: float | None = None  # requests already waiting (module doc, step 3)
     backlog_rps: float | None = None  # their drain rate, added to the load the size carries
+    hold_s: float | None = None  # a grow's size holds until a next grow could be active (s)
+    hold_peak_rps: float | None = None  # the peak forecast over that span
 
 
 @dataclass(frozen=True)
@@ -719,7 +728,13 @@ class ElasticPlanner:
                 f"{self._backlog_words(s)} needs {s.need_up} ranks, but DP {current_dp} is "
                 "the most allowed",
             )
-        target = self.on_grid(s.need_up, s.top)
+        # A resize in flight holds the next one (resize_in_flight): the size chosen now must
+        # carry the load until a second grow, decided at the first tick after this one is
+        # active, could be active in turn (module doc, step 3).
+        hold_s = s.lead_s + self.follower_ready_s() + self.resize_total_s(grow=True)
+        peak_hold = trend.peak(at.now_s, at.now_s + hold_s)
+        need = max(s.need_up, self._ranks(peak_hold + s.backlog.drain_rps, s.gpu_seconds))
+        target = self.on_grid(need, s.top)
         # The resize starts once the followers have joined; its pause ends it.
         t_active = at.now_s + s.lead_s - self.interval_s
         # what not growing loses: the arrivals above the current capacity, and the
@@ -733,7 +748,14 @@ class ElasticPlanner:
             + s.backlog.requests
         )
         lost = self._pause_cost(trend.rate_at(t_active - up.downtime_s), up.downtime_s, s.slack_s)
-        diag = replace(at.diag, benefit_requests=benefit, cost_requests=lost)
+        diag = replace(
+            at.diag,
+            benefit_requests=benefit,
+            cost_requests=lost,
+            ranks_needed=need,
+            hold_s=hold_s,
+            hold_peak_rps=peak_hold,
+        )
         if not benefit > lost:
             return at.hold(
                 ElasticReason.HOLD_NOT_WORTH_DOWNTIME,
@@ -742,13 +764,14 @@ class ElasticPlanner:
                 f"~{lost:.0f} ({self._pause_word()}); holding",
                 diag,
             )
-        capped = s.need_up > target
+        capped = need > target
         return at.resize(
             target,
             ElasticReason.SCALE_UP_CAPPED if capped else ElasticReason.SCALE_UP,
             f"{s.summary}; peak {s.peak_up:.2f} req/s within {s.lead_s:.0f} s "
-            f"({self._lead_words(s)}){self._backlog_words(s)} needs {s.need_up} "
-            f"ranks; DP {current_dp} -> {target}"
+            f"({self._lead_words(s)}){self._backlog_words(s)} needs {s.need_up} ranks, "
+            f"and {peak_hold:.2f} req/s until a next grow could be active ({hold_s:.0f} s) "
+            f"{need}; DP {current_dp} -> {target}"
             + (f" (capped at {s.top})" if capped else "")
             + f"; saves ~{benefit:.0f} requests, pause costs ~{lost:.0f} ({self._pause_word()})",
             diag,

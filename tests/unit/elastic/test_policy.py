@@ -466,6 +466,44 @@ def test_lead_time_adds_follower_start_up_and_join_when_followers_bring_the_gpus
     assert "followers 180 s" in d_two.message
 
 
+@pytest.mark.parametrize(
+    ("followers", "active_s"),
+    [
+        pytest.param({}, 92.34, id="gpus-already-there"),
+        pytest.param(
+            {
+                "elastic_ep_follower_service": "agg-flw",
+                "environment": "kubernetes",
+                "elastic_ep_follower_ready_seconds": 120.0,
+            },
+            120.0 + 92.34,
+            id="followers-start-and-join",
+        ),
+    ],
+)
+def test_a_grow_is_sized_until_a_second_grow_could_be_active(followers, active_s):
+    """A resize in flight holds the next one, so a grow decided now is corrected no earlier
+    than a second grow decided at the first tick after it is active: its size must carry the
+    rise until then (one lead time plus one more grow), not only over its own lead time."""
+
+    def rate(t: float) -> float:
+        return CAP16 + 0.01 * (t - 1200.0)
+
+    planner = ElasticPlanner(config=config(elastic_ep_max_dp=32, **followers), profile=PROFILE)
+    t, decision = run_until_decision(planner, rate, current_dp=16, end_s=1200.0)
+
+    d = decision.diagnostics
+    assert decision.reason is ElasticReason.SCALE_UP
+    assert d.lead_s == pytest.approx(active_s + INTERVAL)  # when to grow: unchanged
+    assert d.hold_s == pytest.approx(2 * active_s + INTERVAL)
+    assert d.hold_peak_rps == pytest.approx(rate(t + d.hold_s))
+    g = 1.0 / rank_rps()
+    assert d.ranks_needed == math.ceil(d.hold_peak_rps * g - 1e-9)
+    assert d.ranks_needed > math.ceil((d.peak_rps or 0.0) * g - 1e-9)  # the lead's peak alone
+    assert decision.target_dp == planner.on_grid(d.ranks_needed, 32)
+    assert f"until a next grow could be active ({d.hold_s:.0f} s)" in decision.message
+
+
 def test_measured_resizes_replace_the_configured_times():
     planner = ElasticPlanner(
         config=config(
