@@ -24,9 +24,26 @@ arguments and of the traffic history the planner keeps (no clock, no I/O).
    resize itself (the mode's :class:`disagg_planner.profiles.elastic_resize.ResizeTiming`).
    Both are the median of the last resizes this planner measured (:meth:`ElasticPlanner.
    observe_resize`) once it has any, configured until then (``elastic_ep_follower_ready_seconds``,
-   ``elastic_ep_timing`` or the mode's defaults). The next chance to correct it is one interval
-   after that, so the DP size chosen now must carry the peak forecast load over
-   ``[now, now + follower + up.total_s + interval]``.
+   ``elastic_ep_timing`` or the mode's defaults). *When* to grow: a grow decided at the next
+   tick would be active ``lead = follower + up.total_s + interval`` from now, so the planner
+   grows now when the peak forecast over ``[now, now + lead]``, plus the backlog's drain
+   rate, needs more ranks than it has. *How far*: a resize in flight holds the next one
+   (``resize_in_flight``), so the grow started now is corrected no earlier than by a second
+   grow decided at the first tick after it is active, which is active one
+   ``follower + up.total_s`` later again: the size chosen carries the peak forecast over
+   ``[now, now + lead + follower + up.total_s]`` (``hold_s``), plus the backlog's drain
+   rate. Sized for its own lead time only, the first grow of a steady rise was outrun by the
+   rise before the second could land, and the queue it left stayed.
+
+   **Backlog.** The work already waiting, by the throughput loop's rule
+   (:func:`disagg_planner.core.rules.backlog_tokens`, on the same observations): the
+   elastic role's engines' queued prefill tokens from FPM where they report, else the
+   frontend's in-flight requests beyond ``rate x`` (TTFT target + OSL x ITL target), counted
+   at the trend's ISL. As there, it is drained within ``backlog_drain_seconds``: the size
+   carries ``backlog / ISL / backlog_drain_seconds`` req/s on top of the forecast, each
+   waiting request at the role's own GPU-seconds per request (prefill and decode for an
+   aggregated engine). Without it, a queue left by an interval of under-capacity is never
+   sized for, and once behind the engine stays behind.
 4. **Worth it (scale-up).** Serving stops for the last ``downtime_s`` of the resize, and vLLM
    answers every request arriving meanwhile with 503: they are rejected,
    ``cost = rate(pause) * downtime``. When the frontend retries them
@@ -35,16 +52,19 @@ arguments and of the traffic history the planner keeps (no clock, no I/O).
    ``slack = TTFT target - observed TTFT``. Without the resize, every arrival while the
    forecast load exceeds the current capacity is lost:
    ``benefit = integral of rate(t) where rate(t) > capacity(current)`` over
-   ``elastic_ep_benefit_window_seconds`` after the new capacity would be active. The planner
-   resizes only when ``benefit > cost``: with a blocking resize (~100 s paused) only a
-   sustained overload pays; with NIXL EP (< 1 s) any overload does.
+   ``elastic_ep_benefit_window_seconds`` after the new capacity would be active, plus the
+   backlog's requests (waiting already, and not drained in time at the current size: a
+   lower bound of what is lost behind them). The planner resizes only when
+   ``benefit > cost``: with a blocking resize (~100 s paused) only a sustained overload
+   pays; with NIXL EP (< 1 s) any overload does.
 5. **Scale-down.** The smaller size must carry the larger of the peak forecast over
    ``[now, now + down.total_s + interval + follower + up.total_s]`` (long enough to grow
    back before a renewed rise arrives) and the highest rate observed in the trend window (the
-   drop must be sustained). A shrink whose downtime exceeds the TTFT slack while requests
-   arrive costs SLO for no SLO gain, so it waits for idle traffic (blocking and async
-   modes); a NIXL-EP shrink (~2 s) is free only when the frontend retries (else its 503s
-   cost requests too).
+   drop must be sustained). Never while a backlog remains (``hold_scale_down_backlog``):
+   the smaller size would drain it slower, and its pause would stop the drain. A shrink
+   whose downtime exceeds the TTFT slack while requests arrive costs SLO for no SLO gain,
+   so it waits for idle traffic (blocking and async modes); a NIXL-EP shrink (~2 s) is free
+   only when the frontend retries (else its 503s cost requests too).
 
 GPU budget: the planner's one rule (:func:`disagg_planner.core.budget.apply_gpu_budget`), with
 the GPUs of the planner's other roles counted: ``max_gpu_budget`` caps the size,
@@ -63,6 +83,7 @@ from enum import StrEnum
 
 from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
 from disagg_planner.core.budget import BudgetResult, apply_gpu_budget
+from disagg_planner.core.rules import RuleValue, backlog_tokens, slo_request_seconds
 from disagg_planner.core.throughput import CapacityProfile, LoadForecast, size_decode, size_prefill
 from disagg_planner.core.types import MissingObservation, TrafficObservation
 from disagg_planner.profiles import elastic_resize
@@ -90,6 +111,7 @@ class ElasticReason(StrEnum):
     HOLD_SCALE_DOWN_COSTS_SLO = "hold_scale_down_costs_slo"
     RECONCILE_TO_BOUNDS = "reconcile_to_bounds"
     GPU_BUDGET_GUARD_HOLD = "gpu_budget_guard_hold"
+    HOLD_SCALE_DOWN_BACKLOG = "hold_scale_down_backlog"
 
 
 def mode_timing(config: PlannerConfig) -> ElasticEpMode:
@@ -179,6 +201,10 @@ class ElasticDiagnostics:
     benefit_requests: float | None = None
     cost_requests: float | None = None
     follower_ready_s: float | None = None  # the lead time's follower part (s)
+    backlog_requests: float | None = None  # requests already waiting (module doc, step 3)
+    backlog_rps: float | None = None  # their drain rate, added to the load the size carries
+    hold_s: float | None = None  # a grow's size holds until a next grow could be active (s)
+    hold_peak_rps: float | None = None  # the peak forecast over that span
 
 
 @dataclass(frozen=True)
@@ -308,6 +334,24 @@ class _Tick:
 
 
 @dataclass(frozen=True)
+class Backlog:
+    """The work already waiting, as the throughput loop measures it
+    (:func:`disagg_planner.core.rules.backlog_tokens`), in requests of the trend's ISL, and
+    the rate that drains it within ``backlog_drain_seconds``."""
+
+    rule: RuleValue  # prefill tokens waiting, and the rule's sentence
+    requests: float
+    drain_rps: float
+    drain_s: float
+
+    def words(self) -> str:
+        """The backlog term for a decision's message."""
+        if self.requests <= 0:
+            return self.rule.reason
+        return f"{self.rule.reason}, drained over {self.drain_s:.0f} s: +{self.drain_rps:.2f} req/s"
+
+
+@dataclass(frozen=True)
 class _Sizing:
     """What the scale-up and scale-down stages share: the fitted load, the capacity of one
     rank, the sizes allowed, and the ranks the lead time's peak needs."""
@@ -323,6 +367,7 @@ class _Sizing:
     peak_up: float
     need_up: int
     summary: str
+    backlog: Backlog
 
 
 # --- the policy -------------------------------------------------------------------------------
@@ -469,12 +514,15 @@ class ElasticPlanner:
         current_dp: int,
         resizing: bool = False,
         other_gpus: int = 0,
+        queued_prefill_tokens: float | None = None,
     ) -> ElasticDecision:
         """Decide the DP size of the elastic role's engine at ``now_s`` (see the module doc).
 
         ``current_dp`` is the engine's active DP size; ``resizing`` whether a resize is in
-        flight; ``other_gpus`` the GPUs of the planner's other roles (for the budget). Each
-        stage below either decides or passes what it worked out on to the next.
+        flight; ``other_gpus`` the GPUs of the planner's other roles (for the budget);
+        ``queued_prefill_tokens`` the prefill tokens waiting in the role's engines (their
+        FPM), None where none reports (the backlog then comes from ``traffic.in_flight``).
+        Each stage below either decides or passes what it worked out on to the next.
         """
         if current_dp < 1:
             raise ValueError(f"current_dp = {current_dp}: an elastic engine has at least 1 rank")
@@ -496,7 +544,7 @@ class ElasticPlanner:
         sized = self._with_lengths(at, trend, bottom)
         if isinstance(sized, ElasticDecision):
             return sized
-        sizing = self._sizing(at, sized, fresh, bottom, top)
+        sizing = self._sizing(at, sized, fresh, bottom, top, queued_prefill_tokens)
         if isinstance(sizing, ElasticDecision):
             return sizing
         if sizing.need_up > current_dp:
@@ -587,11 +635,34 @@ class ElasticPlanner:
             )
         return at.hold(ElasticReason.NO_CHANGE, f"no traffic; DP {at.current_dp}")
 
+    def _backlog(
+        self, traffic: TrafficObservation, trend: LoadTrend, queued_prefill_tokens: float | None
+    ) -> Backlog:
+        """The throughput loop's backlog rule on this window (module doc, step 3)."""
+        rule = backlog_tokens(
+            in_flight=traffic.in_flight,
+            arrival_rate=traffic.request_rate,
+            slo_request_s=slo_request_seconds(
+                ttft_ms=self.config.ttft_ms, itl_ms=self.config.itl_ms, osl=trend.osl
+            ),
+            isl=trend.isl,
+            queued_prefill_tokens=queued_prefill_tokens,
+        )
+        drain_s = self.config.backlog_drain_seconds
+        requests = rule.value / trend.isl if trend.isl > 0 else 0.0
+        return Backlog(rule, requests, requests / drain_s, drain_s)
+
     def _sizing(
-        self, at: _Tick, trend: LoadTrend, traffic: TrafficObservation, bottom: int, top: int
+        self,
+        at: _Tick,
+        trend: LoadTrend,
+        traffic: TrafficObservation,
+        bottom: int,
+        top: int,
+        queued_prefill_tokens: float | None,
     ) -> _Sizing | ElasticDecision:
-        """Capacity per rank from the profile and the ranks the lead time's peak needs, or
-        a hold when the profile cannot size the load."""
+        """Capacity per rank from the profile and the ranks the lead time's peak and the
+        backlog's drain need, or a hold when the profile cannot size the load."""
         cost = request_gpu_seconds(
             self.role,
             self.profile,
@@ -609,7 +680,8 @@ class ElasticPlanner:
         follower_s = self.follower_ready_s()
         lead_s = follower_s + self.resize_total_s(grow=True) + self.interval_s
         peak_up = trend.peak(at.now_s, at.now_s + lead_s)
-        need_up = self._ranks(peak_up, cost.gpu_seconds)
+        backlog = self._backlog(traffic, trend, queued_prefill_tokens)
+        need_up = self._ranks(peak_up + backlog.drain_rps, cost.gpu_seconds)
         diag = ElasticDiagnostics(
             timing=self.timing,
             trend=trend,
@@ -621,10 +693,13 @@ class ElasticPlanner:
             ranks_needed=need_up,
             max_dp=top,
             follower_ready_s=follower_s,
+            backlog_requests=backlog.requests,
+            backlog_rps=backlog.drain_rps,
         )
         summary = (
             f"load {trend.level_rps:.2f} req/s ({trend.slope_rps_per_s * 60:+.2f}/min), "
-            f"ISL {trend.isl:.0f}, OSL {trend.osl:.0f}; one rank {rank_rps:.3f} req/s"
+            f"ISL {trend.isl:.0f}, OSL {trend.osl:.0f}; {backlog.words()}; "
+            f"one rank {rank_rps:.3f} req/s"
         )
         return _Sizing(
             at=replace(at, diag=diag),
@@ -638,6 +713,7 @@ class ElasticPlanner:
             peak_up=peak_up,
             need_up=need_up,
             summary=summary,
+            backlog=backlog,
         )
 
     def _scale_up(self, s: _Sizing) -> ElasticDecision:
@@ -648,19 +724,38 @@ class ElasticPlanner:
         if current_dp >= s.top:
             return at.hold(
                 ElasticReason.AT_MAX_DP,
-                f"{s.summary}; peak {s.peak_up:.2f} req/s within {s.lead_s:.0f} s needs "
-                f"{s.need_up} ranks, but DP {current_dp} is the most allowed",
+                f"{s.summary}; peak {s.peak_up:.2f} req/s within {s.lead_s:.0f} s"
+                f"{self._backlog_words(s)} needs {s.need_up} ranks, but DP {current_dp} is "
+                "the most allowed",
             )
-        target = self.on_grid(s.need_up, s.top)
+        # A resize in flight holds the next one (resize_in_flight): the size chosen now must
+        # carry the load until a second grow, decided at the first tick after this one is
+        # active, could be active in turn (module doc, step 3).
+        hold_s = s.lead_s + self.follower_ready_s() + self.resize_total_s(grow=True)
+        peak_hold = trend.peak(at.now_s, at.now_s + hold_s)
+        need = max(s.need_up, self._ranks(peak_hold + s.backlog.drain_rps, s.gpu_seconds))
+        target = self.on_grid(need, s.top)
         # The resize starts once the followers have joined; its pause ends it.
         t_active = at.now_s + s.lead_s - self.interval_s
-        benefit = trend.requests_above(
-            t_active,
-            t_active + self.config.elastic_ep_benefit_window_seconds,
-            current_dp * s.rank_rps,
+        # what not growing loses: the arrivals above the current capacity, and the
+        # requests already waiting, which the current size does not drain in time
+        benefit = (
+            trend.requests_above(
+                t_active,
+                t_active + self.config.elastic_ep_benefit_window_seconds,
+                current_dp * s.rank_rps,
+            )
+            + s.backlog.requests
         )
         lost = self._pause_cost(trend.rate_at(t_active - up.downtime_s), up.downtime_s, s.slack_s)
-        diag = replace(at.diag, benefit_requests=benefit, cost_requests=lost)
+        diag = replace(
+            at.diag,
+            benefit_requests=benefit,
+            cost_requests=lost,
+            ranks_needed=need,
+            hold_s=hold_s,
+            hold_peak_rps=peak_hold,
+        )
         if not benefit > lost:
             return at.hold(
                 ElasticReason.HOLD_NOT_WORTH_DOWNTIME,
@@ -669,13 +764,14 @@ class ElasticPlanner:
                 f"~{lost:.0f} ({self._pause_word()}); holding",
                 diag,
             )
-        capped = s.need_up > target
+        capped = need > target
         return at.resize(
             target,
             ElasticReason.SCALE_UP_CAPPED if capped else ElasticReason.SCALE_UP,
             f"{s.summary}; peak {s.peak_up:.2f} req/s within {s.lead_s:.0f} s "
-            f"({self._lead_words(s)}) needs {s.need_up} "
-            f"ranks; DP {current_dp} -> {target}"
+            f"({self._lead_words(s)}){self._backlog_words(s)} needs {s.need_up} ranks, "
+            f"and {peak_hold:.2f} req/s until a next grow could be active ({hold_s:.0f} s) "
+            f"{need}; DP {current_dp} -> {target}"
             + (f" (capped at {s.top})" if capped else "")
             + f"; saves ~{benefit:.0f} requests, pause costs ~{lost:.0f} ({self._pause_word()})",
             diag,
@@ -710,6 +806,15 @@ class ElasticPlanner:
                     diag,
                 )
             return at.hold(ElasticReason.NO_CHANGE, f"{s.summary}; DP {current_dp} fits", diag)
+        if s.backlog.requests > 0:
+            # The backlog drains faster at the current size; a shrink would also pause it.
+            return at.hold(
+                ElasticReason.HOLD_SCALE_DOWN_BACKLOG,
+                f"{s.summary}; DP {target} would carry the load, but "
+                f"{s.backlog.requests:.0f} requests are still waiting; holding DP "
+                f"{current_dp} until they have drained",
+                diag,
+            )
         lost = self._pause_cost(
             trend.rate_at(now_s + down.preparation_s), down.downtime_s, s.slack_s
         )
@@ -734,6 +839,12 @@ class ElasticPlanner:
         if self.config.elastic_ep_frontend_retries:
             return "retried, past the TTFT target"
         return "rejected with 503"
+
+    @staticmethod
+    def _backlog_words(s: _Sizing) -> str:
+        if s.backlog.drain_rps <= 0:
+            return ""
+        return f" + backlog {s.backlog.drain_rps:.2f} req/s"
 
     def _lead_words(self, s: _Sizing) -> str:
         follower = s.at.diag.follower_ready_s or 0.0

@@ -14,7 +14,7 @@ runs, the throughput result is a floor for it rather than a target. No I/O, no c
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from disagg_planner.config.schema import PlannerConfig
@@ -302,11 +302,14 @@ class PlannerCore:
         return (dict(current) if budget.hold else budget.replicas), budget
 
 
-def queued_prefill_tokens(observation: Observation) -> float | None:
-    """Prefill tokens waiting in the engines' queues (their latest FPM), when any prefill
-    (or aggregated) engine reports; None otherwise."""
+def queued_prefill_tokens(
+    observation: Observation, roles: Sequence[str] = ("prefill", "agg")
+) -> float | None:
+    """Prefill tokens waiting in the queues of ``roles``' engines (their latest FPM), when
+    any of them reports; None otherwise. The throughput loop reads the prefill (or
+    aggregated) engines; the elastic-EP policy its own role's."""
     engines = observation.engines or {}
-    reports = [fpm for role in ("prefill", "agg") for fpm in engines.get(role, {}).values()]
+    reports = [fpm for role in roles for fpm in engines.get(role, {}).values()]
     if not reports:
         return None
     return float(sum(fpm.queued_requests.sum_prefill_tokens for fpm in reports))

@@ -13,9 +13,11 @@ pure policy (:class:`disagg_planner.core.elastic.ElasticPlanner`) to the actuato
   every tick with a problem saying why (:func:`disagg_planner.connectors.elastic_ep.
   dynamo_reconciler_claim`): two writers must not resize one engine;
 - each throughput tick reads the engine's DP size and whether a resize is in flight, asks
-  the policy, and when it names a target (and the planner is not advisory) starts
-  ``resize(target)`` as a background task: a resize takes seconds to minutes and the loop
-  keeps its cadence meanwhile; the policy holds (``resize_in_flight``) until it is over;
+  the policy (with the tick's traffic window and the elastic role's queued prefill tokens
+  from FPM: the observations the throughput loop's backlog rule reads), and when it names
+  a target (and the planner is not advisory) starts ``resize(target)`` as a background
+  task: a resize takes seconds to minutes and the loop keeps its cadence meanwhile; the
+  policy holds (``resize_in_flight``) until it is over;
 - a resize that failed is reported as a :class:`Problem` of the next tick (``source``
   ``"elastic"``); one that succeeded teaches the policy its measured follower start-up + join
   and resize times (the lead time); nothing here raises into the loop except cancellation.
@@ -249,8 +251,13 @@ class ElasticDriver:
         traffic: TrafficObservation | MissingObservation,
         status: DeploymentStatus | MissingObservation,
         problems: list[Problem],
+        queued_prefill_tokens: float | None = None,
     ) -> ElasticTick:
-        """One throughput tick of the elastic axis; problems are appended, never raised."""
+        """One throughput tick of the elastic axis; problems are appended, never raised.
+
+        ``traffic`` and ``queued_prefill_tokens`` (the elastic role's engines' FPM, None
+        where none reports) are the observations the throughput loop's backlog rule reads;
+        the policy sizes for the backlog they show."""
         self._collect(problems)
         if not isinstance(status, DeploymentStatus):
             # Without the other roles' GPUs the budget cap is unknown: do not size blind.
@@ -291,7 +298,12 @@ class ElasticDriver:
             problems.append(_problem(exc))
             return ElasticTick(None)
         decision = self.planner.tick(
-            now, traffic, current_dp=current_dp, resizing=resizing, other_gpus=other_gpus
+            now,
+            traffic,
+            current_dp=current_dp,
+            resizing=resizing,
+            other_gpus=other_gpus,
+            queued_prefill_tokens=queued_prefill_tokens,
         )
         started = False
         if decision.target_dp is not None and not self.config.advisory and not self.busy:

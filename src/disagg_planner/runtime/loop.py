@@ -40,7 +40,7 @@ from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Connector, advisory_holds
-from disagg_planner.core.planner import Effects, PlannerCore
+from disagg_planner.core.planner import Effects, PlannerCore, queued_prefill_tokens
 from disagg_planner.core.schedule import DueTick, TrafficWindow
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -448,7 +448,8 @@ class DeploymentLoop:
         if self.elastic is not None:
             effects = self._without_elastic_role(effects, status)
             if traffic is not None:
-                elastic = await self.elastic.tick(now, traffic, status, problems)
+                queued = queued_prefill_tokens(observation, roles=(self.elastic.role,))
+                elastic = await self.elastic.tick(now, traffic, status, problems, queued)
         applied, held = await self._apply(effects, status, problems)
         tp_reason = effects.throughput_reason.value if effects.throughput_reason else None
         if held and tp_reason in _SCALING_REASONS:

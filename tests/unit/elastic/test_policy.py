@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -465,6 +466,44 @@ def test_lead_time_adds_follower_start_up_and_join_when_followers_bring_the_gpus
     assert "followers 180 s" in d_two.message
 
 
+@pytest.mark.parametrize(
+    ("followers", "active_s"),
+    [
+        pytest.param({}, 92.34, id="gpus-already-there"),
+        pytest.param(
+            {
+                "elastic_ep_follower_service": "agg-flw",
+                "environment": "kubernetes",
+                "elastic_ep_follower_ready_seconds": 120.0,
+            },
+            120.0 + 92.34,
+            id="followers-start-and-join",
+        ),
+    ],
+)
+def test_a_grow_is_sized_until_a_second_grow_could_be_active(followers, active_s):
+    """A resize in flight holds the next one, so a grow decided now is corrected no earlier
+    than a second grow decided at the first tick after it is active: its size must carry the
+    rise until then (one lead time plus one more grow), not only over its own lead time."""
+
+    def rate(t: float) -> float:
+        return CAP16 + 0.01 * (t - 1200.0)
+
+    planner = ElasticPlanner(config=config(elastic_ep_max_dp=32, **followers), profile=PROFILE)
+    t, decision = run_until_decision(planner, rate, current_dp=16, end_s=1200.0)
+
+    d = decision.diagnostics
+    assert decision.reason is ElasticReason.SCALE_UP
+    assert d.lead_s == pytest.approx(active_s + INTERVAL)  # when to grow: unchanged
+    assert d.hold_s == pytest.approx(2 * active_s + INTERVAL)
+    assert d.hold_peak_rps == pytest.approx(rate(t + d.hold_s))
+    g = 1.0 / rank_rps()
+    assert d.ranks_needed == math.ceil(d.hold_peak_rps * g - 1e-9)
+    assert d.ranks_needed > math.ceil((d.peak_rps or 0.0) * g - 1e-9)  # the lead's peak alone
+    assert decision.target_dp == planner.on_grid(d.ranks_needed, 32)
+    assert f"until a next grow could be active ({d.hold_s:.0f} s)" in decision.message
+
+
 def test_measured_resizes_replace_the_configured_times():
     planner = ElasticPlanner(
         config=config(
@@ -483,3 +522,159 @@ def test_measured_resizes_replace_the_configured_times():
     assert planner.follower_ready_s() == 280.0  # the median of what it measured
     assert planner.resize_total_s(grow=True) == 45.0
     assert planner.resize_total_s(grow=False) == 12.0
+
+
+# --- the backlog ------------------------------------------------------------------------------
+
+# What the frontend would have in flight if every request met the SLO exactly at ``rate``
+# (Little's law over the TTFT target, then OSL tokens at the ITL target: 5 s + 2000 x 0.1 s).
+SLO_REQUEST_S = 5.0 + OSL * 0.1
+BACKLOG = 300.0  # requests waiting beyond that: +5 req/s over the 60 s drain
+
+
+def backlog_window(rate: float, end_s: float, *, excess: float | None) -> TrafficObservation:
+    """A steady window whose frontend counts ``excess`` requests in flight beyond what the
+    rate explains (None: the frontend reports no in-flight count)."""
+    base = window(lambda _t: rate, end_s)
+    if excess is None:
+        return base
+    return replace(base, in_flight=rate * SLO_REQUEST_S + excess)
+
+
+def steady_then(
+    planner: ElasticPlanner,
+    rate: float,
+    *,
+    current_dp: int,
+    excess: float | None,
+    queued: float | None = None,
+) -> ElasticDecision:
+    """Ten minutes of steady traffic with no backlog, then one tick with the given one."""
+    for t in range(30, 600, 30):
+        planner.tick(float(t), backlog_window(rate, float(t), excess=None), current_dp=current_dp)
+    return planner.tick(
+        600.0,
+        backlog_window(rate, 600.0, excess=excess),
+        current_dp=current_dp,
+        queued_prefill_tokens=queued,
+    )
+
+
+@dataclass(frozen=True)
+class BacklogRow:
+    """Ten minutes of steady ``load`` (x CAP16) on DP ``current_dp``, then a tick whose
+    frontend counts ``excess`` requests in flight beyond the rate (None: no count) or whose
+    engines queue ``queued`` prefill tokens; the decision: reason, target and message words."""
+
+    load: float
+    current_dp: int
+    reason: ElasticReason
+    target: int | None
+    words: tuple[str, ...]
+    excess: float | None = None
+    queued: float | None = None
+    retries: bool = False
+
+
+BACKLOG_TABLE = [
+    pytest.param(
+        BacklogRow(
+            0.8, 16, ElasticReason.SCALE_UP, 20,
+            ("backlog 300 requests", "+5.00 req/s", "+ backlog 5.00 req/s"), excess=BACKLOG,
+        ),
+        id="backlog-grows-beyond-the-rate",
+    ),
+    pytest.param(
+        BacklogRow(
+            0.8, 16, ElasticReason.SCALE_UP, 20,
+            ("backlog 2700000 queued prefill tokens (FPM)",), queued=BACKLOG * ISL,
+        ),
+        id="fpm-queued-prefill-is-the-backlog",
+    ),
+    pytest.param(
+        BacklogRow(0.8, 16, ElasticReason.NO_CHANGE, None, ("no backlog",), excess=0.0),
+        id="no-backlog-the-rate-alone-fits",
+    ),
+    pytest.param(
+        BacklogRow(
+            0.5, 20, ElasticReason.HOLD_SCALE_DOWN_BACKLOG, None,
+            ("300 requests are still waiting",), excess=BACKLOG, retries=True,
+        ),
+        id="no-shrink-while-a-backlog-remains",
+    ),
+    pytest.param(
+        BacklogRow(
+            0.5, 20, ElasticReason.SCALE_DOWN, 16, ("no backlog",), excess=0.0, retries=True
+        ),
+        id="no-backlog-the-shrink-goes-ahead",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", BACKLOG_TABLE)
+def test_the_backlog_is_carried_by_the_dp_size(row: BacklogRow):
+    planner = ElasticPlanner(
+        config=config(elastic_ep_frontend_retries=row.retries), profile=PROFILE
+    )
+
+    decision = steady_then(
+        planner, row.load * CAP16, current_dp=row.current_dp, excess=row.excess, queued=row.queued
+    )
+
+    assert (decision.reason, decision.target_dp) == (row.reason, row.target), decision.message
+    for word in row.words:
+        assert word in decision.message
+    d = decision.diagnostics
+    waiting = BACKLOG if (row.excess or row.queued) else 0.0
+    assert d.backlog_requests == pytest.approx(waiting)
+    assert d.backlog_rps == pytest.approx(waiting / 60.0)  # backlog_drain_seconds
+    if row.reason is ElasticReason.SCALE_UP:
+        # the ranks carry the rate and the backlog's drain, more than the rate alone needs
+        g = 1.0 / rank_rps()
+        rate = row.load * CAP16
+        assert d.ranks_needed == math.ceil((rate + waiting / 60.0) * g - 1e-9)
+        assert d.ranks_needed > math.ceil(rate * g - 1e-9)
+        # not growing leaves the waiting requests waiting: they are what the grow saves
+        assert d.benefit_requests == pytest.approx(waiting)
+
+
+@pytest.mark.parametrize("load", [0.3, 0.8, 1.1])
+@pytest.mark.parametrize("current_dp", [16, 20])
+def test_without_a_backlog_the_decision_is_the_rate_alone(load, current_dp):
+    """A frontend reporting in-flight requests the rate explains decides as one reporting
+    none: the backlog term is zero, every other number the same."""
+    cfg = config(elastic_ep_frontend_retries=True)
+    silent = steady_then(
+        ElasticPlanner(config=cfg, profile=PROFILE),
+        load * CAP16,
+        current_dp=current_dp,
+        excess=None,
+    )
+    counted = steady_then(
+        ElasticPlanner(config=cfg, profile=PROFILE),
+        load * CAP16,
+        current_dp=current_dp,
+        excess=-10.0,
+    )
+    assert (counted.reason, counted.target_dp) == (silent.reason, silent.target_dp)
+    assert counted.diagnostics.ranks_needed == silent.diagnostics.ranks_needed
+    assert counted.diagnostics.benefit_requests == silent.diagnostics.benefit_requests
+    assert counted.diagnostics.backlog_requests == silent.diagnostics.backlog_requests == 0.0
+
+
+def test_a_decode_role_sizes_its_backlog_at_its_own_cost_per_request():
+    """The waiting requests cost the elastic role what any request does (decode only for a
+    decode role), not the prefill the throughput loop's prefill sizing counts."""
+    cfg = config(mode="disagg", elastic_ep="decode", prefill_engine_num_gpu=1, elastic_ep_max_dp=40)
+    planner = ElasticPlanner(config=cfg, profile=PROFILE)
+    cost = request_gpu_seconds(
+        "decode", PROFILE, isl=ISL, osl=OSL, itl_ms=100.0, interval_s=INTERVAL
+    )
+    rate = 14.0 / cost.gpu_seconds  # 14 ranks' worth: DP 16 carries the rate alone
+
+    decision = steady_then(planner, rate, current_dp=16, excess=BACKLOG)
+
+    d = decision.diagnostics
+    assert d.backlog_requests == pytest.approx(BACKLOG)
+    assert d.ranks_needed == math.ceil((rate + BACKLOG / 60.0) * cost.gpu_seconds - 1e-9)
+    assert decision.reason is ElasticReason.SCALE_UP

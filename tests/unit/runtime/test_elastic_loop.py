@@ -96,6 +96,39 @@ async def test_rising_traffic_resizes_the_engine_to_the_planned_dp(
     assert all(o.problems == () for o in outcomes + later)
 
 
+@pytest.mark.parametrize("in_flight", [None, 20_000.0])
+async def test_the_frontends_in_flight_count_reaches_the_elastic_policy_as_a_backlog(
+    cluster, harness_factory, prometheus, engine, in_flight
+) -> None:
+    """The live loop hands the elastic policy the traffic window the throughput loop reads,
+    in-flight count included: requests waiting beyond what the rate explains grow the engine
+    past what the rate alone needs (the same rule and observation as in replay)."""
+    h = harness_factory(elastic_config(engine))
+    await h.start()
+    parts: dict[str, float] = traffic_parts(20.0, 60.0)
+    if in_flight is not None:
+        parts["in_flight"] = in_flight
+    prometheus.reply = vector_reply(parts)
+
+    outcome = await h.next_tick()
+
+    assert outcome is not None and outcome.elastic is not None
+    decision = outcome.elastic
+    backlog = decision.diagnostics.backlog_requests
+    if in_flight is None:
+        # one rank carries 20 req/s; no count, no backlog
+        assert (decision.reason, decision.target_dp) == (ElasticReason.NO_CHANGE, None)
+        assert backlog == 0.0 and "no backlog measured" in decision.message
+    else:
+        assert backlog is not None and 0 < backlog < in_flight
+        assert decision.reason in (ElasticReason.SCALE_UP, ElasticReason.SCALE_UP_CAPPED)
+        assert decision.target_dp is not None and decision.target_dp > 1
+        assert f"backlog {backlog:.0f} requests ({in_flight:.0f} in flight" in outcome.message
+        assert h.loop.elastic is not None
+        await h.loop.elastic.wait_idle()
+        assert engine.dp == decision.target_dp
+
+
 async def test_advisory_plans_the_dp_but_never_resizes(
     cluster, harness_factory, prometheus, engine
 ) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from disagg_planner.core.load_scaling import EngineKey
+from disagg_planner.core.planner import queued_prefill_tokens
 from disagg_planner.core.schedule import DueTick, TickSchedule, TrafficWindow
 from disagg_planner.core.types import DeploymentStatus, RoleStatus
 from disagg_planner.runtime.observation import (
@@ -122,3 +123,21 @@ def test_the_due_tick_names_the_traffic_window_of_a_throughput_tick() -> None:
     assert both is not None and both.run_throughput
     assert both.traffic_window == TrafficWindow(end_s=1059.8, duration_s=60.0)
     assert both.traffic_window.start_s == pytest.approx(999.8)
+
+
+def test_queued_prefill_tokens_are_summed_over_the_roles_asked_for() -> None:
+    """The throughput loop reads the prefill engines' queues; the elastic-EP policy its own
+    role's (a decode role's engines, not the prefill queue it does not serve)."""
+    prefill, decode = FpmStream(), FpmStream()
+    prefill.publish(
+        fpm(worker="p0", queued_prefill_tokens=4000),
+        fpm(worker="p1", queued_prefill_tokens=1000),
+        t=-1.0,
+    )
+    decode.publish(fpm(worker="d0", queued_prefill_tokens=300), t=-1.0)
+    builder = ObservationBuilder({"prefill": prefill, "decode": decode})
+    observation, _ = builder.observation(0.0, LOAD_TICK, status=STATUS, traffic=None)
+
+    assert queued_prefill_tokens(observation) == 5000.0
+    assert queued_prefill_tokens(observation, roles=("decode",)) == 300.0
+    assert queued_prefill_tokens(observation, roles=("agg",)) is None  # none reports
