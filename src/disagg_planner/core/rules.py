@@ -365,8 +365,9 @@ def rising_trend(
     :data:`BURST_RISE_SIGMAS` standard errors, each window's rate counted as Poisson (its
     variance ``rate / duration``), so that the noise of a quiet stream is no trend. At most
     :data:`MAX_TREND_GROWTH` times the last windows' rate (pooled over
-    :data:`BURST_SMOOTHING_S`). The fast path orders replicas that serve one time-to-ready
-    later, while a rising rate goes on rising."""
+    :data:`BURST_SMOOTHING_S`); 0 as well when those last windows lie below the line by more
+    than their noise (the rise levelled off: a step, or a peak). The fast path orders
+    replicas that serve one time-to-ready later, while a rising rate goes on rising."""
     recent = [s for s in samples if s.end_s > now_s - span_s and s.duration_s > 0]
     if len(recent) < MIN_TREND_WINDOWS:
         return RuleValue(0.0, f"no rate trend ({len(recent)} short windows)")
@@ -387,7 +388,20 @@ def rising_trend(
             f"no significant rate trend over the last {len(recent)} short windows "
             f"({slope * 60:+.2f} req/s per minute)",
         )
-    last = _smoothed(recent)[-1].rate
+    # Still rising at the end: the last minute's windows lie on the line (within their own
+    # Poisson noise). After a step, or at a peak, the line runs above them: that rise is
+    # over, and a line through it would only double the level reached.
+    tail = [(t, s) for t, s in zip(ts, recent, strict=True) if s.end_s > now_s - BURST_SMOOTHING_S]
+    span = sum(s.duration_s for _t, s in tail)
+    last = sum(s.rate * s.duration_s for _t, s in tail) / span
+    t_tail = sum(t * s.duration_s for t, s in tail) / span
+    on_line = r_mean + slope * (t_tail - t_mean)
+    if last < on_line - BURST_RISE_SIGMAS * math.sqrt(max(last, 1.0 / span) / span):
+        return RuleValue(
+            0.0,
+            f"the rise has levelled off: the last {span:.0f} s at {last:.2f} req/s, below the "
+            f"line through the last {len(recent)} short windows ({on_line:.2f} req/s)",
+        )
     expected = r_mean + slope * (now_s + reach_s - t_mean)
     value = min(max(expected, last), MAX_TREND_GROWTH * last)
     return RuleValue(

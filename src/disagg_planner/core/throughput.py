@@ -512,7 +512,7 @@ class ThroughputPlanner:
         if isinstance(fresh, ThroughputDecision):
             return fresh
         forecast = self._learn(fresh, status)
-        sized_for, rules, untrended = self._size_for_arrival(fresh, forecast)
+        sized_for, rules = self._size_for_arrival(fresh, forecast)
         burst = within_envelope(
             burst_factor(self.burst_ratios, self.config.burst_quantile),
             forecast_req=forecast.num_req,
@@ -526,8 +526,6 @@ class ThroughputPlanner:
             sized_for, gpus, status, burst=burst.value, backlog=backlog, length_mix=mix.value
         )
         rules += capped
-        if untrended is not sized_for:
-            steady = self._size(untrended, gpus, burst=burst.value, length_mix=mix.value)
         diagnostics = ThroughputDiagnostics(
             observed=fresh,
             forecast=forecast,
@@ -746,13 +744,9 @@ class ThroughputPlanner:
 
     def _size_for_arrival(
         self, traffic: TrafficObservation, forecast: LoadForecast
-    ) -> tuple[LoadForecast, list[str], LoadForecast]:
+    ) -> tuple[LoadForecast, list[str]]:
         """The forecast raised to the upper envelope of the rate over the span in which the
-        capacity ordered now will serve (:func:`disagg_planner.core.rules.arrival_envelope`),
-        or to where a significant rise of the short windows leads by the time the next
-        order could serve (:func:`disagg_planner.core.rules.rising_trend`), whichever is
-        higher; the reasons; and the forecast without that trend (what the stabilisation
-        remembers: a line extrapolated at a peak overshoots, and is no need to keep)."""
+        capacity ordered now will serve (:func:`disagg_planner.core.rules.arrival_envelope`)."""
         interval = self.config.throughput_adjustment_interval_seconds
         ttr = self._deployment_time_to_ready()
         envelope = arrival_envelope(
@@ -761,23 +755,8 @@ class ThroughputPlanner:
             interval_s=interval,
             time_to_ready_s=ttr.value,
         )
-        # The window's short windows show a rise the interval means (and a flat predictor)
-        # do not: the rate at the end of the span the capacity serves.
-        fast = self.config.fast_check_interval_seconds
-        # with the fast check on, a rise beyond the next check's reach is its to order
-        next_order_s = fast if fast is not None and fast < interval else interval
-        trend = rising_trend(
-            self.rate_samples,
-            now_s=traffic.end_s,
-            span_s=interval,
-            reach_s=ttr.value + next_order_s,
-        )
-        enveloped = replace(forecast, num_req=max(forecast.num_req, envelope.value * interval))
-        reasons = [ttr.reason, envelope.reason]
-        if trend.value * interval <= enveloped.num_req:
-            return enveloped, reasons, enveloped
-        reasons.append(trend.reason)
-        return replace(forecast, num_req=trend.value * interval), reasons, enveloped
+        sized = replace(forecast, num_req=max(forecast.num_req, envelope.value * interval))
+        return sized, [ttr.reason, envelope.reason]
 
     def _backlog(
         self, traffic: TrafficObservation, isl: float, queued_prefill_tokens: float | None

@@ -261,29 +261,28 @@ def test_the_fast_path_sizes_arrivals_at_the_lengths_pooled_since_the_last_tick(
     assert pooled.replicas["prefill"] < alone.replicas["prefill"]
 
 
-def test_a_steady_rise_inside_the_interval_is_sized_for_by_tick_and_fast_check(
+def test_the_fast_check_sizes_a_steady_rise_for_when_its_order_serves(
     h200_like_profile: Profile,
 ) -> None:
-    """A constant predictor sees no trend in one interval's mean; the short windows do: the
-    tick sizes for the rate a line through them reaches when its order serves, and the
-    fast check likewise; the stabilisation does not keep what the line asked for."""
-    rising = [4.0 + 1.0 * k for k in range(12)]  # 4 -> 15 req/s over 3 min: +4 per minute
-    tp = planner(h200_like_profile, throughput_adjustment_interval_seconds=180)
-    for k, rate in enumerate(rising, start=1):
-        tp.fast_tick(15.0 * k, short_window(15.0 * k, rate), status(1, 1))
-    mean = sum(rising) / len(rising)
-    tick = tp.tick(180.0, replace_duration(traffic(180, mean * 180), 180.0), status(1, 1))
-    assert "rate rising +4.00 req/s per minute" in tick.message, tick.message
-    assert tick.diagnostics.sized_for is not None
-    assert tick.diagnostics.sized_for.num_req > 2 * mean * 180
-    flat = planner(h200_like_profile, throughput_adjustment_interval_seconds=180)
-    for k in range(1, 13):
-        flat.fast_tick(15.0 * k, short_window(15.0 * k, mean), status(1, 1))
-    level = flat.tick(180.0, replace_duration(traffic(180, mean * 180), 180.0), status(1, 1))
-    assert level.diagnostics.sized_for is not None
-    assert level.diagnostics.sized_for.num_req == pytest.approx(mean * 180)
-    assert tick.replicas is not None
-    assert level.replicas is None or level.replicas["prefill"] < tick.replicas["prefill"]
+    """SLO at risk while the short windows rise steadily: the fast check sizes for the rate a
+    line through them reaches when its order serves (time-to-ready plus one check), not the
+    window's own rate; on a flat stream at the same last rate it sizes for that rate."""
+
+    def check(rates: list[float]) -> tuple[int, str]:
+        tp = planner(h200_like_profile, throughput_adjustment_interval_seconds=180)
+        for k, rate in enumerate(rates[:-1], start=1):
+            tp.fast_tick(15.0 * k, short_window(15.0 * k, rate), status(1, 1))
+        end = 15.0 * len(rates)
+        window = replace(short_window(end, rates[-1]), ttft_histogram=SLOW_TTFT)
+        decision = tp.fast_tick(end, window, status(1, 1))
+        assert decision.replicas is not None, decision.message
+        return decision.replicas["prefill"], decision.message
+
+    rising, said = check([4.0 + 2.0 * k for k in range(12)])  # +8 req/s per minute
+    assert "rate rising +8.00 req/s per minute" in said, said
+    flat, said_flat = check([26.0] * 12)
+    assert "no significant rate trend" in said_flat, said_flat
+    assert rising > flat
 
 
 def test_the_stabilisation_does_not_keep_replicas_ordered_for_a_backlog(

@@ -310,6 +310,20 @@ ROWS = [
         "no significant rate trend",
     ),
     Row(
+        "trend: a step 2 min back, level since, is no trend (the line overshoots the level)",
+        rising_trend,
+        {
+            "samples": [
+                RateSample(15.0 * (k + 1), 8.0 if k < 4 else 40.0, 15.0) for k in range(12)
+            ],
+            "now_s": 180.0,
+            "span_s": 180.0,
+            "reach_s": 135.0,
+        },
+        0.0,
+        "the rise has levelled off",
+    ),
+    Row(
         "trend: too few short windows",
         rising_trend,
         {
