@@ -393,6 +393,8 @@ def rising_trend(
     # over, and a line through it would only double the level reached.
     tail = [(t, s) for t, s in zip(ts, recent, strict=True) if s.end_s > now_s - BURST_SMOOTHING_S]
     span = sum(s.duration_s for _t, s in tail)
+    if span <= 0:  # no window in the last minute: nothing says the rise goes on
+        return RuleValue(0.0, "no rate trend (no short window in the last minute)")
     last = sum(s.rate * s.duration_s for _t, s in tail) / span
     t_tail = sum(t * s.duration_s for t, s in tail) / span
     on_line = r_mean + slope * (t_tail - t_mean)

@@ -441,7 +441,7 @@ class ThroughputPlanner:
         self.rate_samples: deque[RateSample] = deque(maxlen=BURST_HISTORY)
         self._last_lengths: tuple[float, float] | None = None  # (isl, osl) last seen
         # the last interval's window and the fast windows since, for the fast path's lengths
-        self._length_windows: list[LengthSample] = []
+        self._length_windows: deque[LengthSample] = deque(maxlen=BURST_HISTORY)
 
     # The predictors see every observed window, also those the planner holds on.
     def _observe(self, obs: TrafficObservation) -> None:
@@ -730,11 +730,9 @@ class ThroughputPlanner:
             self.burst_ratios.extend(r / mean_rate for r in self._short_rates)
         self._short_rates = []
         # the fast path's lengths pool this window with the short windows until the next
-        self._length_windows = (
-            [LengthSample(traffic.num_req, traffic.isl, traffic.osl)]
-            if traffic.num_req > 0 and traffic.isl is not None and traffic.osl is not None
-            else []
-        )
+        self._length_windows.clear()
+        if traffic.num_req > 0 and traffic.isl is not None and traffic.osl is not None:
+            self._length_windows.append(LengthSample(traffic.num_req, traffic.isl, traffic.osl))
         if traffic.num_req > 0 and traffic.isl_histogram is not None:
             scv = histogram_scv(traffic.isl_histogram)
             if scv is not None:

@@ -324,6 +324,18 @@ ROWS = [
         "the rise has levelled off",
     ),
     Row(
+        "trend: no window in the last minute (stale samples) is no trend",
+        rising_trend,
+        {
+            "samples": [RateSample(15.0 * (k + 1), 10.0 + 2 * k, 15.0) for k in range(8)],
+            "now_s": 185.0,
+            "span_s": 180.0,
+            "reach_s": 135.0,
+        },
+        0.0,
+        "no short window in the last minute",
+    ),
+    Row(
         "trend: too few short windows",
         rising_trend,
         {
