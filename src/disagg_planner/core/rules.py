@@ -354,6 +354,8 @@ def burst_memory(
 
 # A short-window trend is fitted over no fewer windows than this.
 MIN_TREND_WINDOWS = 6
+# Windows on each side of a step (a level is at least two windows, not one noisy one).
+MIN_STEP_WINDOWS = 2
 
 
 def rising_trend(
@@ -366,7 +368,8 @@ def rising_trend(
     variance ``rate / duration``), so that the noise of a quiet stream is no trend. At most
     :data:`MAX_TREND_GROWTH` times the last windows' rate (pooled over
     :data:`BURST_SMOOTHING_S`); 0 as well when those last windows lie below the line by more
-    than their noise (the rise levelled off: a step, or a peak). The fast path orders
+    than their noise (the rise levelled off: a step, or a peak), or when two levels fit the
+    windows better than the line (the rate stepped up and holds). The fast path orders
     replicas that serve one time-to-ready later, while a rising rate goes on rising."""
     recent = [s for s in samples if s.end_s > now_s - span_s and s.duration_s > 0]
     if len(recent) < MIN_TREND_WINDOWS:
@@ -388,6 +391,22 @@ def rising_trend(
             f"no significant rate trend over the last {len(recent)} short windows "
             f"({slope * 60:+.2f} req/s per minute)",
         )
+    # A step is no trend: when two levels (split at the best window) fit the windows more
+    # closely than the line, the rate jumped and stays at its new level; a line through the
+    # jump runs on past that level and, extrapolated one time-to-ready, orders up to twice
+    # it (the step 8 -> 40 req/s had 6 prefill replicas ordered where 3 serve 40 req/s).
+    line_rss = sum(
+        (s.rate - (r_mean + slope * (t - t_mean))) ** 2 for t, s in zip(ts, recent, strict=True)
+    )
+    step = _best_step(recent)
+    if step is not None and step[0] < line_rss:
+        _rss, before, after, at_s = step
+        return RuleValue(
+            0.0,
+            f"the rate stepped from {before:.2f} to {after:.2f} req/s {now_s - at_s:.0f} s ago "
+            f"(two levels fit the last {len(recent)} short windows better than a line): no "
+            "trend beyond the new level",
+        )
     # Still rising at the end: the last minute's windows lie on the line (within their own
     # Poisson noise). After a step, or at a peak, the line runs above them: that rise is
     # over, and a line through it would only double the level reached.
@@ -405,6 +424,13 @@ def rising_trend(
             f"line through the last {len(recent)} short windows ({on_line:.2f} req/s)",
         )
     expected = r_mean + slope * (now_s + reach_s - t_mean)
+    # Slowing down: the line through the later half of the windows, when it reaches less. A
+    # rise that flattens towards its peak (a sinusoid past its inflection) is projected at
+    # its present slope, not at the mean slope of its steeper past; a rise that speeds up
+    # keeps the whole line's, which reaches less than its own later half would.
+    later = _line([(t, s.rate) for t, s in zip(ts, recent, strict=True) if t >= ts[len(ts) // 2]])
+    if later is not None:
+        expected = min(expected, later[0] + later[1] * (now_s + reach_s - later[2]))
     value = min(max(expected, last), MAX_TREND_GROWTH * last)
     return RuleValue(
         value,
@@ -412,6 +438,37 @@ def rising_trend(
         f"windows: sized for {value:.2f} req/s, {reach_s:.0f} s on (when what is ordered now "
         "serves, and the next check's order after it)",
     )
+
+
+def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float] | None:
+    """The least-squares line through ``points`` (time, rate) as (mean rate, slope, mean
+    time); None for fewer than 3 points or points that do not span time."""
+    if len(points) < 3:
+        return None
+    t_mean = sum(t for t, _ in points) / len(points)
+    r_mean = sum(r for _, r in points) / len(points)
+    sxx = sum((t - t_mean) ** 2 for t, _ in points)
+    if sxx <= 0:
+        return None
+    slope = sum((t - t_mean) * (r - r_mean) for t, r in points) / sxx
+    return r_mean, slope, t_mean
+
+
+def _best_step(windows: Sequence[RateSample]) -> tuple[float, float, float, float] | None:
+    """The two-level fit of ``windows`` (in time order) with the least squared error, split
+    where it fits best with :data:`MIN_STEP_WINDOWS` or more windows on each side: (its squared
+    error, the level before, the level after, when the second level began); None when too few
+    windows for both levels."""
+    rates = [s.rate for s in windows]
+    best: tuple[float, float, float, float] | None = None
+    for k in range(MIN_STEP_WINDOWS, len(rates) - MIN_STEP_WINDOWS + 1):
+        head, tail = rates[:k], rates[k:]
+        before, after = sum(head) / len(head), sum(tail) / len(tail)
+        rss = sum((r - before) ** 2 for r in head) + sum((r - after) ** 2 for r in tail)
+        if best is None or rss < best[0]:
+            start = windows[k].end_s - windows[k].duration_s
+            best = (rss, before, after, start)
+    return best
 
 
 def _smoothed(samples: Sequence[RateSample]) -> list[RateSample]:

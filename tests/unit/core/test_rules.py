@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pytest
 
 from disagg_planner.core.rules import (
@@ -295,6 +297,37 @@ ROWS = [
         "sized for 39.00 req/s",
     ),
     Row(
+        "trend: a rise slowing towards its peak is projected at its later half's slope",
+        rising_trend,
+        {
+            # a quarter sine, 12 -> 40 req/s over 180 s: the full line reaches 55 req/s at
+            # 240 s, the line through the later six windows 47
+            "samples": [
+                RateSample(
+                    15.0 * (k + 1), 10.0 + 30.0 * math.sin(math.pi / 360.0 * (15 * k + 7.5)), 15.0
+                )
+                for k in range(12)
+            ],
+            "now_s": 180.0,
+            "span_s": 180.0,
+            "reach_s": 60.0,
+        },
+        float(
+            np.polyval(
+                np.polyfit(
+                    [15.0 * k + 7.5 for k in range(6, 12)],
+                    [
+                        10.0 + 30.0 * math.sin(math.pi / 360.0 * (15 * k + 7.5))
+                        for k in range(6, 12)
+                    ],
+                    1,
+                ),
+                240.0,
+            )
+        ),
+        "rate rising",
+    ),
+    Row(
         "trend: Poisson noise of a flat stream is no trend",
         rising_trend,
         {
@@ -321,7 +354,47 @@ ROWS = [
             "reach_s": 135.0,
         },
         0.0,
-        "the rise has levelled off",
+        "the rate stepped from 8.00 to 40.00 req/s 120 s ago",
+    ),
+    Row(
+        "trend: a step 30 s back is no trend (two levels fit better than a line)",
+        rising_trend,
+        {
+            "samples": [
+                RateSample(15.0 * (k + 1), 8.0 if k < 10 else 40.0, 15.0) for k in range(12)
+            ],
+            "now_s": 180.0,
+            "span_s": 180.0,
+            "reach_s": 135.0,
+        },
+        0.0,
+        "the rate stepped from 8.00 to 40.00 req/s 30 s ago",
+    ),
+    Row(
+        "trend: a noisy steady rise is still a trend, not a step",
+        rising_trend,
+        {
+            # 10 -> 32 req/s over 12 windows with +-1 req/s of noise
+            "samples": [
+                RateSample(15.0 * (k + 1), 10.0 + 2 * k + (1.0 if k % 2 else -1.0), 15.0)
+                for k in range(12)
+            ],
+            "now_s": 180.0,
+            "span_s": 180.0,
+            "reach_s": 60.0,
+        },
+        # the least-squares line through the midpoints, at 240 s (the noise tilts it a little)
+        float(
+            np.polyval(
+                np.polyfit(
+                    [15.0 * k + 7.5 for k in range(12)],
+                    [10.0 + 2 * k + (1.0 if k % 2 else -1.0) for k in range(12)],
+                    1,
+                ),
+                240.0,
+            )
+        ),
+        "rate rising",
     ),
     Row(
         "trend: no window in the last minute (stale samples) is no trend",
