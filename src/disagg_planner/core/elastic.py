@@ -83,7 +83,7 @@ from enum import StrEnum
 
 from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
 from disagg_planner.core.budget import BudgetResult, apply_gpu_budget
-from disagg_planner.core.rules import RuleValue, backlog_tokens, slo_request_seconds
+from disagg_planner.core.rules import RuleValue, backlog_tokens, fit_line, slo_request_seconds
 from disagg_planner.core.throughput import CapacityProfile, LoadForecast, size_decode, size_prefill
 from disagg_planner.core.types import MissingObservation, TrafficObservation
 from disagg_planner.profiles import elastic_resize
@@ -238,13 +238,10 @@ def fit_trend(windows: Iterable[_Window], now_s: float) -> LoadTrend | None:
     if not points:
         return None
     n = len(points)
-    mean_t = sum(w.mid_s for w in points) / n
-    mean_r = sum(w.rate_rps for w in points) / n
-    sxx = sum((w.mid_s - mean_t) ** 2 for w in points)
-    slope = 0.0
-    if n >= 2 and sxx > 0:
-        slope = sum((w.mid_s - mean_t) * (w.rate_rps - mean_r) for w in points) / sxx
-    level = mean_r + slope * (now_s - mean_t)
+    line = fit_line([(w.mid_s, w.rate_rps) for w in points])
+    # one window, or windows at one instant: their mean rate, flat
+    slope = line.slope if line is not None else 0.0
+    level = line.at(now_s) if line is not None else sum(w.rate_rps for w in points) / n
     weighted = [w for w in points if w.num_req > 0 and w.isl is not None and w.osl is not None]
     total = sum(w.num_req for w in weighted)
     isl = sum(w.num_req * (w.isl or 0.0) for w in weighted) / total if total > 0 else 0.0

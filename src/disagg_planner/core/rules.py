@@ -375,12 +375,10 @@ def rising_trend(
     if len(recent) < MIN_TREND_WINDOWS:
         return RuleValue(0.0, f"no rate trend ({len(recent)} short windows)")
     ts = [s.end_s - s.duration_s / 2.0 for s in recent]
-    t_mean = sum(ts) / len(ts)
-    r_mean = sum(s.rate for s in recent) / len(recent)
-    sxx = sum((t - t_mean) ** 2 for t in ts)
-    if sxx <= 0:
+    line = fit_line([(t, s.rate) for t, s in zip(ts, recent, strict=True)])
+    if line is None:
         return RuleValue(0.0, "no rate trend (the windows do not span time)")
-    slope = sum((t - t_mean) * (s.rate - r_mean) for t, s in zip(ts, recent, strict=True)) / sxx
+    t_mean, r_mean, slope, sxx = line.mean_t, line.mean_rate, line.slope, line.sxx
     var = sum(
         (t - t_mean) ** 2 * max(s.rate, 1.0 / s.duration_s) / s.duration_s
         for t, s in zip(ts, recent, strict=True)
@@ -428,9 +426,12 @@ def rising_trend(
     # rise that flattens towards its peak (a sinusoid past its inflection) is projected at
     # its present slope, not at the mean slope of its steeper past; a rise that speeds up
     # keeps the whole line's, which reaches less than its own later half would.
-    later = _line([(t, s.rate) for t, s in zip(ts, recent, strict=True) if t >= ts[len(ts) // 2]])
+    later = fit_line(
+        [(t, s.rate) for t, s in zip(ts, recent, strict=True) if t >= ts[len(ts) // 2]],
+        min_points=3,
+    )
     if later is not None:
-        expected = min(expected, later[0] + later[1] * (now_s + reach_s - later[2]))
+        expected = min(expected, later.at(now_s + reach_s))
     value = min(max(expected, last), MAX_TREND_GROWTH * last)
     return RuleValue(
         value,
@@ -440,18 +441,33 @@ def rising_trend(
     )
 
 
-def _line(points: Sequence[tuple[float, float]]) -> tuple[float, float, float] | None:
-    """The least-squares line through ``points`` (time, rate) as (mean rate, slope, mean
-    time); None for fewer than 3 points or points that do not span time."""
-    if len(points) < 3:
+@dataclass(frozen=True)
+class Line:
+    """A least-squares line through (time, rate) points: their means, its slope and the
+    points' spread in time (``sxx``, the sum of squared time deviations)."""
+
+    mean_t: float
+    mean_rate: float
+    slope: float
+    sxx: float
+
+    def at(self, t: float) -> float:
+        return self.mean_rate + self.slope * (t - self.mean_t)
+
+
+def fit_line(points: Sequence[tuple[float, float]], *, min_points: int = 2) -> Line | None:
+    """The least-squares line through ``points`` (time, rate); None for fewer than
+    ``min_points`` points or points that do not span time. The one line fit of the trend
+    rules (the fast check's rising trend, the elastic loop's load trend)."""
+    if len(points) < max(2, min_points):
         return None
-    t_mean = sum(t for t, _ in points) / len(points)
-    r_mean = sum(r for _, r in points) / len(points)
-    sxx = sum((t - t_mean) ** 2 for t, _ in points)
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_rate = sum(r for _, r in points) / len(points)
+    sxx = sum((t - mean_t) ** 2 for t, _ in points)
     if sxx <= 0:
         return None
-    slope = sum((t - t_mean) * (r - r_mean) for t, r in points) / sxx
-    return r_mean, slope, t_mean
+    slope = sum((t - mean_t) * (r - mean_rate) for t, r in points) / sxx
+    return Line(mean_t, mean_rate, slope, sxx)
 
 
 def _best_step(windows: Sequence[RateSample]) -> tuple[float, float, float, float] | None:
