@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,23 @@ from disagg_planner.core.rules import (
 )
 from disagg_planner.core.types import Histogram
 from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
+
+
+def _quarter_sine(k: int) -> float:
+    """15 s window k of a rise slowing towards its peak: 12 -> 40 req/s over 180 s."""
+    return 10.0 + 30.0 * math.sin(math.pi / 360.0 * (15 * k + 7.5))
+
+
+def _noisy_rise(k: int) -> float:
+    """15 s window k of a steady rise of 2 req/s per window with +-1 req/s of noise."""
+    return 10.0 + 2 * k + (1.0 if k % 2 else -1.0)
+
+
+def _numpy_line_at(rate: Callable[[int], float], windows: range, t: float) -> float:
+    """numpy's least-squares line through the windows' midpoints (15 s windows), at ``t``:
+    the rule's projection, computed independently of it."""
+    mids = [15.0 * k + 7.5 for k in windows]
+    return float(np.polyval(np.polyfit(mids, [rate(k) for k in windows], 1), t))
 
 
 @dataclass(frozen=True)
@@ -302,29 +320,12 @@ ROWS = [
         {
             # a quarter sine, 12 -> 40 req/s over 180 s: the full line reaches 55 req/s at
             # 240 s, the line through the later six windows 47
-            "samples": [
-                RateSample(
-                    15.0 * (k + 1), 10.0 + 30.0 * math.sin(math.pi / 360.0 * (15 * k + 7.5)), 15.0
-                )
-                for k in range(12)
-            ],
+            "samples": [RateSample(15.0 * (k + 1), _quarter_sine(k), 15.0) for k in range(12)],
             "now_s": 180.0,
             "span_s": 180.0,
             "reach_s": 60.0,
         },
-        float(
-            np.polyval(
-                np.polyfit(
-                    [15.0 * k + 7.5 for k in range(6, 12)],
-                    [
-                        10.0 + 30.0 * math.sin(math.pi / 360.0 * (15 * k + 7.5))
-                        for k in range(6, 12)
-                    ],
-                    1,
-                ),
-                240.0,
-            )
-        ),
+        _numpy_line_at(_quarter_sine, range(6, 12), 240.0),
         "rate rising",
     ),
     Row(
@@ -375,25 +376,13 @@ ROWS = [
         rising_trend,
         {
             # 10 -> 32 req/s over 12 windows with +-1 req/s of noise
-            "samples": [
-                RateSample(15.0 * (k + 1), 10.0 + 2 * k + (1.0 if k % 2 else -1.0), 15.0)
-                for k in range(12)
-            ],
+            "samples": [RateSample(15.0 * (k + 1), _noisy_rise(k), 15.0) for k in range(12)],
             "now_s": 180.0,
             "span_s": 180.0,
             "reach_s": 60.0,
         },
         # the least-squares line through the midpoints, at 240 s (the noise tilts it a little)
-        float(
-            np.polyval(
-                np.polyfit(
-                    [15.0 * k + 7.5 for k in range(12)],
-                    [10.0 + 2 * k + (1.0 if k % 2 else -1.0) for k in range(12)],
-                    1,
-                ),
-                240.0,
-            )
-        ),
+        _numpy_line_at(_noisy_rise, range(12), 240.0),
         "rate rising",
     ),
     Row(
