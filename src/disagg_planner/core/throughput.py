@@ -432,6 +432,11 @@ class ThroughputPlanner:
         self._last_target: dict[str, int] | None = None
         self._awaiting_ready: dict[str, float] = {}  # role -> time of the change
         self._recommendations: deque[tuple[float, dict[str, int]]] = deque()
+        # the replicas the first tick found, and when: a need until one stabilisation window
+        # after it, so that a planner (re)started on a running deployment does not cut it
+        # before it has seen a window of load (the HPA controller records its first sight
+        # of an HPA the same way)
+        self._found: tuple[float, dict[str, int]] | None = None
         self.scaling_latency_s: dict[str, float] = {}
         self._last_scale_up_s: dict[str, float] = {}
         # short-window rate / its interval's mean rate, for the burst factor
@@ -940,6 +945,10 @@ class ThroughputPlanner:
         replicas ordered to drain a backlog are kept only while it lasts."""
         window = self.config.scale_down_stabilization_seconds
         self._remember(now_s, need if need is not None else proposed)
+        if self._found is None:
+            self._found = (now_s, dict(current))
+        found_s, found = self._found
+        found_holds = window > 0 and now_s - found_s <= window
         out: dict[str, int] = {}
         notes: list[str] = []
         for role, want in proposed.items():
@@ -956,8 +965,16 @@ class ThroughputPlanner:
                 notes.append(f"{role}: {allowed.reason}")
                 continue
             recent = max(r.get(role, 0) for _, r in self._recommendations)
-            out[role] = min(current[role], max(want, recent))
-            if out[role] > want:
+            at_start = found.get(role, 0) if found_holds else 0
+            out[role] = min(current[role], max(want, recent, at_start))
+            if out[role] > max(want, recent):
+                held = "kept at" if out[role] == current[role] else "down to"
+                notes.append(
+                    f"{role}: {held} {out[role]}, not {want}: the replicas found when the "
+                    f"planner started ({found_s:.0f} s) count as a need for {window:.0f} s "
+                    "(scale-down stabilisation)"
+                )
+            elif out[role] > want:
                 notes.append(
                     f"{role}: down to {out[role]}, not {want}: the highest need of the last "
                     f"{window:.0f} s (scale-down stabilisation)"

@@ -5,7 +5,9 @@ Semantics, with the defaults of the HPA controller:
 
 - every ``sync_period_s`` (15 s): ``desired = ceil(current x utilisation / target)``;
 - no change while ``|utilisation / target - 1| <= tolerance`` (0.1);
-- scale-down stabilisation: the highest recommendation of the last 300 s wins;
+- scale-down stabilisation: the highest recommendation of the last 300 s wins; the replicas
+  found at the HPA's first sync count as its first recommendation (the controller records
+  them when it first sees an HPA), so it does not scale down within 300 s of starting;
 - scale-up rate: at most ``max(+100 %, +4 pods)`` per 15 s; scale-down: at most -100 % per 15 s;
 - ``min_replicas`` / ``max_replicas`` bounds.
 
@@ -40,12 +42,17 @@ class HorizontalPodAutoscaler:
     def __init__(self, behavior: HpaBehavior) -> None:
         self.behavior = behavior
         self._recommendations: deque[tuple[float, int]] = deque()
+        self._synced = False
         self._events: deque[tuple[float, int]] = deque()  # (time, replicas after the change)
 
     def recommend(self, *, now_s: float, current: int, utilisation: float | None) -> int:
         """Desired replicas at ``now_s``; ``utilisation`` is mean busy fraction per replica
         (None when no replica reported: the HPA does nothing without metrics)."""
         b = self.behavior
+        if not self._synced:
+            # as the HPA controller's first sight of an HPA: what runs is a recommendation
+            self._synced = True
+            self._recommendations.append((now_s, current))
         if utilisation is None or current <= 0 or not math.isfinite(utilisation):
             return max(current, b.min_replicas)
         ratio = utilisation / b.target_utilisation

@@ -291,10 +291,12 @@ def test_the_stabilisation_does_not_keep_replicas_ordered_for_a_backlog(
     """Replicas ordered to drain a backlog are kept while it lasts, not for the stabilisation
     window: the need it remembers is the arrivals'."""
     tp = planner(h200_like_profile, scale_down_stabilization_seconds=600)
-    up = tp.tick(60, traffic(60, 240, in_flight=3000.0), status(2, 1))
+    # started on one prefill engine (what it finds counts as a need for the window)
+    assert tp.tick(60, traffic(60, 240), status(1, 1)).replicas == {"prefill": 1, "decode": 1}
+    up = tp.tick(120, traffic(120, 240, in_flight=3000.0), status(2, 1))
     assert up.replicas is not None and up.replicas["prefill"] >= 3, up.message
     assert "backlog" in up.message
     p, d = up.replicas["prefill"], up.replicas["decode"]
     # three minutes on (past time-to-ready), the backlog drained: down to the arrivals' need
-    drained = tp.tick(240, traffic(240, 240, in_flight=10.0), status(p, d))
+    drained = tp.tick(300, traffic(300, 240, in_flight=10.0), status(p, d))
     assert drained.replicas is not None and drained.replicas["prefill"] == 1, drained.message

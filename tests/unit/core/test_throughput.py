@@ -164,10 +164,33 @@ def test_convergence_timeout_replans_from_ready_replicas(h200_like_profile: Prof
 
 def test_zero_traffic_scales_down_to_min_endpoints(h200_like_profile: Profile) -> None:
     # Dynamo issue #6985: an idle deployment kept its replicas because the averages were NaN.
+    # Once the stabilisation window since the planner started has passed.
     tp = planner(h200_like_profile, min_endpoint=1)
-    decision = tp.tick(60, traffic(60, 0), status(6, 5))
+    tp.tick(60, traffic(60, 0), status(6, 5))
+    decision = tp.tick(720, traffic(720, 0), status(6, 5))
     assert decision.replicas == {"prefill": 1, "decode": 1}
     assert decision.reason is ThroughputReason.SCALE
+
+
+def test_a_planner_started_on_a_running_deployment_keeps_it_for_one_stabilisation_window(
+    h200_like_profile: Profile,
+) -> None:
+    """A (re)started planner has no history: the replicas it finds count as a need for one
+    stabilisation window, as the HPA controller records its first sight of an HPA; a
+    stabilisation of 0 still scales down at once."""
+    tp = planner(h200_like_profile, scale_down_stabilization_seconds=600)
+    first = tp.tick(60, traffic(60, 240), status(6, 5))
+    assert first.replicas == {"prefill": 6, "decode": 5}, first.message
+    assert first.reason is ThroughputReason.NO_CHANGE
+    assert "the replicas found when the planner started (60 s) count as a need" in first.message
+    assert tp.tick(600, traffic(600, 240), status(6, 5)).replicas == {"prefill": 6, "decode": 5}
+    later = tp.tick(720, traffic(720, 240), status(6, 5))
+    assert later.replicas is not None and later.replicas["prefill"] < 6, later.message
+    assert "replicas found when the planner started" not in later.message
+
+    at_once = planner(h200_like_profile, scale_down_stabilization_seconds=0)
+    down = at_once.tick(60, traffic(60, 240), status(6, 5))
+    assert down.replicas is not None and down.replicas["prefill"] < 6, down.message
 
 
 def test_missing_traffic_holds(h200_like_profile: Profile) -> None:
