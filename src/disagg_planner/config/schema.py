@@ -303,7 +303,10 @@ class PlannerConfig(BaseModel):
         ge=0,
         description="Scale a role down only to the highest throughput recommendation of this "
         "many past seconds (the HPA's scale-down stabilisation); 0 scales down at once. A "
-        "role is also never scaled down within one time-to-ready of its last scale-up.",
+        "role is also never scaled down within one time-to-ready of its last scale-up, and the "
+        "replicas found at the planner's first tick count as a recommendation at that time "
+        "(as the HPA controller records its first sight), so a restarted planner does not "
+        "cut a running deployment within one window.",
         json_schema_extra=_extra("slo"),
     )
     replica_startup_seconds: float = Field(
