@@ -29,6 +29,15 @@ def test_scale_down_waits_for_the_stabilisation_window() -> None:
     assert hpa.recommend(now_s=315, current=8, utilisation=0.25) == 4
 
 
+def test_the_replicas_found_at_the_first_sync_hold_for_the_stabilisation_window() -> None:
+    # the controller records what runs when it first sees an HPA: a quiet first sync does
+    # not cut a running deployment until the window has passed
+    hpa = HorizontalPodAutoscaler(HpaBehavior(target_utilisation=0.5))
+    for t in range(0, 300, 15):
+        assert hpa.recommend(now_s=t, current=8, utilisation=0.1) == 8, t
+    assert hpa.recommend(now_s=315, current=8, utilisation=0.1) == 2
+
+
 def test_no_metrics_no_action_and_bounds() -> None:
     hpa = HorizontalPodAutoscaler(HpaBehavior(min_replicas=2, max_replicas=5))
     assert hpa.recommend(now_s=0, current=3, utilisation=None) == 3
