@@ -51,8 +51,10 @@ class HorizontalPodAutoscaler:
         b = self.behavior
         if not self._synced:
             # as the HPA controller's first sight of an HPA: what runs is a recommendation
+            # (with no window it is outside the window at once, as the planner's is)
             self._synced = True
-            self._recommendations.append((now_s, current))
+            if b.scale_down_stabilisation_s > 0:
+                self._recommendations.append((now_s, current))
         if utilisation is None or current <= 0 or not math.isfinite(utilisation):
             return max(current, b.min_replicas)
         ratio = utilisation / b.target_utilisation
