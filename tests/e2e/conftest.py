@@ -187,6 +187,10 @@ def _policy() -> dict[str, Any]:
             "load_adjustment_interval_seconds": LOAD_INTERVAL_S,
             # the test waits for scale-downs: no 600 s stabilisation (the default)
             "scale_down_stabilization_seconds": 0,
+            # nor the burst memory: the step up is a rise faster than time-to-ready, and the
+            # memory would keep its peak's prefill for 1800 s (whether the step counts as one
+            # depends on where the 1 s scrapes fall, so the scale-down came or not)
+            "burst_memory_seconds": None,
             "load_predictor": "constant",
             "max_gpu_budget": -1,
             "fpm_staleness_seconds": 3.0,
