@@ -49,7 +49,7 @@ def controller(url: str, **overrides: Any) -> ElasticEpController:
 async def test_a_resize_end_to_end_through_the_worker_control_route(dynamo_factory):
     """Issue 20, problem 1: under Dynamo there is no vLLM API server and no is_scaling; the
     resize must go through the worker's own route."""
-    worker = dynamo_factory(dp=16)
+    worker = dynamo_factory(dp=16, place_ranks=False)
     ctl = controller(worker.url)
 
     result = await ctl.resize(20)
@@ -65,7 +65,7 @@ async def test_a_resize_end_to_end_through_the_worker_control_route(dynamo_facto
 
 
 async def test_the_bare_vllm_client_cannot_drive_a_dynamo_worker(dynamo_factory):
-    worker = dynamo_factory()
+    worker = dynamo_factory(place_ranks=False)
     with pytest.raises(ConnectorError, match=r"404.*elastic_ep_api=dynamo"):
         await VllmElasticEpAdmin(worker.url).is_scaling()
     assert await detect_api(worker.url) == "dynamo"
@@ -73,7 +73,7 @@ async def test_the_bare_vllm_client_cannot_drive_a_dynamo_worker(dynamo_factory)
 
 async def test_a_200_with_status_error_is_a_refusal_with_its_reason(dynamo_factory):
     """Issue 20, problem 1: a 200 whose status is "error" is not a success."""
-    worker = dynamo_factory(dp=16)
+    worker = dynamo_factory(dp=16, place_ranks=False, failure="rollback")
     worker.fail_next = ["Only ray DP backend supports scaling elastic EP"]
     ctl = controller(worker.url)
 
@@ -83,7 +83,7 @@ async def test_a_200_with_status_error_is_a_refusal_with_its_reason(dynamo_facto
 
 
 async def test_an_ok_for_another_size_is_not_a_success(dynamo_factory):
-    worker = dynamo_factory(dp=16)
+    worker = dynamo_factory(dp=16, place_ranks=False)
     worker.echo_size = 24
     with pytest.raises(ElasticEpError, match=r"ok for new_data_parallel_size=24, not 20"):
         await DynamoElasticEpAdmin(worker.url).scale(20, timeout_s=5)
@@ -93,7 +93,7 @@ async def test_an_ok_for_another_size_is_not_a_success(dynamo_factory):
 async def test_busy_answers_are_waited_out_without_is_scaling(dynamo_factory, busy_status):
     """Someone else's resize runs (Dynamo's single-flight lock): "busy" (or an older worker's
     "error ... already in progress") is retried until the worker takes ours."""
-    worker = dynamo_factory(dp=16, resize_s=0.4, busy_status=busy_status)
+    worker = dynamo_factory(dp=16, resize_s=0.4, busy_status=busy_status, place_ranks=False)
     other = asyncio.create_task(DynamoElasticEpAdmin(worker.url).scale(20, timeout_s=5))
     await asyncio.sleep(0.1)
     ctl = controller(worker.url)
@@ -108,12 +108,12 @@ async def test_busy_answers_are_waited_out_without_is_scaling(dynamo_factory, bu
 
 
 async def test_a_worker_busy_past_the_resize_timeout_is_a_resize_in_flight(dynamo_factory):
-    worker = dynamo_factory(dp=16, resize_s=2.0)
+    worker = dynamo_factory(dp=16, resize_s=2.0, place_ranks=False)
     other = asyncio.create_task(DynamoElasticEpAdmin(worker.url).scale(20, timeout_s=5))
     await asyncio.sleep(0.1)
     ctl = controller(worker.url, elastic_ep_resize_timeout_seconds=0.3)
 
-    with pytest.raises(ResizeInFlight, match=r"busy.*still busy after 0.3 s"):
+    with pytest.raises(ResizeInFlight, match=r"already in progress.*still busy after 0.3 s"):
         await ctl.resize(24)
     await other
 
@@ -121,7 +121,7 @@ async def test_a_worker_busy_past_the_resize_timeout_is_a_resize_in_flight(dynam
 async def test_a_lost_answer_is_reissued_once_the_worker_is_no_longer_busy(dynamo_factory):
     # The resize outlasts the call's timeout (so its answer is lost) but ends well inside the
     # re-issued call's own timeout: the margin (0.6 s) keeps a loaded machine from racing it.
-    worker = dynamo_factory(dp=16, resize_s=1.0)
+    worker = dynamo_factory(dp=16, resize_s=1.0, place_ranks=False)
     ctl = controller(worker.url, elastic_ep_resize_timeout_seconds=0.8)
 
     result = await ctl.resize(20)
@@ -135,7 +135,7 @@ async def test_a_lost_answer_is_reissued_once_the_worker_is_no_longer_busy(dynam
 async def test_an_active_reconfiguration_is_a_partial_reconfiguration(dynamo_factory):
     """Issue 20, problem 4: after a failed prepare or commit vLLM refuses resizes with
     "reconfiguration is already active"; the worker passes the reason on."""
-    worker = dynamo_factory(dp=16)
+    worker = dynamo_factory(dp=16, place_ranks=False, failure="rollback")
     worker.fail_next = ["Elastic EP reconfiguration is already active"]
     ctl = controller(worker.url)
 
@@ -147,7 +147,7 @@ async def test_an_active_reconfiguration_is_a_partial_reconfiguration(dynamo_fac
 
 
 async def test_joined_gpus_come_from_ep_capacity(dynamo_factory):
-    worker = dynamo_factory(dp=16, gpus_per_rank=1)
+    worker = dynamo_factory(dp=16, gpus_per_rank=1, place_ranks=False)
     admin = DynamoElasticEpAdmin(worker.url)
     assert await admin.joined_gpus() == 16
     worker.join("10.0.0.7", 4.0)
@@ -156,7 +156,7 @@ async def test_joined_gpus_come_from_ep_capacity(dynamo_factory):
 
 async def test_the_engines_own_size_is_read_from_ep_capacity(dynamo_factory):
     """Without followers the controller cannot derive the size; Dynamo's worker reports it."""
-    worker = dynamo_factory(dp=24)
+    worker = dynamo_factory(dp=24, place_ranks=False)
     ctl = controller(worker.url)
 
     assert await ctl.current_dp() == 24  # not elastic_ep_min_dp (16)
