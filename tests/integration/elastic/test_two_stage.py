@@ -283,7 +283,7 @@ async def test_a_follower_that_never_joins_is_rolled_back_on_dynamos_route(
     ctl, _ = make_controller(api_client, worker, scaling_max_wait_seconds=0.5)
 
     with pytest.raises(
-        FollowersNotReady, match=r"ready but only 16 of the 20 GPUs.*stays at DP 16"
+        FollowersNotReady, match=r"ready but only 0 of the 4 new ranks of DP 20 fit.*stays at DP 16"
     ):
         await ctl.resize(20)
 
@@ -303,7 +303,7 @@ async def test_a_follower_that_never_joins_is_rolled_back_on_bare_vllm(
         api_client, engine, RayDashboardJoinProbe(ray.url), scaling_max_wait_seconds=0.5
     )
 
-    with pytest.raises(FollowersNotReady, match=r"only 16 of the 20 GPUs.*api/v0/nodes"):
+    with pytest.raises(FollowersNotReady, match=r"only 0 of the 4 new ranks.*api/v0/nodes"):
         await ctl.resize(20)
     assert engine.scale_calls() == [] and follower_state(cluster)[0] == 0
 

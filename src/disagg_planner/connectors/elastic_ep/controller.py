@@ -84,6 +84,7 @@ class ResizeResult:
     message: str
     followers_ready_s: float | None = None
     resize_s: float | None = None
+    pause_s: float | None = None  # how long the engine paused serving (None: not measured)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,6 +254,7 @@ class ElasticEpController:
                     new_dp,
                     message,
                     resize_s=self._clock() - started,
+                    pause_s=self._measured_pause(),
                 )
             obs = await self.followers.observe_followers()
             now = self._wall()
@@ -342,6 +344,7 @@ class ElasticEpController:
                     message,
                     followers_ready_s=self._followers_ready_s,
                     resize_s=resize_s,
+                    pause_s=self._measured_pause(),
                 )
             record = replace(record, phase=ResizePhase.REMOVING_FOLLOWERS, message=message)
             await pool.write_record(record)
@@ -355,7 +358,12 @@ class ElasticEpController:
             record.to_dp,
             record.message or f"DP {record.to_dp}",
             resize_s=resize_s,
+            pause_s=self._measured_pause() if resize_s is not None else None,
         )
+
+    def _measured_pause(self) -> float | None:
+        measured = self.admin.measured()
+        return measured.pause_s if measured is not None else None
 
     async def _roll_back(self, record: ResizeRecord) -> None:
         """Undo a resize that did not happen: the engine is at ``from_dp``."""
@@ -377,7 +385,8 @@ class ElasticEpController:
         assert self.followers is not None
         remaining_wall = record.deadline_s - self._wall()
         deadline = self._clock() + max(0.0, remaining_wall)
-        need_gpus = record.to_dp * self.settings.gpus_per_rank
+        per_rank = self.settings.gpus_per_rank
+        need_ranks = record.to_dp - record.from_dp
         while True:
             obs = await self.followers.observe_followers()
             if obs.ready < record.to_followers:
@@ -388,13 +397,14 @@ class ElasticEpController:
             elif self.join_probe is None:
                 return None
             else:
-                joined = await self.join_probe.joined_gpus()
-                if joined >= need_gpus:
+                # vLLM places each new rank's TP GPUs on one node: count per node.
+                fits = await self.join_probe.placeable_ranks(per_rank, current_dp=record.from_dp)
+                if fits >= need_ranks:
                     return None
                 missing = (
-                    f"the follower pods are ready but only {joined} of the {need_gpus} GPUs "
-                    f"DP {record.to_dp} needs had joined the engine's Ray cluster "
-                    f"({self.join_probe.where})"
+                    f"the follower pods are ready but only {fits} of the {need_ranks} new "
+                    f"ranks of DP {record.to_dp} fit on a node with {per_rank} GPU(s) of the "
+                    f"engine's Ray cluster ({self.join_probe.where})"
                 )
             left = deadline - self._clock()
             if left <= 0:
