@@ -721,6 +721,31 @@ class PlannerConfig(BaseModel):
         "from the SLO, against those its downtime costs (s).",
         json_schema_extra=_extra("elastic"),
     )
+    # elastic EP as current vLLM and Dynamo run it (issue 32)
+    elastic_ep_shrink_abort_budget: float = Field(
+        0.0,
+        ge=0,
+        description="Requests a shrink may abort: vLLM aborts the in-flight requests of the "
+        "ranks a shrink removes. A shrink expected to abort more waits for quieter traffic, or "
+        "goes ahead when the engine drains first (elastic_ep_engine_drains_requests).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_grow_backoff_seconds: float = Field(
+        300.0,
+        gt=0,
+        description="Wait after a failed grow (a Dynamo worker that restarted, a refused or "
+        "unanswered resize) before the next grow; doubled per further failure, up to 8x; kept "
+        "on the DGD so a restarted planner waits too (s).",
+        json_schema_extra=_extra("elastic"),
+    )
+    elastic_ep_followers_only_when_claimed: bool = Field(
+        False,
+        description="When Dynamo's own elastic-EP reconciler drives the engine (its follower "
+        "service '<leader>-flw'), scale only the follower replicas on a grow and leave the "
+        "resize to it (shrinks are held: Dynamo defers follower removal), instead of refusing "
+        "the DGD.",
+        json_schema_extra=_extra("elastic"),
+    )
 
     # --- metrics out and reports ------------------------------------------------------
     metric_reporting_prometheus_port: int = Field(

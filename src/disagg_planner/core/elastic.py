@@ -112,6 +112,8 @@ class ElasticReason(StrEnum):
     RECONCILE_TO_BOUNDS = "reconcile_to_bounds"
     GPU_BUDGET_GUARD_HOLD = "gpu_budget_guard_hold"
     HOLD_SCALE_DOWN_BACKLOG = "hold_scale_down_backlog"
+    HOLD_SCALE_DOWN_ABORTS = "hold_scale_down_aborts"
+    SCALE_DOWN_AFTER_DRAIN = "scale_down_after_drain"
 
 
 def mode_timing(config: PlannerConfig) -> ElasticEpMode:
@@ -126,6 +128,29 @@ def mode_timing(config: PlannerConfig) -> ElasticEpMode:
         up=ResizeTiming(total_s=up_total, downtime_s=up_down),
         down=ResizeTiming(total_s=down_total, downtime_s=down_down),
         description="measured (elastic_ep_timing)",
+    )
+
+
+# A measured pause this many times the configured one (and this much longer) says the engine
+# does not resize the way elastic_ep_mode describes (e.g. NIXL EP's all-to-all is not on).
+PAUSE_CONTRADICTION_RATIO = 5.0
+PAUSE_CONTRADICTION_MARGIN_S = 10.0
+
+
+def pause_contradiction(timing: ElasticEpMode, *, grow: bool, pause_s: float) -> str | None:
+    """Why a measured pause contradicts the configured mode, else None."""
+    planned = (timing.up if grow else timing.down).downtime_s
+    if pause_s <= max(planned * PAUSE_CONTRADICTION_RATIO, planned + PAUSE_CONTRADICTION_MARGIN_S):
+        return None
+    hint = (
+        "; is the engine started with --all2all-backend nixl_ep?"
+        if timing.name.startswith("nixl")
+        else ""
+    )
+    return (
+        f"a {'grow' if grow else 'shrink'} paused serving {pause_s:.1f} s, but "
+        f"elastic_ep_mode {timing.name} plans {planned:.1f} s; the policy now prices the "
+        f"measured pause{hint}"
     )
 
 
@@ -205,6 +230,7 @@ class ElasticDiagnostics:
     backlog_rps: float | None = None  # their drain rate, added to the load the size carries
     hold_s: float | None = None  # a grow's size holds until a next grow could be active (s)
     hold_peak_rps: float | None = None  # the peak forecast over that span
+    aborted_requests: float | None = None  # in flight on the ranks a shrink removes
 
 
 @dataclass(frozen=True)
@@ -365,6 +391,7 @@ class _Sizing:
     need_up: int
     summary: str
     backlog: Backlog
+    in_flight: float  # requests in flight now (observed, else rate x SLO request time)
 
 
 # --- the policy -------------------------------------------------------------------------------
@@ -424,18 +451,45 @@ class ElasticPlanner:
         self._follower_ready_s: deque[float] = deque(maxlen=MEASURED_RESIZES)
         self._grow_s: deque[float] = deque(maxlen=MEASURED_RESIZES)
         self._shrink_s: deque[float] = deque(maxlen=MEASURED_RESIZES)
+        self._grow_pause_s: deque[float] = deque(maxlen=MEASURED_RESIZES)
+        self._shrink_pause_s: deque[float] = deque(maxlen=MEASURED_RESIZES)
+        # The engine's shrink floor, once it refused a smaller size (vLLM's 400).
+        self.engine_min_dp: int | None = None
 
     # --- what the planner measured ------------------------------------------------------
 
     def observe_resize(
-        self, *, grow: bool, followers_ready_s: float | None, resize_s: float | None
-    ) -> None:
+        self,
+        *,
+        grow: bool,
+        followers_ready_s: float | None,
+        resize_s: float | None,
+        pause_s: float | None = None,
+    ) -> str | None:
         """Learn from one completed resize: how long its followers took to be ready and
-        joined (a grow with followers), and how long the resize call took."""
+        joined (a grow with followers), how long the resize call took, and how long the
+        engine paused serving. Returns a warning when the measured pause contradicts the
+        configured mode (:func:`pause_contradiction`), else None."""
         if followers_ready_s is not None and followers_ready_s >= 0:
             self._follower_ready_s.append(followers_ready_s)
         if resize_s is not None and resize_s >= 0:
             (self._grow_s if grow else self._shrink_s).append(resize_s)
+        if pause_s is None or pause_s < 0:
+            return None
+        (self._grow_pause_s if grow else self._shrink_pause_s).append(pause_s)
+        return pause_contradiction(self.timing, grow=grow, pause_s=pause_s)
+
+    def observe_min_dp(self, minimum_dp: int) -> None:
+        """The engine refused a shrink below ``minimum_dp`` (its expert-capacity floor)."""
+        self.engine_min_dp = minimum_dp
+
+    def pause_s(self, *, grow: bool) -> float:
+        """How long a resize pauses serving: measured once there is a measurement, else the
+        configured timing's downtime."""
+        measured = self._grow_pause_s if grow else self._shrink_pause_s
+        if measured:
+            return statistics.median(measured)
+        return (self.timing.up if grow else self.timing.down).downtime_s
 
     def follower_ready_s(self) -> float:
         """The follower start-up + join part of a grow's lead time (module doc, step 3)."""
@@ -530,6 +584,8 @@ class ElasticPlanner:
         trend = self._trend(now_s, fresh)
         bottom = self.min_dp_within_budget(other_gpus)
         top = self.max_dp_within_budget(other_gpus)
+        if self.engine_min_dp is not None:  # the engine's own floor, on the grid
+            bottom = min(top, max(bottom, self.on_grid(self.engine_min_dp, top)))
         at = replace(at, diag=ElasticDiagnostics(timing=self.timing, trend=trend, max_dp=top))
         held = (
             self._hold_in_flight(at, resizing)
@@ -711,12 +767,23 @@ class ElasticPlanner:
             need_up=need_up,
             summary=summary,
             backlog=backlog,
+            in_flight=self._in_flight(traffic, trend),
         )
+
+    def _in_flight(self, traffic: TrafficObservation, trend: LoadTrend) -> float:
+        """Requests in flight: the frontend's count, else Little's law on the SLO's request
+        time (what a queue-free engine holds)."""
+        if traffic.in_flight is not None:
+            return max(0.0, traffic.in_flight)
+        slo_s = slo_request_seconds(
+            ttft_ms=self.config.ttft_ms, itl_ms=self.config.itl_ms, osl=trend.osl
+        )
+        return traffic.request_rate * slo_s
 
     def _scale_up(self, s: _Sizing) -> ElasticDecision:
         """More ranks are needed within the lead time: resize if the pause costs fewer
         requests than the overload would (module doc, step 4)."""
-        at, trend, up = s.at, s.trend, self.timing.up
+        at, trend = s.at, s.trend
         current_dp = at.current_dp
         if current_dp >= s.top:
             return at.hold(
@@ -744,7 +811,8 @@ class ElasticPlanner:
             )
             + s.backlog.requests
         )
-        lost = self._pause_cost(trend.rate_at(t_active - up.downtime_s), up.downtime_s, s.slack_s)
+        up_pause_s = self.pause_s(grow=True)
+        lost = self._pause_cost(trend.rate_at(t_active - up_pause_s), up_pause_s, s.slack_s)
         diag = replace(
             at.diag,
             benefit_requests=benefit,
@@ -757,7 +825,7 @@ class ElasticPlanner:
             return at.hold(
                 ElasticReason.HOLD_NOT_WORTH_DOWNTIME,
                 f"{s.summary}; DP {current_dp} -> {target} would save ~{benefit:.0f} "
-                f"requests from the TTFT target but its {up.downtime_s:.1f} s pause costs "
+                f"requests from the TTFT target but its {up_pause_s:.1f} s pause costs "
                 f"~{lost:.0f} ({self._pause_word()}); holding",
                 diag,
             )
@@ -812,23 +880,61 @@ class ElasticPlanner:
                 f"{current_dp} until they have drained",
                 diag,
             )
-        lost = self._pause_cost(
-            trend.rate_at(now_s + down.preparation_s), down.downtime_s, s.slack_s
+        # vLLM pauses the removed ranks with mode="abort": what runs there is failed, unless
+        # the engine drains first (VLLM_ELASTIC_EP_DRAIN_REQUESTS), which then pauses
+        # serving (503) while in-flight requests finish, up to the SLO's request time.
+        drains = self.config.elastic_ep_engine_drains_requests
+        aborted = 0.0 if drains else s.in_flight * (current_dp - target) / current_dp
+        drain_s = (
+            min(
+                float(self.config.elastic_ep_drain_timeout_seconds),
+                slo_request_seconds(
+                    ttft_ms=self.config.ttft_ms, itl_ms=self.config.itl_ms, osl=trend.osl
+                ),
+            )
+            if drains and s.in_flight > 0
+            else 0.0
         )
-        diag = replace(diag, benefit_requests=0.0, cost_requests=lost)
+        pause_s = self.pause_s(grow=False) + drain_s
+        lost = self._pause_cost(trend.rate_at(now_s + down.preparation_s), pause_s, s.slack_s)
+        diag = replace(
+            diag, benefit_requests=0.0, cost_requests=lost + aborted, aborted_requests=aborted
+        )
         if lost > 0:
             return at.hold(
                 ElasticReason.HOLD_SCALE_DOWN_COSTS_SLO,
                 f"{s.summary}; DP {target} would do, but a {self.timing.name} shrink pauses "
-                f"serving {down.downtime_s:.1f} s (~{lost:.0f} requests {self._pause_word()}); "
-                "waiting for idle traffic",
+                f"serving {pause_s:.1f} s"
+                + (f" ({drain_s:.0f} s of it draining)" if drain_s else "")
+                + f" (~{lost:.0f} requests {self._pause_word()}); waiting for idle traffic",
+                diag,
+            )
+        budget = self.config.elastic_ep_shrink_abort_budget
+        if aborted > budget:
+            return at.hold(
+                ElasticReason.HOLD_SCALE_DOWN_ABORTS,
+                f"{s.summary}; DP {target} would do, but the shrink would abort ~{aborted:.0f} "
+                f"requests in flight on the {current_dp - target} removed ranks (more than "
+                f"elastic_ep_shrink_abort_budget={budget:g}); waiting for a quieter moment "
+                "(or run the engine with VLLM_ELASTIC_EP_DRAIN_REQUESTS=1 and "
+                "elastic_ep_engine_drains_requests to drain first)",
+                diag,
+            )
+        if drains:
+            return at.resize(
+                target,
+                ElasticReason.SCALE_DOWN_AFTER_DRAIN,
+                f"{s.summary}; peak {peak_down:.2f} req/s within {horizon_down:.0f} s fits "
+                f"{target} ranks; DP {current_dp} -> {target}, the engine draining first "
+                f"(~{s.in_flight:.0f} in flight finish, none aborted)",
                 diag,
             )
         return at.resize(
             target,
             ElasticReason.SCALE_DOWN,
             f"{s.summary}; peak {peak_down:.2f} req/s within {horizon_down:.0f} s fits "
-            f"{target} ranks; DP {current_dp} -> {target}",
+            f"{target} ranks; DP {current_dp} -> {target}, aborting ~{aborted:.0f} in flight on "
+            "the removed ranks",
             diag,
         )
 

@@ -15,7 +15,9 @@ resize on the simulated cluster (:meth:`disagg_planner.simulator.cluster.Cluster
   when set): the policy's numbers again (:func:`disagg_planner.core.elastic.mode_timing`);
 - while the resize pauses serving, requests that find no serving engine are rejected (503),
   or retried after the pause with ``elastic_ep_frontend_retries``
-  (:func:`retry_paused`).
+  (:func:`retry_paused`);
+- a shrink aborts the requests running on the removed ranks (failed, counted in the
+  report), unless ``elastic_ep_engine_drains_requests`` says the engine drains first.
 
 The resize's durations are drawn when it is scheduled, so ``resize`` returns at once with
 them (the policy holds while the cluster says a resize is in flight, so learning them then
@@ -87,6 +89,8 @@ class SimulatedElasticEngine:
         if config.elastic_ep is None or config.elastic_ep_max_dp is None:
             raise ValueError("SimulatedElasticEngine needs a config with elastic_ep set")
         self.cluster = cluster
+        # vLLM aborts what runs on the ranks a shrink removes, unless it drains first.
+        cluster.shrink_drains_first = config.elastic_ep_engine_drains_requests
         self.role: str = config.elastic_ep
         self.min_dp = config.elastic_ep_min_dp
         self.max_dp = config.elastic_ep_max_dp

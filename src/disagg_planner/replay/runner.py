@@ -208,6 +208,8 @@ def run_policy(
         summary["elastic_ep"] = elastic_summary(
             cluster.resizes, timeline, role=setup.elastic_role, requests=requests
         )
+        # requests a shrink aborted on its removed ranks (vLLM's mode="abort"): failed
+        summary["elastic_ep"]["aborted_at_shrink"] = cluster.aborted_at_shrink
     summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
     summary["flap_window_s"] = flap_window_s
     summary["max_replicas"] = max_replicas

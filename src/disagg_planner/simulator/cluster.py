@@ -205,6 +205,10 @@ class Cluster:
         self._migrating: dict[Role, deque[SimRequest]] = {r: deque() for r in roles}
         self.cancelled_at_drain = 0
         self.migrated_at_drain = 0
+        # vLLM aborts a shrink's removed ranks' requests (elastic_ep.SHRINK_ABORTED); an engine
+        # that drains first (VLLM_ELASTIC_EP_DRAIN_REQUESTS) lets them finish.
+        self.shrink_drains_first = False
+        self.aborted_at_shrink = 0
         self.router: RouterPolicy = router
         self.seed = seed
         self._rng = random.Random(seed)
@@ -773,7 +777,8 @@ class Cluster:
         keeps serving at its old size meanwhile and during preparation, serves nothing during
         the downtime, then serves at the new size. Added GPUs are metered from the request
         (followers included while they start); removed GPUs until the end. Requests on
-        removed ranks are recomputed on the others. When every replica is resized, later
+        removed ranks are aborted, as vLLM does (``shrink_drains_first``: recomputed on the
+        others, the drained engine's approximation). When every replica is resized, later
         replicas start at the new size.
         """
         r = self._role(role)
@@ -867,7 +872,11 @@ class Cluster:
         x.paused = False
         self._targets[x.role] = None
         for i, req in enumerate(orphans):
-            x.ranks[i % len(x.ranks)].add(req, now)
+            if self.shrink_drains_first:  # a drained engine has none: they finish elsewhere
+                x.ranks[i % len(x.ranks)].add(req, now)
+            else:
+                self.aborted_at_shrink += 1
+                self._fail(req, now, elastic_ep.SHRINK_ABORTED)
         for e in x.ranks:
             e.resume(now)
         self._flush_frontend_queue(x.role, now)

@@ -7,7 +7,9 @@ first (their GPUs held), the replica keeps serving during that and the preparati
 nothing during the downtime, then serves at the new size. What vLLM does with a request that
 arrives during the downtime is answer it 503 (:data:`PAUSE_REJECTED`): the simulator fails
 it with ``Cluster(retry_paused=False)``; a frontend that retries (the cluster's default)
-resends it after the pause.
+resends it after the pause. On a shrink vLLM pauses the removed ranks with ``mode="abort"``:
+the requests running there fail (:data:`SHRINK_ABORTED`), not moved, unless the engine
+drains first (``Cluster.shrink_drains_first``; the drain's own 503 window is not played).
 """
 
 from __future__ import annotations
@@ -21,10 +23,20 @@ from disagg_planner.profiles.errors import ProfileError
 from disagg_planner.simulator.errors import SimulatorInputError
 
 # ``timing`` is read through this module by the cluster, with ``mode`` below.
-__all__ = ["PAUSE_REJECTED", "ElasticEpMode", "ResizePlan", "dp_at", "mode", "timing"]
+__all__ = [
+    "PAUSE_REJECTED",
+    "SHRINK_ABORTED",
+    "ElasticEpMode",
+    "ResizePlan",
+    "dp_at",
+    "mode",
+    "timing",
+]
 
 # The error of a request a paused engine answered (vLLM's 503 while it scales).
 PAUSE_REJECTED = "rejected: HTTP 503, the engine is paused for an elastic-EP resize"
+# The error of a request running on a rank an elastic-EP shrink removed (vLLM aborts it).
+SHRINK_ABORTED = "aborted: its rank was removed by an elastic-EP shrink"
 
 
 def mode(name: str) -> ElasticEpMode:

@@ -273,13 +273,90 @@ def steady(planner: ElasticPlanner, value: float, *, current_dp: int, until_s: f
 
 def test_nixl_shrinks_when_a_lower_load_is_sustained_and_the_frontend_retries():
     planner = ElasticPlanner(
-        config=config(elastic_ep_mode="nixl", elastic_ep_frontend_retries=True), profile=PROFILE
+        config=config(
+            elastic_ep_mode="nixl",
+            elastic_ep_frontend_retries=True,
+            elastic_ep_shrink_abort_budget=1e9,
+        ),
+        profile=PROFILE,
     )
 
     decision = steady(planner, CAP16 * 0.5, current_dp=20, until_s=600.0)
 
     assert decision.reason is ElasticReason.SCALE_DOWN and decision.target_dp == 16
-    assert decision.diagnostics.cost_requests == 0.0  # a 1.96 s pause within the TTFT slack
+    # a 1.96 s pause within the TTFT slack costs nothing; the removed ranks' requests do
+    d = decision.diagnostics
+    assert d.aborted_requests is not None and d.aborted_requests > 0
+    assert d.cost_requests == pytest.approx(d.aborted_requests)
+    assert f"aborting ~{d.aborted_requests:.0f} in flight" in decision.message
+
+
+@dataclass(frozen=True)
+class AbortRow:
+    """Issue 32, item 2: a shrink aborts what runs on the ranks it removes."""
+
+    name: str
+    budget: float
+    drains: bool
+    load: float  # of CAP16
+    reason: ElasticReason
+    target: int | None
+    words: tuple[str, ...]
+
+
+ABORT_ROWS = [
+    AbortRow(
+        "over-budget-waits-for-a-quieter-moment",
+        0.0,
+        False,
+        0.5,
+        ElasticReason.HOLD_SCALE_DOWN_ABORTS,
+        None,
+        ("would abort ~", "elastic_ep_shrink_abort_budget=0", "waiting for a quieter moment"),
+    ),
+    AbortRow(
+        "within-budget-goes-ahead-and-says-what-it-aborts",
+        1e6,
+        False,
+        0.5,
+        ElasticReason.SCALE_DOWN,
+        16,
+        ("aborting ~",),
+    ),
+    AbortRow(
+        "an-engine-that-drains-first-aborts-none",
+        0.0,
+        True,
+        0.5,
+        ElasticReason.SCALE_DOWN_AFTER_DRAIN,
+        16,
+        ("draining first", "none aborted"),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ABORT_ROWS, ids=lambda r: r.name)
+def test_a_shrink_weighs_the_requests_it_aborts(row: AbortRow):
+    planner = ElasticPlanner(
+        config=config(
+            elastic_ep_mode="nixl",
+            elastic_ep_frontend_retries=True,
+            elastic_ep_shrink_abort_budget=row.budget,
+            elastic_ep_engine_drains_requests=row.drains,
+            ttft_ms=60_000.0,  # a drain's pause within the TTFT slack: only aborts count
+            **({"elastic_ep_drain_timeout_seconds": 30} if row.drains else {}),
+        ),
+        profile=PROFILE,
+    )
+
+    decision = steady(planner, CAP16 * row.load, current_dp=20, until_s=1200.0)
+
+    assert (decision.reason, decision.target_dp) == (row.reason, row.target), decision.message
+    for word in row.words:
+        assert word in decision.message
+    aborted = decision.diagnostics.aborted_requests
+    assert aborted is not None
+    assert (aborted == 0) == row.drains
 
 
 def test_without_retries_a_nixl_shrink_under_load_waits_for_idle_traffic():
@@ -289,7 +366,9 @@ def test_without_retries_a_nixl_shrink_under_load_waits_for_idle_traffic():
     decision = steady(planner, CAP16 * 0.5, current_dp=20, until_s=600.0)
 
     assert decision.reason is ElasticReason.HOLD_SCALE_DOWN_COSTS_SLO
-    assert decision.diagnostics.cost_requests == pytest.approx(CAP16 * 0.5 * 1.96)
+    d = decision.diagnostics
+    assert d.aborted_requests is not None
+    assert d.cost_requests == pytest.approx(CAP16 * 0.5 * 1.96 + d.aborted_requests)
     assert "rejected with 503" in decision.message
     idle = steady(planner, 0.0, current_dp=20, until_s=1500.0)
     assert idle.target_dp == 16
@@ -614,7 +693,8 @@ BACKLOG_TABLE = [
 @pytest.mark.parametrize("row", BACKLOG_TABLE)
 def test_the_backlog_is_carried_by_the_dp_size(row: BacklogRow):
     planner = ElasticPlanner(
-        config=config(elastic_ep_frontend_retries=row.retries), profile=PROFILE
+        config=config(elastic_ep_frontend_retries=row.retries, elastic_ep_shrink_abort_budget=1e9),
+        profile=PROFILE,
     )
 
     decision = steady_then(

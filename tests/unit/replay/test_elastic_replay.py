@@ -17,7 +17,7 @@ from disagg_planner.config import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.replay import session
 from disagg_planner.replay.session import WorkloadSpec, prepare
-from disagg_planner.simulator.elastic_ep import PAUSE_REJECTED
+from disagg_planner.simulator.elastic_ep import PAUSE_REJECTED, SHRINK_ABORTED
 
 PROFILE = "gb200/vllm/deepseek-v3/tp1-dp16-ep16"
 ENGINE = "sim:deepseek-v3@gb200:tp1:dp8:ep8"
@@ -174,3 +174,31 @@ def test_the_simulated_resize_takes_the_timing_the_policy_plans_with(tmp_path: P
     assert grow["pause_s"] == pytest.approx(6.0)
     decided = next(r for r in result.timeline if "resizing DP" in r.message)
     assert "blocking resize 40 s" in decided.message
+
+
+def test_a_shrink_under_load_aborts_the_removed_ranks_requests(tmp_path: Path) -> None:
+    """Issue 32, items 2 and 6: with a budget that lets it shrink under load, the replay
+    counts the requests on the removed ranks as failed (aborted), not moved; with no budget
+    the policy waits and nothing is aborted."""
+    base = [
+        *FLAGS, "--elastic-ep-frontend-retries", "--elastic-ep-trend-window-seconds", "90",
+        "--workload", "step:rates=30/6,at=60,duration=300,isl=2000,osl=200",
+        "--engine", ENGINE.replace("dp8:ep8", "dp16:ep16"),
+    ]  # fmt: skip
+    runs = {}
+    for name, budget in (("budget", "1000000"), ("no-budget", "0")):
+        out = tmp_path / name
+        flags = [*base, "--elastic-ep-shrink-abort-budget", budget]
+        assert main(["replay", *flags, "-o", str(out)]) == 0
+        runs[name] = (json.loads((out / "summary.json").read_text()), out)
+
+    summary, out = runs["budget"]
+    shrinks = [p for p in summary["elastic_ep"]["resizes"] if p["to_dp"] < p["from_dp"]]
+    assert shrinks
+    with (out / "requests.csv").open() as handle:
+        aborted = [r for r in csv.DictReader(handle) if r["error"] == SHRINK_ABORTED]
+    assert len(aborted) == summary["elastic_ep"]["aborted_at_shrink"] > 0
+    assert summary["failed"] >= len(aborted)
+
+    held, _ = runs["no-budget"]
+    assert held["elastic_ep"]["aborted_at_shrink"] == 0

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.simulator import elastic_ep
 from disagg_planner.simulator.cluster import Cluster, ReplicaState
 from disagg_planner.simulator.errors import SimulatorInputError, WorkloadError
 from disagg_planner.simulator.workloads import parse_workload
@@ -217,8 +218,9 @@ def test_elastic_ep_blocking_downtime_and_gpu_meter():
     assert c.gpus_per_replica("agg") == 12
 
 
-def test_elastic_ep_scale_down_recomputes_requests_of_removed_ranks():
+def _shrink_under_load(drains_first: bool) -> tuple[Cluster, int, int]:
     c = Cluster(mode="agg", engines={"agg": MOE}, replicas={"agg": 1})
+    c.shrink_drains_first = drains_first
     reqs = workload(10, 60, isl="lognormal:1500:0.3", osl="lognormal:400:0.3", seed=7)
     c.submit(reqs)
     c.run_until(30.0)
@@ -232,13 +234,29 @@ def test_elastic_ep_scale_down_recomputes_requests_of_removed_ranks():
     assert held > 0
     run_stepped(c, 5.0)
     assert sorted(r.request_id for r in c.records) == list(range(len(reqs)))
-    assert all(r.ok for r in c.records)
     assert c.gpu_seconds == pytest.approx(8 * 39.32 + 6 * (c.now - 39.32))
-    assert sum(r.preemptions for r in c.records) >= held  # recomputed on the other ranks
+    return c, held, len(reqs)
+
+
+def test_elastic_ep_scale_down_aborts_the_requests_of_removed_ranks():
+    """Issue 32, item 2: vLLM pauses the removed ranks with mode="abort"."""
+    c, held, _ = _shrink_under_load(drains_first=False)
+    aborted = [r for r in c.records if r.error == elastic_ep.SHRINK_ABORTED]
+    assert len(aborted) == held == c.aborted_at_shrink
+    assert all(r.ok for r in c.records if r.error != elastic_ep.SHRINK_ABORTED)
+
+
+def test_elastic_ep_scale_down_of_an_engine_that_drains_first_loses_nothing():
+    c, held, _ = _shrink_under_load(drains_first=True)
+    assert all(r.ok for r in c.records) and c.aborted_at_shrink == 0
+    assert sum(r.preemptions for r in c.records) >= held  # finished on the other ranks
+
+
+def test_elastic_ep_resize_input_errors():
     with pytest.raises(SimulatorInputError, match="dense"):
         disagg().resize_dp("decode", 2)
     with pytest.raises(SimulatorInputError, match="no room for a KV cache"):
-        c.resize_dp("agg", 2)
+        Cluster(mode="agg", engines={"agg": MOE}, replicas={"agg": 1}).resize_dp("agg", 2)
 
 
 def test_round_robin_and_least_loaded_routing():

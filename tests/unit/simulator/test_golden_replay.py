@@ -22,7 +22,9 @@ short-window trend and the pooled fast-check lengths (issue 18, no simulator cha
 that case again (two scale-ups to 3 prefill replicas instead of one to 2, the same
 attainment): re-recorded. The step test of the trend (two levels fitting the short windows
 better than a line are no trend) changed it once more (one scale-up to 2 prefill replicas,
-the same attainment, 0.66 GPU-h against 0.79): re-recorded.
+the same attainment, 0.66 GPU-h against 0.79): re-recorded. Issue 32: an elastic-EP shrink
+aborts the requests of the removed ranks, as vLLM does, instead of recomputing them on the
+kept ranks: the ``moe_resize`` digest was re-recorded (the replay digests held).
 
 A failure here means a simulated result changed. If it comes from the replay shell
 (``replay/``, ``runtime/``) rather than the simulator, ``git log`` says who changed what.
@@ -130,7 +132,7 @@ TIMELINE_COLUMNS = (
 )
 
 GOLDEN_CLUSTER: dict[str, str] = {
-    "moe_resize": "144f4b8f97e392000c3763e0cbeb64bfbbcb77d20ae07cfc39bd6e34d365a062",
+    "moe_resize": "89a19980bb346de5e14d6b59b11cd82aeab15ac7b1e3847d2b8c726f3db47b2f",
     "tight_prefix": "17b0f86b2f7d438c711023c215c521d607a923bf01e850e2b7936a5daab9e398",
 }
 
