@@ -67,6 +67,7 @@ def elastic_ep_kubernetes_settings(config: PlannerConfig) -> ElasticEpKubernetes
     return ElasticEpKubernetesSettings(
         **_as_keywords(kubernetes_settings(config)),
         follower_service=config.elastic_ep_follower_service,
+        elastic_role=config.elastic_ep,
     )
 
 
@@ -94,4 +95,5 @@ def elastic_ep_settings(config: PlannerConfig) -> ElasticEpSettings:
         scaling_max_wait_s=config.scaling_max_wait_seconds,
         scaling_check_interval_s=config.scaling_check_interval_seconds,
         gpus_per_rank=config.elastic_ep_gpus_per_rank,
+        grow_backoff_s=config.elastic_ep_grow_backoff_seconds,
     )

@@ -514,20 +514,44 @@ class FakeRayDashboard(_Server):
     def __init__(self, *, head_gpus: float = 16.0) -> None:
         super().__init__()
         self.nodes: list[dict[str, Any]] = [
-            {"node_ip": "10.0.0.1", "state": "ALIVE", "resources_total": {"GPU": head_gpus}}
+            {
+                "node_id": "n-10.0.0.1",
+                "node_ip": "10.0.0.1",
+                "state": "ALIVE",
+                "resources_total": {"GPU": head_gpus},
+            }
+        ]
+        # ``GET /api/v0/actors``: the engine's actors (vLLM's engines), by node
+        self.actors: list[dict[str, Any]] = [
+            {"actor_id": "a0", "state": "ALIVE", "node_id": "n-10.0.0.1"}
         ]
 
     def join(self, node_ip: str, gpus: float, state: str = "ALIVE") -> None:
         with self._lock:
             self.nodes.append(
-                {"node_ip": node_ip, "state": state, "resources_total": {"CPU": 8.0, "GPU": gpus}}
+                {
+                    "node_id": f"n-{node_ip}",
+                    "node_ip": node_ip,
+                    "state": state,
+                    "resources_total": {"CPU": 8.0, "GPU": gpus},
+                }
             )
 
+    def place(self, node_ip: str, alive: bool = True) -> None:
+        """An engine actor on ``node_ip`` (alive), or its actors gone (not alive)."""
+        with self._lock:
+            if alive:
+                actor = {"actor_id": node_ip, "state": "ALIVE", "node_id": f"n-{node_ip}"}
+                self.actors.append(actor)
+            else:
+                self.actors = [a for a in self.actors if a["node_id"] != f"n-{node_ip}"]
+
     def _post(self, path: str, raw: bytes) -> tuple[int, Any, Any]:
-        if path.split("?")[0] != "/api/v0/nodes":
+        route = path.split("?")[0]
+        if route not in ("/api/v0/nodes", "/api/v0/actors"):
             return 404, {"detail": "Not Found"}, None
         with self._lock:
-            rows = list(self.nodes)
+            rows = list(self.nodes if route == "/api/v0/nodes" else self.actors)
         data = {"result": {"total": len(rows), "num_after_truncation": len(rows), "result": rows}}
         return 200, {"result": True, "msg": "", "data": data}, None
 

@@ -79,6 +79,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from disagg_planner.connectors.elastic_ep.errors import (
+    ConnectionLost,
     DrainTimeout,
     ElasticEpError,
     GrowFailed,
@@ -94,6 +95,7 @@ IS_SCALING_PATH = "/is_scaling_elastic_ep"
 DYNAMO_SCALE_PATH = "/engine/control/scale_elastic_ep"
 DYNAMO_CAPACITY_PATH = "/engine/control/ep_capacity"
 RAY_NODES_PATH = "/api/v0/nodes"
+RAY_ACTORS_PATH = "/api/v0/actors"
 
 # What vLLM says, through Dynamo's "error" message (the worker passes the exception's text
 # on; bare vLLM hides it behind a 500 "Scale failed"), when an earlier prepare or commit
@@ -152,6 +154,11 @@ class JoinProbe(Protocol):
     async def placeable_ranks(self, gpus_per_rank: int, *, current_dp: int) -> int:
         """How many ranks beyond the ``current_dp`` running ones fit, each on one node with
         ``gpus_per_rank`` GPUs."""
+        ...
+
+    async def empty_nodes(self) -> tuple[int, frozenset[str] | None]:
+        """Nodes of the engine's Ray cluster hosting no rank: how many, and their addresses
+        where the readout names them (None: anonymous nodes)."""
         ...
 
 
@@ -214,7 +221,7 @@ def _lost(where: str, timeout_s: float, exc: BaseException) -> Exception:
         return ConnectorError(f"{where}: cannot reach the engine: {reason}")
     if isinstance(reason, TimeoutError):
         return NoAnswer(f"{where}: no answer within {timeout_s:g} s")
-    return NoAnswer(f"{where}: connection lost: {reason}")
+    return ConnectionLost(f"{where}: connection lost: {reason}")
 
 
 class _PhaseWatch:
@@ -582,6 +589,14 @@ class DynamoElasticEpAdmin:
             reply.get("nodes"), self.where, key="available_gpus", alive=None, per=gpus_per_rank
         )
 
+    async def empty_nodes(self) -> tuple[int, frozenset[str] | None]:
+        """Nodes whose GPUs are all free (the current handler's nodes are anonymous)."""
+        reply = await self.capacity()
+        nodes = reply.get("nodes")
+        totals = _node_gpus(nodes, self.where, key="total_gpus", alive=None)
+        free = _node_gpus(nodes, self.where, key="available_gpus", alive=None)
+        return sum(1 for t, f in zip(totals, free, strict=True) if t > 0 and f >= t), None
+
     async def engine_dp(self) -> int:
         """The engine's DP size (``ep_capacity``'s ``data_parallel_size``)."""
         value = (await self.capacity()).get("data_parallel_size")
@@ -599,14 +614,15 @@ class RayDashboardJoinProbe:
         self.timeout_s = timeout_s
         self.where = f"GET {self.base_url}{RAY_NODES_PATH}"
 
-    def _nodes(self) -> Any:
+    def _nodes(self, path: str = RAY_NODES_PATH) -> Any:
+        where = f"GET {self.base_url}{path}"
         try:
-            body = _request(self.base_url + RAY_NODES_PATH, None, self.timeout_s)
+            body = _request(self.base_url + path, None, self.timeout_s)
         except urllib.error.HTTPError as exc:
-            raise ConnectorError(f"{self.where}: HTTP {exc.code}: {_detail(exc.read())}") from None
+            raise ConnectorError(f"{where}: HTTP {exc.code}: {_detail(exc.read())}") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise ConnectorError(f"{self.where}: cannot reach the Ray dashboard: {exc}") from None
-        reply = _json_object(body, self.where, "the state API's {'data': {'result': ...}}")
+            raise ConnectorError(f"{where}: cannot reach the Ray dashboard: {exc}") from None
+        reply = _json_object(body, where, "the state API's {'data': {'result': ...}}")
         data = reply.get("data")
         result = data.get("result") if isinstance(data, Mapping) else None
         if isinstance(result, Mapping):  # list APIs wrap the rows once more
@@ -625,6 +641,25 @@ class RayDashboardJoinProbe:
             rows, self.where, key="resources_total", alive="ALIVE", per=gpus_per_rank
         )
         return max(0, fits - current_dp)
+
+    async def empty_nodes(self) -> tuple[int, frozenset[str] | None]:
+        """Alive nodes with GPUs and no alive actor (vLLM's engines are Ray actors)."""
+        nodes = await asyncio.to_thread(self._nodes)
+        actors = await asyncio.to_thread(self._nodes, RAY_ACTORS_PATH)
+        if not isinstance(nodes, list) or not isinstance(actors, list):
+            raise ConnectorError(f"{self.where}: expected lists of nodes and actors")
+        busy = {
+            a.get("node_id") for a in actors if isinstance(a, Mapping) and a.get("state") == "ALIVE"
+        }
+        empty = frozenset(
+            str(n.get("node_ip"))
+            for n in nodes
+            if isinstance(n, Mapping)
+            and n.get("state") == "ALIVE"
+            and n.get("node_id") not in busy
+            and ((n.get("resources_total") or {}).get("GPU") or 0) > 0
+        )
+        return len(empty), empty
 
 
 def _sum_gpus(rows: Any, where: str, *, key: str, alive: str | None) -> int:

@@ -37,10 +37,13 @@ from enum import StrEnum
 
 from disagg_planner.connectors.elastic_ep.admin_client import ElasticEpAdmin, JoinProbe
 from disagg_planner.connectors.elastic_ep.errors import (
+    ConnectionLost,
     DrainTimeout,
     FollowersNotReady,
+    GrowFailed,
     NoAnswer,
     PartialReconfiguration,
+    ResizeBackingOff,
     ResizeInFlight,
     ResizeOutcomeUnknown,
     ResizeRefused,
@@ -48,10 +51,11 @@ from disagg_planner.connectors.elastic_ep.errors import (
 from disagg_planner.connectors.elastic_ep.progress import (
     RECORD_ANNOTATION,
     FollowerPool,
+    GrowBackoff,
     ResizePhase,
     ResizeRecord,
 )
-from disagg_planner.errors import DeploymentError
+from disagg_planner.errors import ConnectorError, DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ DEFAULT_POLL_S = 5.0
 MAX_BUSY_RETRIES = 3
 # The record's message of a resize that may have half reconfigured the engine.
 PARTIAL_MARK = "partial reconfiguration"
+# The back-off after failed grows doubles per failure up to this many times the base.
+MAX_BACKOFF_FACTOR = 8
 
 
 class ResizeOutcome(StrEnum):
@@ -100,6 +106,7 @@ class ElasticEpSettings:
     scaling_max_wait_s: float  # scaling_max_wait_seconds: until added followers are ready
     scaling_check_interval_s: float  # scaling_check_interval_seconds: polling the followers
     gpus_per_rank: int = 1  # elastic_ep_gpus_per_rank: GPUs that must join per rank
+    grow_backoff_s: float = 300.0  # elastic_ep_grow_backoff_seconds: after a failed grow
 
 
 class ElasticEpController:
@@ -258,6 +265,13 @@ class ElasticEpController:
                 )
             obs = await self.followers.observe_followers()
             now = self._wall()
+            if new_dp > current and obs.backoff is not None and now < obs.backoff.not_before_s:
+                b = obs.backoff
+                raise ResizeBackingOff(
+                    f"elastic EP: not growing DP {current} -> {new_dp} for another "
+                    f"{b.not_before_s - now:.0f} s: {b.failures} failed grow(s), the last to "
+                    f"DP {b.to_dp} ({b.reason}: {b.message}); elastic_ep_grow_backoff_seconds"
+                )
             record = ResizeRecord(
                 phase=(ResizePhase.ADDING_FOLLOWERS if new_dp > current else ResizePhase.RESIZING),
                 from_dp=current,
@@ -319,12 +333,22 @@ class ElasticEpController:
             await pool.write_record(record)
         if record.phase is ResizePhase.RESIZING:
             try:
+                if record.called_s is not None:  # a restarted controller: never re-fire blindly
+                    done = await self._called_before(record)
+                    if done is not None:
+                        return done
                 await self._wait_engine_idle()  # e.g. the call a restarted controller made
+                record = replace(
+                    record, called_s=self._wall(), leader_restarts=await pool.leader_restarts()
+                )
+                await pool.write_record(record)
                 started = self._clock()
                 message = await self._scale(record.to_dp)
                 resize_s = self._clock() - started
-            except (ResizeRefused, DrainTimeout):
+            except (ResizeRefused, DrainTimeout) as exc:
                 await self._roll_back(record)
+                if record.grow:
+                    await self._back_off(record, exc)
                 raise
             except PartialReconfiguration as exc:
                 # The new ranks may live on the followers: leave them, keep the record.
@@ -335,6 +359,8 @@ class ElasticEpController:
                 raise
             if record.grow:
                 await pool.write_record(None)
+                if (await pool.observe_followers()).backoff is not None:
+                    await pool.write_backoff(None)  # the engine grows again
                 self._dp = record.to_dp
                 return ResizeResult(
                     ResizeOutcome.RESIZED,
@@ -348,6 +374,7 @@ class ElasticEpController:
                 )
             record = replace(record, phase=ResizePhase.REMOVING_FOLLOWERS, message=message)
             await pool.write_record(record)
+        await self._retire(record)
         await pool.set_followers(record.to_followers)
         await pool.write_record(None)
         self._dp = record.to_dp
@@ -359,6 +386,84 @@ class ElasticEpController:
             record.message or f"DP {record.to_dp}",
             resize_s=resize_s,
             pause_s=self._measured_pause() if resize_s is not None else None,
+        )
+
+    async def _retire(self, record: ResizeRecord) -> None:
+        """Mark the follower pods whose ranks the shrink removed, shown empty by the join
+        probe, before the follower count drops (FollowersNotEmpty keeps the record)."""
+        assert self.followers is not None
+        leaving = record.from_followers - record.to_followers
+        if leaving <= 0:
+            return
+        if self.join_probe is None:
+            count, ips = 0, None
+        else:
+            count, ips = await self.join_probe.empty_nodes()
+        await self.followers.retire_followers(leaving, empty_ips=ips, empty_nodes=count)
+
+    async def _called_before(self, record: ResizeRecord) -> ResizeResult | None:
+        """A resize call a previous controller made (``record.called_s``): finished when the
+        engine reports the new size; failed (rolled back, backed off) when the leader pods
+        restarted since or the engine reports the old size after a restart; None when it may
+        still run (re-issued: the engine's single flight answers "in progress" meanwhile)."""
+        assert self.followers is not None
+        reported = await self._engine_dp_or_none()
+        if reported == record.to_dp:
+            await self.followers.write_record(None)
+            self._dp = record.to_dp
+            if not record.grow:
+                await self._retire(record)
+                await self.followers.set_followers(record.to_followers)
+            return ResizeResult(
+                ResizeOutcome.RESIZED,
+                record.from_dp,
+                record.to_dp,
+                record.to_dp,
+                f"DP {record.to_dp}: the previous planner's resize had finished",
+            )
+        restarts = await self.followers.leader_restarts()
+        if (
+            record.grow
+            and record.leader_restarts is not None
+            and restarts is not None
+            and restarts > record.leader_restarts
+        ):
+            exc = GrowFailed(
+                f"elastic EP: DP {record.from_dp} -> {record.to_dp}: the engine's leader pods "
+                f"restarted {restarts - record.leader_restarts} time(s) since the resize call "
+                f"(engine reports DP {reported!r}): the grow failed; not re-issuing it",
+                status=0,
+                detail="leader restarted",
+            )
+            await self._roll_back(record)
+            await self._back_off(record, exc)
+            raise exc
+        return None
+
+    async def _engine_dp_or_none(self) -> int | None:
+        try:
+            return await self.admin.engine_dp()
+        except ConnectorError:
+            return None
+
+    async def _back_off(self, record: ResizeRecord, exc: Exception) -> None:
+        """Record a failed grow: the next waits ``grow_backoff_s``, doubled per failure."""
+        assert self.followers is not None
+        previous = (await self.followers.observe_followers()).backoff
+        failures = (previous.failures if previous is not None else 0) + 1
+        delay = self.settings.grow_backoff_s * min(MAX_BACKOFF_FACTOR, 2 ** (failures - 1))
+        now = self._wall()
+        reason = "WorkerRestarted" if isinstance(exc, GrowFailed) else type(exc).__name__
+        await self.followers.write_backoff(
+            GrowBackoff(
+                failures=failures,
+                not_before_s=now + delay,
+                to_dp=record.to_dp,
+                reason=reason,
+                message=f"grow DP {record.from_dp} -> {record.to_dp} failed ({exc}); "
+                f"followers lowered to {record.from_followers}; next grow in {delay:.0f} s",
+                at_s=now,
+            )
         )
 
     def _measured_pause(self) -> float | None:
@@ -439,6 +544,31 @@ class ElasticEpController:
             ) from None
         await self._sleep(min(self.poll_interval_s, left))
 
+    async def _after_lost_connection(self, new_dp: int, exc: NoAnswer) -> str:
+        """Dynamo's worker dropped the call: its process exits on a failed resize and the
+        pod restarts (fail-fast). Wait for the route to answer again and read the size: the
+        new one is a success whose answer was lost; any other is a failure, never re-fired."""
+        deadline = self._clock() + self.settings.resize_timeout_s
+        while True:
+            reported = await self._engine_dp_or_none()
+            if reported is not None:
+                break
+            left = deadline - self._clock()
+            if left <= 0:
+                raise ResizeOutcomeUnknown(
+                    f"elastic EP: DP {new_dp}: {exc}; the worker did not answer again within "
+                    f"{self.settings.resize_timeout_s:g} s (elastic_ep_resize_timeout_seconds)"
+                ) from None
+            await self._sleep(min(self.poll_interval_s, left))
+        if reported == new_dp:
+            return f"DP {new_dp} (the worker's answer was lost)"
+        raise GrowFailed(
+            f"elastic EP: DP {new_dp}: {exc}; the worker is back at DP {reported}: it "
+            "restarted on a failed resize (Dynamo's fail-fast); not re-issuing it",
+            status=0,
+            detail=str(exc),
+        )
+
     async def _scale(self, new_dp: int) -> str:
         """One resize call, made safe: a resize in flight (503, "busy") is waited out; a call
         without an answer is followed until the engine is idle, then re-issued once."""
@@ -465,6 +595,8 @@ class ElasticEpController:
                     raise
                 await self._wait_engine_idle()
             except NoAnswer as exc:
+                if isinstance(exc, ConnectionLost) and not self.admin.reports_scaling:
+                    return await self._after_lost_connection(new_dp, exc)
                 if reissued:
                     raise ResizeOutcomeUnknown(
                         f"elastic EP: DP {new_dp}: {exc}; re-issued once without an answer"

@@ -74,3 +74,8 @@ class ResizeBackingOff(ElasticEpError):
 class FollowersNotEmpty(ElasticEpError):
     """After a shrink, the follower pods to remove could not be shown to host no rank; the
     follower count was left as it is (the engine is already at the smaller size)."""
+
+
+class ConnectionLost(NoAnswer):
+    """The connection dropped before an answer (not a timeout): on Dynamo's worker, the
+    process exiting on a failed resize (fail-fast) looks like this. Internal, as NoAnswer."""

@@ -13,7 +13,9 @@ observable through vLLM's API, so it is derived from the followers and the recor
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -23,13 +25,27 @@ from kubernetes import client as k8s_client
 
 from disagg_planner.connectors.dgd_shape import dgd_services, ready_count
 from disagg_planner.connectors.elastic_ep.coexistence import dynamo_reconciler_claim
+from disagg_planner.connectors.elastic_ep.errors import FollowersNotEmpty
 from disagg_planner.connectors.elastic_ep.progress import (
+    BACKOFF_ANNOTATION,
+    BACKOFF_TYPE,
     RECORD_ANNOTATION,
     FollowerObservation,
+    GrowBackoff,
     ResizeRecord,
 )
-from disagg_planner.connectors.kubernetes import KubernetesConnector, KubernetesSettings
-from disagg_planner.errors import DeploymentError
+from disagg_planner.connectors.kubernetes import (
+    DGD_GROUP,
+    DGD_KIND,
+    DGD_VERSION,
+    EVENT_COMPONENT,
+    LEAVING_COST,
+    POD_DELETION_COST,
+    SERVICE_POD_LABEL,
+    KubernetesConnector,
+    KubernetesSettings,
+)
+from disagg_planner.errors import ConnectorError, DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +56,7 @@ class ElasticEpKubernetesSettings(KubernetesSettings):
     (:func:`disagg_planner.runtime.connector_settings.elastic_ep_kubernetes_settings`)."""
 
     follower_service: str | None  # the DGD service of the follower pods; None: refused
+    elastic_role: str | None = None  # the role whose engine the followers join (its leader)
 
 
 class ElasticEpKubernetes(KubernetesConnector):
@@ -66,6 +83,7 @@ class ElasticEpKubernetes(KubernetesConnector):
             )
         super().__init__(settings, api_client=api_client, clock=clock, sleep=sleep)
         self.follower_service: str = settings.follower_service
+        self.elastic_role = settings.elastic_role
         self._adapter_name = f"{self.dgd_name}-{self.follower_service.lower()}"
 
     async def _get_follower_adapter(self) -> Mapping[str, Any] | None:
@@ -95,8 +113,16 @@ class ElasticEpKubernetes(KubernetesConnector):
         if text:
             where = f"DynamoGraphDeployment {self._ref} annotation {RECORD_ANNOTATION}"
             record = ResizeRecord.from_json(str(text), where=where)
+        backoff = None
+        text = annotations.get(BACKOFF_ANNOTATION) if isinstance(annotations, Mapping) else None
+        if text:
+            where = f"DynamoGraphDeployment {self._ref} annotation {BACKOFF_ANNOTATION}"
+            backoff = GrowBackoff.from_json(str(text), where=where)
         return FollowerObservation(
-            desired=desired, ready=ready_count(dgd, self.follower_service), record=record
+            desired=desired,
+            ready=ready_count(dgd, self.follower_service),
+            record=record,
+            backoff=backoff,
         )
 
     async def reconciler_claim(self, role: str) -> str | None:
@@ -131,3 +157,115 @@ class ElasticEpKubernetes(KubernetesConnector):
             {"metadata": {"annotations": {RECORD_ANNOTATION: value}}},
             what="elastic-EP resize record",
         )
+
+    async def write_backoff(self, backoff: GrowBackoff | None) -> None:
+        """Keep the failed grows' condition on the DGD (None clears it); a new failure is
+        also a Warning Event on the DGD."""
+        if self._settings.advisory:
+            return
+        value = backoff.to_json() if backoff is not None else None
+        await self._patch_dgd(
+            {"metadata": {"annotations": {BACKOFF_ANNOTATION: value}}},
+            what="elastic-EP grow back-off",
+        )
+        if backoff is not None:
+            await self._warn(BACKOFF_TYPE, backoff.message)
+
+    async def _warn(self, reason: str, message: str) -> None:
+        """A Warning Event on the DGD; failing to post one never stops the resize."""
+        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        event = k8s_client.CoreV1Event(
+            metadata=k8s_client.V1ObjectMeta(
+                name=f"{self.dgd_name}.{secrets.token_hex(8)}", namespace=self.namespace
+            ),
+            involved_object=k8s_client.V1ObjectReference(
+                api_version=f"{DGD_GROUP}/{DGD_VERSION}",
+                kind=DGD_KIND,
+                name=self.dgd_name,
+                namespace=self.namespace,
+            ),
+            reason=reason,
+            message=message[:1000],
+            type="Warning",
+            source=k8s_client.V1EventSource(component=EVENT_COMPONENT),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            reporting_component=EVENT_COMPONENT,
+        )
+        try:
+            await self._call(
+                f"create Event for DynamoGraphDeployment {self._ref}",
+                "create",
+                "events",
+                self._core.create_namespaced_event,
+                self.namespace,
+                event,
+            )
+        except (ConnectorError, DeploymentError) as exc:
+            log.warning("could not record a Kubernetes Event (%s): %s", reason, exc)
+
+    async def _service_pods(self, service: str) -> list[Any]:
+        """The live (not terminating, not exited) pods of one DGD service."""
+        return [
+            pod
+            for pod in await self._dgd_pods()
+            if (pod.metadata.labels or {}).get(SERVICE_POD_LABEL) == service
+            and pod.metadata.deletion_timestamp is None
+            and not (pod.status is not None and pod.status.phase in ("Succeeded", "Failed"))
+        ]
+
+    async def leader_restarts(self) -> int | None:
+        """The container restarts of the elastic role's (leader) pods; None when the role's
+        service is not resolved yet."""
+        role = self.elastic_role
+        service = self.role_services.get(role) if role is not None else None
+        if service is None:
+            return None
+        total = 0
+        for pod in await self._service_pods(service):
+            for status in (pod.status.container_statuses if pod.status else None) or ():
+                total += int(status.restart_count or 0)
+        return total
+
+    async def retire_followers(
+        self, count: int, *, empty_ips: frozenset[str] | None, empty_nodes: int
+    ) -> list[str]:
+        """Mark the ``count`` follower pods that leave with the lowest deletion cost, after
+        checking they host no rank: with ``empty_ips`` (the Ray nodes without engine actors)
+        the pods on those nodes; without (Dynamo's anonymous nodes) the newest pods (their
+        ranks joined last, and a shrink removes the highest ranks), when ``empty_nodes``
+        covers them. Raises FollowersNotEmpty, marking nothing, when that cannot be shown."""
+        live = await self._service_pods(self.follower_service)
+        if count <= 0 or not live:
+            return []
+        count = min(count, len(live))
+        if empty_ips is not None:
+            chosen = [
+                p
+                for p in live
+                if p.status is not None
+                and (p.status.pod_ip in empty_ips or p.status.host_ip in empty_ips)
+            ][:count]
+            why = f"{len(chosen)} follower pod(s) run on a Ray node with no engine"
+        else:
+            newest = sorted(live, key=_created, reverse=True)
+            chosen = newest[:count] if empty_nodes >= count else []
+            why = f"the engine reports {empty_nodes} node(s) with every GPU free"
+        if len(chosen) < count:
+            raise FollowersNotEmpty(
+                f"elastic EP: {count} follower pod(s) of {self.follower_service} should leave, "
+                f"but {why}: not lowering the followers until the removed ranks' pods are "
+                "shown empty (asked again next tick)"
+            )
+        for pod in chosen:
+            await self._annotate_pod(pod.metadata.name, {POD_DELETION_COST: LEAVING_COST})
+        names = [p.metadata.name for p in chosen]
+        log.info("DGD %s: follower pod(s) %s leave (they host no rank)", self._ref, names)
+        return names
+
+
+def _created(pod: Any) -> tuple[float, str]:
+    """A pod's creation time (epoch s, 0 when not set) and name, to order pods by age."""
+    stamp = pod.metadata.creation_timestamp
+    return (stamp.timestamp() if stamp is not None else 0.0, pod.metadata.name)

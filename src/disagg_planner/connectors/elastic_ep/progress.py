@@ -16,6 +16,9 @@ from disagg_planner.errors import DeploymentError
 
 RECORD_ANNOTATION = "planner.nvidia.com/elastic-ep-resize"
 RECORD_TYPE = "ElasticEpResizing"
+# The condition of the last failed grows and the back-off they set (issue 32, item 4).
+BACKOFF_ANNOTATION = "planner.nvidia.com/elastic-ep-grow-failed"
+BACKOFF_TYPE = "ElasticEpGrowFailed"
 
 
 class ResizePhase(StrEnum):
@@ -42,6 +45,8 @@ class ResizeRecord:
     started_s: float
     deadline_s: float
     message: str = ""
+    called_s: float | None = None  # when the resize call was made (epoch s)
+    leader_restarts: int | None = None  # the leader pods' restarts then
 
     @property
     def grow(self) -> bool:
@@ -60,6 +65,8 @@ class ResizeRecord:
                 "toFollowers": self.to_followers,
                 "startedAt": self.started_s,
                 "deadline": self.deadline_s,
+                "calledAt": self.called_s,
+                "leaderRestarts": self.leader_restarts,
             },
             sort_keys=True,
         )
@@ -101,6 +108,79 @@ class ResizeRecord:
             started_s=times["startedAt"],
             deadline_s=times["deadline"],
             message=str(raw.get("message") or ""),
+            called_s=_optional_number(raw, "calledAt", where),
+            leader_restarts=_optional_count(raw, "leaderRestarts", where),
+        )
+
+
+def _optional_number(raw: Mapping[str, object], key: str, where: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DeploymentError(f"{where}: {key} = {value!r}, expected epoch seconds or null")
+    return float(value)
+
+
+def _optional_count(raw: Mapping[str, object], key: str, where: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DeploymentError(f"{where}: {key} = {value!r}, expected an integer >= 0 or null")
+    return value
+
+
+@dataclass(frozen=True)
+class GrowBackoff:
+    """Failed grows of one engine and when the next may start, kept on the deployment as a
+    condition-like object (``reason`` says what failed) so a restarted planner waits too."""
+
+    failures: int
+    not_before_s: float  # epoch s
+    to_dp: int
+    reason: str  # e.g. "WorkerRestarted", "Refused"
+    message: str
+    at_s: float  # the last failure (epoch s)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "type": BACKOFF_TYPE,
+                "status": "True",
+                "reason": self.reason,
+                "message": self.message,
+                "lastTransitionTime": self.at_s,
+                "failures": self.failures,
+                "notBefore": self.not_before_s,
+                "toDp": self.to_dp,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str) -> GrowBackoff:
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise DeploymentError(f"{where}: not JSON ({exc}): {text[:200]!r}") from None
+        if not isinstance(raw, Mapping):
+            raise DeploymentError(f"{where}: expected a JSON object, got {text[:200]!r}")
+        failures = _optional_count(raw, "failures", where)
+        to_dp = _optional_count(raw, "toDp", where)
+        not_before = _optional_number(raw, "notBefore", where)
+        at = _optional_number(raw, "lastTransitionTime", where)
+        if failures is None or to_dp is None or not_before is None or at is None:
+            raise DeploymentError(
+                f"{where}: failures, toDp, notBefore and lastTransitionTime are required"
+            )
+        return cls(
+            failures=failures,
+            not_before_s=not_before,
+            to_dp=to_dp,
+            reason=str(raw.get("reason") or ""),
+            message=str(raw.get("message") or ""),
+            at_s=at,
         )
 
 
@@ -111,6 +191,7 @@ class FollowerObservation:
     desired: int
     ready: int
     record: ResizeRecord | None
+    backoff: GrowBackoff | None = None
 
 
 class FollowerPool(Protocol):
@@ -121,3 +202,20 @@ class FollowerPool(Protocol):
     async def set_followers(self, replicas: int) -> None: ...
 
     async def write_record(self, record: ResizeRecord | None) -> None: ...
+
+    async def write_backoff(self, backoff: GrowBackoff | None) -> None:
+        """Keep (None: clear) the failed grows' condition; a new one is also an Event."""
+        ...
+
+    async def leader_restarts(self) -> int | None:
+        """How often the engine's leader pods restarted (None: not known)."""
+        ...
+
+    async def retire_followers(
+        self, count: int, *, empty_ips: frozenset[str] | None, empty_nodes: int
+    ) -> list[str]:
+        """Choose the ``count`` follower pods that leave and mark them so Kubernetes removes
+        those (deletion cost), after showing they host no rank (``empty_ips``: the nodes'
+        addresses without an engine, where known; ``empty_nodes``: how many there are);
+        FollowersNotEmpty otherwise. Returns their names."""
+        ...
