@@ -134,7 +134,7 @@ def mode_timing(config: PlannerConfig) -> ElasticEpMode:
 # A measured pause this many times the configured one (and this much longer) says the engine
 # does not resize the way elastic_ep_mode describes (e.g. NIXL EP's all-to-all is not on).
 PAUSE_CONTRADICTION_RATIO = 5.0
-PAUSE_CONTRADICTION_MARGIN_S = 10.0
+PAUSE_CONTRADICTION_MARGIN_S = 1.0
 
 
 def pause_contradiction(timing: ElasticEpMode, *, grow: bool, pause_s: float) -> str | None:

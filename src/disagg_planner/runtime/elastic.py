@@ -11,7 +11,11 @@ pure policy (:class:`disagg_planner.core.elastic.ElasticPlanner`) to the actuato
   again and reports why it could not;
 - on Kubernetes, a DGD whose engine Dynamo's own elastic-EP reconciler drives is refused
   every tick with a problem saying why (:func:`disagg_planner.connectors.elastic_ep.
-  dynamo_reconciler_claim`): two writers must not resize one engine;
+  dynamo_reconciler_claim`): two writers must not resize one engine. With
+  ``elastic_ep_followers_only_when_claimed`` the planner instead only raises the follower
+  replicas a grow needs and leaves the resize to Dynamo's reconciler; it holds shrinks there
+  (Dynamo's design defers returning followers, since a plain decrement can remove a pod that
+  still hosts ranks);
 - each throughput tick reads the engine's DP size and whether a resize is in flight, asks
   the policy (with the tick's traffic window and the elastic role's queued prefill tokens
   from FPM: the observations the throughput loop's backlog rule reads), and when it names
@@ -19,8 +23,12 @@ pure policy (:class:`disagg_planner.core.elastic.ElasticPlanner`) to the actuato
   task: a resize takes seconds to minutes and the loop keeps its cadence meanwhile; the
   policy holds (``resize_in_flight``) until it is over;
 - a resize that failed is reported as a :class:`Problem` of the next tick (``source``
-  ``"elastic"``); one that succeeded teaches the policy its measured follower start-up + join
-  and resize times (the lead time); nothing here raises into the loop except cancellation.
+  ``"elastic"``); a refusal naming the engine's shrink floor (vLLM's "minimum is M") teaches
+  the policy that floor; one that succeeded teaches the policy its measured follower
+  start-up + join, resize and pause times (the lead time and the pause's price), and a
+  pause that contradicts ``elastic_ep_mode`` (e.g. 60 s under NIXL EP) is reported as a
+  problem (``ElasticEpPauseContradictsMode``); nothing here raises into the loop except
+  cancellation.
 
 The controller's waits run on real time (``time.monotonic`` / ``asyncio.sleep``), not on the
 loop's clock: they bound HTTP calls and pod start-up, which a test's jumping clock does not
@@ -51,6 +59,7 @@ from disagg_planner.connectors.elastic_ep import (
     ElasticEpKubernetes,
     JoinProbe,
     RayDashboardJoinProbe,
+    ResizeRefused,
     ResizeResult,
     VllmElasticEpAdmin,
     detect_api,
@@ -271,6 +280,8 @@ class ElasticDriver:
             controller = await self.connect()
             if self.followers is not None:
                 claim = await self.followers.reconciler_claim(self.role)
+                if claim is not None and self.config.elastic_ep_followers_only_when_claimed:
+                    return await self._followers_only(now, traffic, other_gpus, problems)
                 if claim is not None:
                     problems.append(
                         Problem(
@@ -314,6 +325,49 @@ class ElasticDriver:
             started = True
         return ElasticTick(decision, started_resize=started, resizing=resizing)
 
+    async def _followers_only(
+        self,
+        now: float,
+        traffic: TrafficObservation | MissingObservation,
+        other_gpus: int,
+        problems: list[Problem],
+    ) -> ElasticTick:
+        """Dynamo's reconciler resizes this engine: raise the followers a grow needs and let
+        it fire the resize (its target is 1 + the follower replicas' ranks); hold shrinks."""
+        pool = self.followers
+        assert pool is not None
+        controller = self.controller
+        assert isinstance(controller, ElasticEpController)
+        obs = await pool.observe_followers()
+        reported = await controller.admin.engine_dp()
+        followers_dp = controller.dp_for(obs.desired)
+        current_dp = reported if reported is not None else followers_dp
+        # the reconciler has not resized to the followers' size yet: a resize in flight
+        resizing = self.busy or current_dp != followers_dp
+        decision = self.planner.tick(
+            now, traffic, current_dp=current_dp, resizing=resizing, other_gpus=other_gpus
+        )
+        target = decision.target_dp
+        if target is None or self.config.advisory:
+            return ElasticTick(decision, resizing=resizing)
+        if target < current_dp:
+            problems.append(
+                Problem(
+                    ProblemKind.DEPLOYMENT_INVALID,
+                    "ElasticEpShrinkLeftToDynamo",
+                    f"DP {current_dp} -> {target} held: Dynamo's reconciler drives this engine "
+                    "and its design defers returning followers (a decrement can remove a pod "
+                    "still hosting ranks)",
+                    "elastic",
+                )
+            )
+            return ElasticTick(decision)
+        wanted = controller.followers_for(target)
+        if wanted > obs.desired:
+            self._spawn(pool.set_followers(wanted), f"followers {obs.desired} -> {wanted}")
+            return ElasticTick(decision, started_resize=True)
+        return ElasticTick(decision)
+
     def _spawn(self, work: object, what: str) -> None:
         assert asyncio.iscoroutine(work)
         if self._inline:
@@ -334,14 +388,27 @@ class ElasticDriver:
         exc = task.exception()
         if exc is None:
             result = task.result()
-            if result is not None:
+            if isinstance(result, ResizeResult):
                 log.info("elastic EP (%s): %s: %s", self.role, self._task_what, result.message)
-                self.planner.observe_resize(
+                warning = self.planner.observe_resize(
                     grow=result.to_dp > result.from_dp,
                     followers_ready_s=result.followers_ready_s,
                     resize_s=result.resize_s,
+                    pause_s=result.pause_s,
                 )
+                if warning is not None:
+                    log.warning("elastic EP (%s): %s", self.role, warning)
+                    problems.append(
+                        Problem(
+                            ProblemKind.CONNECTOR_ERROR,
+                            "ElasticEpPauseContradictsMode",
+                            warning,
+                            "elastic",
+                        )
+                    )
             return
+        if isinstance(exc, ResizeRefused) and exc.minimum_dp is not None:
+            self.planner.observe_min_dp(exc.minimum_dp)
         if isinstance(exc, ConnectorError | DeploymentError):
             log.warning("elastic EP (%s): %s failed: %s", self.role, self._task_what, exc)
             problems.append(_problem(exc))

@@ -666,3 +666,57 @@ async def test_the_driver_reports_a_half_reconfigured_engine_every_tick(
         assert outcome.decision is not None and outcome.decision.target_dp is None
         assert outcome.decision.reason.value == "resize_in_flight"  # the policy holds
     assert len(engine.scale_calls()) == 1
+
+
+async def test_the_driver_only_raises_followers_when_dynamos_reconciler_drives(
+    cluster, api_client, dynamo_factory
+):
+    """Issue 32, item 3: with elastic_ep_followers_only_when_claimed the planner raises the
+    follower replicas a grow needs and calls no resize (Dynamo's reconciler does)."""
+    cluster.add_dgd({"Frontend": frontend(), "decode": elastic_leader(), "decode-flw": {}})
+    worker = dynamo_factory(dp=16)
+    cfg = driver_config(
+        worker.url,
+        elastic_ep_api="dynamo",
+        elastic_ep_follower_service="decode-flw",
+        elastic_ep_followers_only_when_claimed=True,
+    )
+    pool = ElasticEpKubernetes(elastic_ep_kubernetes_settings(cfg), api_client=api_client)
+    driver = ElasticDriver(cfg, profile=PROFILE, connector=pool)
+    status = await pool.status()
+    problems: list[Any] = []
+
+    first = await driver.tick(INTERVAL, busy_window(INTERVAL), status, problems)
+    await driver.wait_idle()
+
+    assert first.started_resize and first.decision is not None
+    assert first.decision.target_dp == 20
+    assert cluster.dgd()["spec"]["services"]["decode-flw"]["replicas"] == 1
+    assert worker.scale_calls() == []
+    second = await driver.tick(2 * INTERVAL, busy_window(2 * INTERVAL), status, problems)
+    assert second.decision is not None and second.decision.reason.value == "resize_in_flight"
+    assert problems == []
+
+
+async def test_the_driver_warns_when_the_measured_pause_contradicts_the_mode(
+    cluster, api_client, current_engine_factory, operator
+):
+    """Issue 32, item 5: a pause far longer than elastic_ep_mode plans is reported, and the
+    policy prices the measured pause from then on."""
+    cluster.add_dgd(services(0))
+    engine = current_engine_factory(dp=16, prepare_s=0.1, commit_s=1.5)
+    cfg = driver_config(engine.url, elastic_ep_api="vllm", elastic_ep_timing="1,0.01,1,0.01")
+    pool = ElasticEpKubernetes(elastic_ep_kubernetes_settings(cfg), api_client=api_client)
+    driver = ElasticDriver(cfg, profile=PROFILE, connector=pool)
+    status = await pool.status()
+
+    first = await driver.tick(INTERVAL, busy_window(INTERVAL), status, [])
+    assert first.started_resize
+    await driver.wait_idle()
+    problems: list[Any] = []
+    await driver.tick(2 * INTERVAL, busy_window(2 * INTERVAL), status, problems)
+
+    assert engine.dp == 20
+    [warning] = [p for p in problems if p.reason == "ElasticEpPauseContradictsMode"]
+    assert "a grow paused serving 1." in warning.detail and "plans 0.0 s" in warning.detail
+    assert 1.0 <= driver.planner.pause_s(grow=True) < 2.5

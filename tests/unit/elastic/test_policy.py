@@ -758,3 +758,35 @@ def test_a_decode_role_sizes_its_backlog_at_its_own_cost_per_request():
     assert d.backlog_requests == pytest.approx(BACKLOG)
     assert d.ranks_needed == math.ceil((rate + BACKLOG / 60.0) * cost.gpu_seconds - 1e-9)
     assert decision.reason is ElasticReason.SCALE_UP
+
+
+def test_a_measured_pause_is_priced_and_a_contradiction_with_the_mode_is_named():
+    """Issue 32, item 5: 60 s under NIXL EP means the engine does not run its all-to-all."""
+    planner = ElasticPlanner(config=config(elastic_ep_mode="nixl"), profile=PROFILE)
+    assert planner.pause_s(grow=True) == pytest.approx(0.82)
+
+    warning = planner.observe_resize(grow=True, followers_ready_s=None, resize_s=95.0, pause_s=60.0)
+
+    assert warning is not None
+    assert "a grow paused serving 60.0 s, but elastic_ep_mode nixl_ep plans 0.8 s" in warning
+    assert "--all2all-backend nixl_ep" in warning
+    assert planner.pause_s(grow=True) == pytest.approx(60.0)
+    assert (
+        planner.observe_resize(grow=False, followers_ready_s=None, resize_s=3, pause_s=2.0) is None
+    )
+
+
+def test_the_engines_shrink_floor_bounds_the_shrink():
+    """Issue 32, item 5: vLLM refused DP 16 ("minimum is 18"): the next shrink stops on the
+    grid at or above it."""
+    planner = ElasticPlanner(
+        config=config(
+            elastic_ep_mode="nixl", elastic_ep_shrink_abort_budget=1e9, elastic_ep_max_dp=24
+        ),
+        profile=PROFILE,
+    )
+    planner.observe_min_dp(18)
+
+    decision = steady(planner, 0.0, current_dp=24, until_s=1500.0)
+
+    assert (decision.reason, decision.target_dp) == (ElasticReason.SCALE_DOWN, 20)
