@@ -602,6 +602,10 @@ class KubernetesConnector:
             f"{override.expected} (last set by the planner) to {override.observed} by someone "
             f"else; {tail}"
         )
+        await self._emit_event(reason, kind, message)
+
+    async def _emit_event(self, reason: str, kind: str, message: str) -> None:
+        """A Kubernetes Event on the DGD (``kind``: Normal or Warning)."""
         now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         event = k8s_client.CoreV1Event(
             metadata=k8s_client.V1ObjectMeta(

@@ -13,9 +13,7 @@ observable through vLLM's API, so it is derived from the followers and the recor
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,17 +33,13 @@ from disagg_planner.connectors.elastic_ep.progress import (
     ResizeRecord,
 )
 from disagg_planner.connectors.kubernetes import (
-    DGD_GROUP,
-    DGD_KIND,
-    DGD_VERSION,
-    EVENT_COMPONENT,
     LEAVING_COST,
     POD_DELETION_COST,
     SERVICE_POD_LABEL,
     KubernetesConnector,
     KubernetesSettings,
 )
-from disagg_planner.errors import ConnectorError, DeploymentError
+from disagg_planner.errors import DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -169,41 +163,7 @@ class ElasticEpKubernetes(KubernetesConnector):
             what="elastic-EP grow back-off",
         )
         if backoff is not None:
-            await self._warn(BACKOFF_TYPE, backoff.message)
-
-    async def _warn(self, reason: str, message: str) -> None:
-        """A Warning Event on the DGD; failing to post one never stops the resize."""
-        now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-        event = k8s_client.CoreV1Event(
-            metadata=k8s_client.V1ObjectMeta(
-                name=f"{self.dgd_name}.{secrets.token_hex(8)}", namespace=self.namespace
-            ),
-            involved_object=k8s_client.V1ObjectReference(
-                api_version=f"{DGD_GROUP}/{DGD_VERSION}",
-                kind=DGD_KIND,
-                name=self.dgd_name,
-                namespace=self.namespace,
-            ),
-            reason=reason,
-            message=message[:1000],
-            type="Warning",
-            source=k8s_client.V1EventSource(component=EVENT_COMPONENT),
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            reporting_component=EVENT_COMPONENT,
-        )
-        try:
-            await self._call(
-                f"create Event for DynamoGraphDeployment {self._ref}",
-                "create",
-                "events",
-                self._core.create_namespaced_event,
-                self.namespace,
-                event,
-            )
-        except (ConnectorError, DeploymentError) as exc:
-            log.warning("could not record a Kubernetes Event (%s): %s", reason, exc)
+            await self._emit_event(BACKOFF_TYPE, "Warning", backoff.message[:1000])
 
     async def _service_pods(self, service: str) -> list[Any]:
         """The live (not terminating, not exited) pods of one DGD service."""

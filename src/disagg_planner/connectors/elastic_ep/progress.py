@@ -74,12 +74,7 @@ class ResizeRecord:
     @classmethod
     def from_json(cls, text: str, *, where: str) -> ResizeRecord:
         """Parse a record; DeploymentError naming ``where`` and the bad key otherwise."""
-        try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            raise DeploymentError(f"{where}: not JSON ({exc}): {text[:200]!r}") from None
-        if not isinstance(raw, Mapping):
-            raise DeploymentError(f"{where}: expected a JSON object, got {text[:200]!r}")
+        raw = _json_mapping(text, where)
         try:
             phase = ResizePhase(str(raw.get("reason")))
         except ValueError:
@@ -111,6 +106,17 @@ class ResizeRecord:
             called_s=_optional_number(raw, "calledAt", where),
             leader_restarts=_optional_count(raw, "leaderRestarts", where),
         )
+
+
+def _json_mapping(text: str, where: str) -> Mapping[str, object]:
+    """A JSON object from an annotation; DeploymentError naming ``where`` otherwise."""
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise DeploymentError(f"{where}: not JSON ({exc}): {text[:200]!r}") from None
+    if not isinstance(raw, Mapping):
+        raise DeploymentError(f"{where}: expected a JSON object, got {text[:200]!r}")
+    return raw
 
 
 def _optional_number(raw: Mapping[str, object], key: str, where: str) -> float | None:
@@ -160,12 +166,7 @@ class GrowBackoff:
 
     @classmethod
     def from_json(cls, text: str, *, where: str) -> GrowBackoff:
-        try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            raise DeploymentError(f"{where}: not JSON ({exc}): {text[:200]!r}") from None
-        if not isinstance(raw, Mapping):
-            raise DeploymentError(f"{where}: expected a JSON object, got {text[:200]!r}")
+        raw = _json_mapping(text, where)
         failures = _optional_count(raw, "failures", where)
         to_dp = _optional_count(raw, "toDp", where)
         not_before = _optional_number(raw, "notBefore", where)
