@@ -64,6 +64,30 @@ class Call:
     status: int
 
 
+@dataclass(frozen=True)
+class _ScaleBody:
+    body: Any
+    new_dp: int
+    drain: int
+
+
+def _router_checks(raw: bytes) -> _ScaleBody | tuple[int, Any, Any]:
+    """vLLM's router's checks of a resize body: the 400 answer, or what passed them."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return 400, {"detail": "Invalid JSON format"}, None
+    new_dp = body.get("new_data_parallel_size")
+    drain = body.get("drain_timeout", DRAIN_TIMEOUT_DEFAULT_S)
+    if new_dp is None:
+        return 400, {"detail": "new_data_parallel_size is required"}, body
+    if not isinstance(new_dp, int) or new_dp <= 0:
+        return 400, {"detail": "new_data_parallel_size must be a positive integer"}, body
+    if not isinstance(drain, int) or drain <= 0:
+        return 400, {"detail": "drain_timeout must be a positive integer"}, body
+    return _ScaleBody(body, new_dp, drain)
+
+
 class _Server:
     """A threaded loopback HTTP server answering POSTs through ``self._post``."""
 
@@ -200,18 +224,10 @@ class FakeVllmEngine(_Server):
             return 200, {"is_scaling_elastic_ep": self._scaling}, None
         if path != "/scale_elastic_ep":
             return 404, {"detail": "Not Found"}, None
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return 400, {"detail": "Invalid JSON format"}, None
-        new_dp = body.get("new_data_parallel_size")
-        drain = body.get("drain_timeout", DRAIN_TIMEOUT_DEFAULT_S)
-        if new_dp is None:
-            return 400, {"detail": "new_data_parallel_size is required"}, body
-        if not isinstance(new_dp, int) or new_dp <= 0:
-            return 400, {"detail": "new_data_parallel_size must be a positive integer"}, body
-        if not isinstance(drain, int) or drain <= 0:
-            return 400, {"detail": "drain_timeout must be a positive integer"}, body
+        checked = _router_checks(raw)
+        if isinstance(checked, tuple):
+            return checked
+        body, new_dp, drain = checked.body, checked.new_dp, checked.drain
         if new_dp == self.dp:
             return 200, {"message": f"Scaled to {new_dp} data parallel engines"}, body
         with self._lock:
@@ -323,18 +339,10 @@ class FakeCurrentVllmEngine(_Server):
             return 200, {"is_scaling_elastic_ep": self._flag, "phase": self.phase}, None
         if path != "/scale_elastic_ep":
             return 404, {"detail": "Not Found"}, None
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return 400, {"detail": "Invalid JSON format"}, None
-        new_dp = body.get("new_data_parallel_size")
-        drain = body.get("drain_timeout", DRAIN_TIMEOUT_DEFAULT_S)
-        if new_dp is None:
-            return 400, {"detail": "new_data_parallel_size is required"}, body
-        if not isinstance(new_dp, int) or new_dp <= 0:
-            return 400, {"detail": "new_data_parallel_size must be a positive integer"}, body
-        if not isinstance(drain, int) or drain <= 0:
-            return 400, {"detail": "drain_timeout must be a positive integer"}, body
+        checked = _router_checks(raw)
+        if isinstance(checked, tuple):
+            return checked
+        body, new_dp, drain = checked.body, checked.new_dp, checked.drain
         with self._resize_lock:  # AsyncLLM's _elastic_ep_lock: a second call queues
             if new_dp == self.dp:
                 return 200, {"message": f"Scaled to {new_dp} data parallel engines"}, body

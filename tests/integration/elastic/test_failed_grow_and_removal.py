@@ -85,6 +85,23 @@ def deletion_cost(cluster: Cluster, pod: str) -> str | None:
     return annotations.get(POD_DELETION_COST)
 
 
+def called_grow_record() -> ResizeRecord:
+    """A grow DP 16 -> 20 whose resize call a previous planner made 30 s ago, when the
+    leader pods had not restarted."""
+    now = time.time()
+    return ResizeRecord(
+        phase=ResizePhase.RESIZING,
+        from_dp=16,
+        to_dp=20,
+        from_followers=0,
+        to_followers=1,
+        started_s=now - 60,
+        deadline_s=now + 60,
+        called_s=now - 30,
+        leader_restarts=0,
+    )
+
+
 # --- item 4: a failed grow ----------------------------------------------------------------------
 
 
@@ -145,21 +162,7 @@ async def test_a_restarted_planner_does_not_refire_a_grow_whose_leader_restarted
     cluster.add_dgd(services(1))
     created = "2030-01-01T00:00:00Z"
     add_pod(cluster, "leader-0", "decode", ip="10.0.0.1", created=created, restarts=1)
-    now = time.time()
-    seed_record(
-        cluster,
-        ResizeRecord(
-            phase=ResizePhase.RESIZING,
-            from_dp=16,
-            to_dp=20,
-            from_followers=0,
-            to_followers=1,
-            started_s=now - 60,
-            deadline_s=now + 60,
-            called_s=now - 30,
-            leader_restarts=0,
-        ),
-    )
+    seed_record(cluster, called_grow_record())
     worker = dynamo_factory(dp=16)
     ctl, pool = make_controller(api_client, worker)
     pool._role_services["agg"] = "decode"  # what the first status read resolves
@@ -175,21 +178,7 @@ async def test_a_restarted_planner_finds_the_grow_done_without_calling_again(
     cluster, api_client, dynamo_factory, operator
 ):
     cluster.add_dgd(services(1))
-    now = time.time()
-    seed_record(
-        cluster,
-        ResizeRecord(
-            phase=ResizePhase.RESIZING,
-            from_dp=16,
-            to_dp=20,
-            from_followers=0,
-            to_followers=1,
-            started_s=now - 60,
-            deadline_s=now + 60,
-            called_s=now - 30,
-            leader_restarts=0,
-        ),
-    )
+    seed_record(cluster, called_grow_record())
     worker = dynamo_factory(dp=20)
     ctl, _ = make_controller(api_client, worker)
 
