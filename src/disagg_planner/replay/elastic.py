@@ -157,4 +157,5 @@ class SimulatedElasticEngine:
             f"{plan.downtime_s:.2f} s from {plan.downtime_start_s:.1f} s",
             followers_ready_s=plan.followers_ready_s if grow and followers > 0 else None,
             resize_s=plan.end_s - plan.start_s,
+            pause_s=plan.downtime_s,
         )
