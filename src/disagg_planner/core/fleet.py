@@ -11,8 +11,10 @@ The rules, in the order they are applied:
 1. **Floors first.** A member's floor is its own: the part of its need within its floor
    (``min(need, floor)``, the highest of the stabilisation window, so that a need wavering
    around it does not lend and reclaim every tick) is served before any other need. When
-   the member needs less, the idle part of its floor is lent to the others; when it needs it
-   back, it is reclaimed at once (a borrower's grant drops below what it holds, and the
+   the member needs less, the idle part of its floor is lent to members of equal or higher
+   priority (never to a lower one: a high priority's floor is its burst headroom, which
+   must not wait for a lower priority to drain); when it needs it back, it is reclaimed at
+   once (a borrower's grant drops below what it holds, and the
    borrower scales down, drained as any scale-down).
 2. **Then the needs above floors, in priority then urgency order** (observed SLO breach >
    forecast shortfall > comfort): a higher priority is served in full before a lower one
@@ -273,15 +275,23 @@ def shares(
     """Each member's share of the pool now (rules 1-3), and why it is not its whole claim:
     its floor claim first, then the claims above it by priority and urgency."""
     share = dict(floor_claims)
-    free = pool.max_total_gpus - sum(share.values())
+    unassigned = pool.max_total_gpus - sum(p.floor_gpus for p in proposals)
+    # a floor's idle part is lent to equal and higher priorities only: a higher priority's
+    # floor stays its headroom (its burst never waits for a lower priority to drain)
+    idle = {p.name: max(0, p.floor_gpus - floor_claims[p.name]) for p in proposals}
     why: dict[str, GrantReason] = {}
     groups: dict[tuple[int, int], list[MemberProposal]] = {}
     for p in proposals:
         groups.setdefault((p.priority, int(p.urgency)), []).append(p)
     taken_by_higher = 0
     for key in sorted(groups, reverse=True):
+        lenders = sorted(
+            (q for q in proposals if q.priority <= key[0] and idle[q.name] > 0),
+            key=lambda q: (-q.priority, q.name),
+        )
+        free = max(0, unassigned) + sum(idle[q.name] for q in lenders)
         asks = {p.name: max(0, p.claim - share[p.name]) for p in groups[key]}
-        given = _split(max(free, 0), asks)
+        given = _split(free, asks)
         for p in groups[key]:
             share[p.name] += given[p.name]
             if given[p.name] < asks[p.name]:
@@ -291,8 +301,14 @@ def shares(
                     why[p.name] = GrantReason.HIGHER_PRIORITY_FIRST
                 else:
                     why[p.name] = GrantReason.POOL_FULL
-        free -= sum(given.values())
-        taken_by_higher += sum(given.values())
+        used = sum(given.values())
+        taken_by_higher += used
+        # the idle floors only this group may use go first, the unassigned part last
+        for q in lenders:
+            take = min(idle[q.name], used)
+            idle[q.name] -= take
+            used -= take
+        unassigned -= used
     return share, why
 
 

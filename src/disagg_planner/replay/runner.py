@@ -138,7 +138,8 @@ def run_policy(
 class PolicyRun:
     """One policy on its own simulated cluster, one wake-up at a time: what
     :func:`run_policy` drives alone and the fleet replay drives beside others on one clock.
-    ``wrap_connector`` stands between the policy and the cluster (the fleet's grant)."""
+    ``connector_factory(cluster, on_scale=...)`` builds the connector the policy acts
+    through (the fleet's caps what its grant does not cover)."""
 
     def __init__(
         self,
@@ -148,7 +149,7 @@ class PolicyRun:
         requests: Sequence[RequestLike],
         advisory: bool = False,
         recorder: DiagnosticsRecorder | None = None,
-        wrap_connector: Callable[[SimulatedConnector], SimulatedConnector] | None = None,
+        connector_factory: Callable[..., SimulatedConnector] | None = None,
     ) -> None:
         self.wall0 = time.perf_counter()
         self.policy = policy
@@ -158,8 +159,8 @@ class PolicyRun:
         self.recorder = recorder
         self.cluster = cluster = setup.build(requests)
         self.scale_log = ScaleLog()
-        connector = SimulatedConnector(cluster, on_scale=self.scale_log.add)
-        self.connector = wrap_connector(connector) if wrap_connector is not None else connector
+        make = connector_factory or SimulatedConnector
+        self.connector = make(cluster, on_scale=self.scale_log.add)
         start = getattr(policy, "start", None)
         if start is not None:
             start(cluster, self.connector)

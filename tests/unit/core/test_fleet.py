@@ -144,6 +144,24 @@ ROWS = [
         (8, R.NEED_MET),
     ),
     Row(
+        "a higher priority's idle floor is not lent to a lower priority",
+        (
+            (0, (member("hi", 6, floor=6, priority=10), member("lo", 4, floor=2))),
+            (400, (member("hi", 2, floor=6, priority=10), member("lo", 8, held=4, floor=2))),
+        ),
+        "lo",
+        (4, R.POOL_FULL),
+    ),
+    Row(
+        "a lower priority's idle floor is lent to a higher priority",
+        (
+            (0, (member("hi", 4, floor=2, priority=10), member("lo", 6, floor=6))),
+            (400, (member("hi", 8, held=4, floor=2, priority=10), member("lo", 2, floor=6))),
+        ),
+        "hi",
+        (8, R.NEED_MET),
+    ),
+    Row(
         "the owner reclaims its lent floor at once: the borrower's grant drops below what it "
         "holds (a scale-down, drained)",
         (
