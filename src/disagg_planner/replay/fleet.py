@@ -15,8 +15,8 @@ shared is the ``split``:
   configure by hand).
 - ``unbounded``: each member's planner without a ceiling (sized for its own peaks).
 
-Every member starts with the replicas its first minutes need, within its static share, in
-every split: the same start for the three.
+Every member starts with the replicas its first minutes need: within its static share in
+the ``static`` and ``shared`` splits (the same start for both), as they are ``unbounded``.
 
 Writes ``DIR/<member>/`` as a single replay does (summary.json, requests.csv, timeline.csv,
 report.html), ``DIR/fleet.json`` (the pool's peak GPUs in use, GPU-hours, each member's SLO
@@ -379,7 +379,7 @@ def run_fleet(
             m,
             base_config=base_config,
             flags=flags or {},
-            share=shares[m.name],
+            share=-1 if split == "unbounded" else shares[m.name],
             startup_delay_s=startup_delay_s,
         )
         budget = shares[m.name] if split == "static" else -1
