@@ -3,8 +3,10 @@ fixed shares and against planners without a ceiling, on the same traffic in the 
 
 Two fleets (``planner replay --fleet``, :mod:`disagg_planner.replay.fleet`):
 
+On Llama-3.3-70B FP8, TP4 on H200 (the bundled profile: 4 GPUs a replica).
+
 - ``servegen trio``: the three ServeGen language models (``$PLANNER_TRACE_DIR/servegen/``)
-  as three deployments, their second day compressed 96x into 900 s at a mean of 10 req/s
+  as three deployments, their second day compressed 96x into 900 s at a mean of 6 req/s
   each. Their daily peaks do not coincide (m-large and m-mid peak at night, m-small in the
   evening). m-large is the high priority.
 - ``burst over batch``: a high-priority chat deployment that bursts (on/off, 5-10x for
@@ -12,7 +14,7 @@ Two fleets (``planner replay --fleet``, :mod:`disagg_planner.replay.fleet`):
 
 Each fleet runs three ways: ``unbounded`` (each member's planner without a ceiling: what
 they would hold sized for their own needs), then, with the pool's ceiling set to 80 % of the
-sum of the members' own peaks and each member's floor to half its own peak, ``static`` (the
+sum of the members' own peaks and each member's floor to a third of its own peak, ``static`` (the
 pool cut into fixed shares in proportion to the floors, each planner with its share as its
 ``max_gpu_budget``) and ``shared`` (the arbiter). ``peak-sized`` is what provisioning each
 member at its own peak for the whole span costs (the unbounded run's peaks).
@@ -44,7 +46,7 @@ from tests.traces import servegen_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
+PROFILE = "h200_sxm/vllm/llama-3.3-70b-fp8/tp4"
 STARTUP_S = 60.0
 FLAGS: dict[str, Any] = {
     "profile": PROFILE,
@@ -53,33 +55,35 @@ FLAGS: dict[str, Any] = {
     "burst_memory_seconds": None,
 }
 WINDOW_S = 60.0
+FOOTPRINT = 8  # one prefill and one decode replica of 4 GPUs: the least a member runs on
 CEILING_SHARE = 0.8
 
 
 def _servegen(model: str) -> str:
-    return f"servegen:{servegen_folder(model)},start=1d,span=1d,speedup=96,rate=10"
+    return f"servegen:{servegen_folder(model)},start=1d,span=1d,speedup=96,rate=6"
 
 
 FLEETS: dict[str, list[dict[str, Any]]] = {
     "servegen trio": [
-        {"name": "m-large", "trace": _servegen("m-large"), "priority": 10, "ttft": 1000, "itl": 40},
-        {"name": "m-mid", "trace": _servegen("m-mid"), "priority": 0, "ttft": 1000, "itl": 40},
-        {"name": "m-small", "trace": _servegen("m-small"), "priority": 0, "ttft": 1000, "itl": 40},
+        {"name": "m-large", "trace": _servegen("m-large"), "priority": 10, "ttft": 2000, "itl": 50},
+        {"name": "m-mid", "trace": _servegen("m-mid"), "priority": 0, "ttft": 2000, "itl": 50},
+        {"name": "m-small", "trace": _servegen("m-small"), "priority": 0, "ttft": 2000, "itl": 50},
     ],
     "burst over batch": [
         {
             "name": "chat",
-            "workload": "onoff:rate=4,duration=900,isl=2000,osl=200,busy=1m-3m,factor=5-8,quiet=4m",
+            "workload": "onoff:rate=1.5,duration=900,isl=2000,osl=200,busy=1m-3m,"
+            "factor=5-8,quiet=4m",
             "priority": 10,
-            "ttft": 1000,
-            "itl": 40,
+            "ttft": 2000,
+            "itl": 50,
         },
         {
             "name": "batch",
-            "workload": "poisson:rate=20,duration=900,isl=3000,osl=300",
+            "workload": "poisson:rate=5,duration=900,isl=3000,osl=300",
             "priority": 0,
-            "ttft": 10000,
-            "itl": 80,
+            "ttft": 20000,
+            "itl": 100,
         },
     ],
 }
@@ -204,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         # the members' own peaks (no ceiling) size the pool and the floors
-        ones = {f: {m["name"]: 2 for m in FLEETS[f]} for f in fleets}
-        big = {f: 2 * len(FLEETS[f]) for f in fleets}
+        ones = {f: {m["name"]: FOOTPRINT for m in FLEETS[f]} for f in fleets}
+        big = {f: FOOTPRINT * len(FLEETS[f]) for f in fleets}
         unbounded = dict(
             zip(
                 fleets,
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs_left = []
         for f in fleets:
             peaks = {n: m["peak_gpus"] for n, m in unbounded[f]["members"].items()}
-            floors = {n: max(2, math.ceil(p / 2)) for n, p in peaks.items()}
+            floors = {n: max(FOOTPRINT, math.ceil(p / 3)) for n, p in peaks.items()}
             ceiling = max(sum(floors.values()), math.floor(CEILING_SHARE * sum(peaks.values())))
             jobs_left += [(f, split, ceiling, floors) for split in ("static", "shared")]
         rows = [_peak_sized(u) for u in unbounded.values()] + list(unbounded.values())
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         f"`{command}` ({wall:.0f} s wall). The day compressed 96x into 900 s; planners' "
         "throughput interval 60 s, scale-down stabilisation 120 s, burst memory off, 60 s "
         f"start-up; the arbiter's window {WINDOW_S:.0f} s. Ceiling: {CEILING_SHARE:.0%} of the "
-        "sum of the members' own peaks (unbounded run); floors half of each one's peak; the "
+        "sum of the members' own peaks (unbounded run); floors a third of each one's peak; the "
         "static split cuts the ceiling in proportion to the floors."
     )
     print(note + "\n\n" + body)

@@ -14,6 +14,7 @@ from disagg_planner.cli.arguments import (
     non_negative_seconds,
     positive_number,
     positive_seconds,
+    refuse_pool,
 )
 from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_profile
 from disagg_planner.config import load_config
@@ -184,6 +185,7 @@ def _replay(args: argparse.Namespace) -> int:
     config = replay_config(
         load_config(config_arg=args.config, flags=flags), default_run=no_workload
     )
+    refuse_pool(config, "planner replay without --fleet")
     if config.profile is None and "profile_results_dir" not in flags:
         # No profile given: the engine's bundled one (the default engine's without --engine).
         profile = DEFAULT_PROFILE if args.engine is None else bundled_profile_of(args.engine)

@@ -385,7 +385,13 @@ def render(documents: Sequence[Mapping[str, Any]]) -> str:
 
 def generated_files() -> dict[str, str]:
     """File name -> YAML text of every generated CRD file."""
-    return {CRD_FILE: render([policy_crd()]), PEERING_FILE: render(peering_crds())}
+    from disagg_planner.operator.pool import POOL_PLURAL, pool_crd
+
+    return {
+        CRD_FILE: render([policy_crd()]),
+        f"{POOL_PLURAL}.{GROUP}.yaml": render([pool_crd(GROUP, VERSION, _structural)]),
+        PEERING_FILE: render(peering_crds()),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
