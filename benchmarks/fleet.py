@@ -6,7 +6,7 @@ Two fleets (``planner replay --fleet``, :mod:`disagg_planner.replay.fleet`):
 On Llama-3.3-70B FP8, TP4 on H200 (the bundled profile: 4 GPUs a replica).
 
 - ``servegen trio``: the three ServeGen language models (``$PLANNER_TRACE_DIR/servegen/``)
-  as three deployments, their second day compressed 96x into 900 s at a mean of 6 req/s
+  as three deployments, their second day compressed 96x into 900 s at a mean of 15 req/s
   each. Their daily peaks do not coincide (m-large and m-mid peak at night, m-small in the
   evening). m-large is the high priority.
 - ``burst over batch``: a high-priority chat deployment that bursts (on/off, 5-10x for
@@ -60,7 +60,7 @@ CEILING_SHARE = 0.8
 
 
 def _servegen(model: str) -> str:
-    return f"servegen:{servegen_folder(model)},start=1d,span=1d,speedup=96,rate=6"
+    return f"servegen:{servegen_folder(model)},start=1d,span=1d,speedup=96,rate=15"
 
 
 FLEETS: dict[str, list[dict[str, Any]]] = {
