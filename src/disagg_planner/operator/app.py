@@ -96,6 +96,8 @@ class OperatorOptions:
     metrics_host: str = "0.0.0.0"
     status_min_interval_s: float = 30.0
     pool_period_s: float = POOL_PERIOD_S  # how often each PlannerPool is arbitrated
+    # serve only the policies and pools with these labels (one shard of several operators)
+    shard_labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.all_namespaces == bool(self.namespaces):
@@ -317,6 +319,7 @@ def build_registry(runner: PolicyRunner) -> kopf.OperatorRegistry:
         PLURAL,
         id="planner",
         registry=registry,
+        labels=dict(runner.options.shard_labels) or None,
         backoff=5.0,
         cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT_S,
     )
@@ -339,6 +342,7 @@ def build_registry(runner: PolicyRunner) -> kopf.OperatorRegistry:
         version=VERSION,
         members_of=runner.pool_members,
         period_s=runner.options.pool_period_s,
+        labels=dict(runner.options.shard_labels),
     )
     return registry
 

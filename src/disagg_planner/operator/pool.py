@@ -433,11 +433,21 @@ def register_pool_handlers(
     version: str,
     members_of: MembersOf,
     period_s: float = POOL_PERIOD_S,
+    labels: Mapping[str, str] | None = None,
 ) -> None:
-    """A timer per PlannerPool: arbitrate its members every ``period_s``, scale a
-    member holding more than its grant down to it, write the pool's status."""
+    """A timer per PlannerPool (those with ``labels``, for a sharded operator): arbitrate
+    its members every ``period_s``, scale a member holding more than its grant down to it,
+    write the pool's status."""
 
-    @kopf.timer(group, version, POOL_PLURAL, id="pool", interval=period_s, registry=registry)
+    @kopf.timer(
+        group,
+        version,
+        POOL_PLURAL,
+        id="pool",
+        interval=period_s,
+        registry=registry,
+        labels=dict(labels) if labels else None,
+    )
     async def pool_timer(
         namespace: str | None,
         name: str,

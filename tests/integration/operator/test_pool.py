@@ -96,3 +96,35 @@ async def test_a_pool_grants_by_priority_and_keeps_its_memory_across_a_restart(
     assert after["arbiter"]["alpha"]["history"][0][0] == memory["alpha"]["history"][0][0]
     assert after["members"]["beta"]["allocated"] == 2
     assert gpus(cluster, "alpha") + gpus(cluster, "beta") <= MAX_TOTAL
+
+
+async def test_a_sharded_operator_serves_only_the_policies_and_pools_of_its_shard(
+    operator_cluster: OperatorCluster, start_operator: Any
+) -> None:
+    cluster = operator_cluster
+    cluster.add_graph("mine")
+    cluster.add_graph("theirs")
+    for name, shard in (("mine", "a"), ("theirs", "b")):
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "PlannerPolicy",
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "uid": f"uid-{name}",
+                "resourceVersion": "1",
+                "labels": {SHARD: shard},
+            },
+            "spec": {"targetRef": {"name": name}},
+        }
+        await asyncio.to_thread(
+            cluster.api.create_namespaced_custom_object, GROUP, VERSION, NS, "plannerpolicies", body
+        )
+    operator = await start_operator(shard_labels={SHARD: "a"})
+    await eventually(lambda: sum(cluster.replicas("mine").values()) > 2, what="mine scaled")
+    await asyncio.sleep(2.0)
+    assert [str(k) for k in operator.runner.loops] == [f"{NS}/mine"]
+    assert cluster.replicas("theirs") == {"prefill": 1, "decode": 1}
+
+
+SHARD = "planner.autoscaling.dev/shard"
