@@ -47,6 +47,8 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from typing import Any
 
+from disagg_planner.core.budget import apply_gpu_budget, gpus_of
+
 
 class Urgency(IntEnum):
     """How urgently a member needs its GPUs (higher first within one priority)."""
@@ -506,3 +508,33 @@ def _keep(props: Sequence[MemberProposal], pool: PoolLimits) -> dict[str, int]:
         affordable -= allowed
         keep[p.name] = p.held_gpus - allowed
     return keep
+
+
+def fit_to_grant(
+    target: Mapping[str, int],
+    current: Mapping[str, int],
+    *,
+    gpus_per_replica: Mapping[str, int],
+    floors: Mapping[str, int],
+    grant: Grant,
+    draining_gpus: int = 0,
+) -> dict[str, int]:
+    """A member's ``target`` replicas cut so that they and its replicas still draining fit
+    its grant, by the planner's own budget rule (a role is never moved against its
+    direction unless the member holds more than its grant; when even the floors do not
+    fit, nothing grows), and never shrunk below the grant's ``keep_gpus`` (the pool's
+    minimum: the roles then keep what they have)."""
+    roles = tuple(target)
+    result = apply_gpu_budget(
+        target,
+        gpus_per_replica=gpus_per_replica,
+        floors=floors,
+        max_gpus=max(grant.gpus - draining_gpus, 0),
+        min_gpus=-1,
+        order=roles,
+        current=current,
+    )
+    out = {r: min(target[r], current[r]) for r in roles} if result.hold else result.replicas
+    if gpus_of(out, gpus_per_replica) < grant.keep_gpus:
+        out = {r: max(out[r], current[r]) for r in roles}
+    return out

@@ -249,21 +249,26 @@ def status_schema() -> dict[str, Any]:
             },
             "gpusInUse": {"type": "integer"},
             "gpuHours": {"type": "number"},
-            "conditions": {
-                "type": "array",
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-                "items": {
-                    "type": "object",
-                    "required": ["type", "status"],
-                    "properties": {
-                        "type": {"type": "string"},
-                        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                        "reason": {"type": "string"},
-                        "message": {"type": "string"},
-                        "lastTransitionTime": {"type": "string", "format": "date-time"},
-                    },
-                },
+            "conditions": conditions_schema(),
+        },
+    }
+
+
+def conditions_schema() -> dict[str, Any]:
+    """``status.conditions``: Kubernetes' condition list, keyed by type."""
+    return {
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status"],
+            "properties": {
+                "type": {"type": "string"},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "reason": {"type": "string"},
+                "message": {"type": "string"},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
             },
         },
     }

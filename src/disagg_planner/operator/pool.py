@@ -33,7 +33,7 @@ from pydantic.alias_generators import to_camel
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Connector, Hold, ScaleOutcome
-from disagg_planner.core.budget import apply_gpu_budget, gpus_of
+from disagg_planner.core.budget import gpus_of
 from disagg_planner.core.fleet import (
     ArbiterMemory,
     Arbitration,
@@ -43,8 +43,10 @@ from disagg_planner.core.fleet import (
     PoolLimits,
     Urgency,
     arbitrate,
+    fit_to_grant,
 )
 from disagg_planner.core.types import DeploymentStatus
+from disagg_planner.operator.crd import conditions_schema
 
 log = logging.getLogger(__name__)
 
@@ -93,36 +95,10 @@ def pool_spec(spec: Mapping[str, Any]) -> PoolSpec:
 # --- the members' side --------------------------------------------------------------------------
 
 
-def fit(
-    target: Mapping[str, int],
-    current: Mapping[str, int],
-    gpus_per_replica: Mapping[str, int],
-    floors: Mapping[str, int],
-    grant: Grant,
-) -> dict[str, int]:
-    """``target`` cut to the grant by the planner's own budget rule (a role is never moved
-    against its direction unless the member holds more than its grant); never below the
-    grant's ``keep_gpus`` (the pool's minimum)."""
-    roles = tuple(target)
-    result = apply_gpu_budget(
-        target,
-        gpus_per_replica=gpus_per_replica,
-        floors=floors,
-        max_gpus=grant.gpus,
-        min_gpus=-1,
-        order=roles,
-        current=current,
-    )
-    out = {r: min(target[r], current[r]) for r in roles} if result.hold else result.replicas
-    if gpus_of(out, gpus_per_replica) < grant.keep_gpus:
-        out = {r: max(out[r], current[r]) for r in roles}
-    return out
-
-
 class PooledConnector:
     """A member's connector under its pool's grant: what its loop sets is cut to the grant
-    (see :func:`fit`), and nothing grows before the pool's first grant; everything else
-    passes through."""
+    (:func:`disagg_planner.core.fleet.fit_to_grant`), and nothing grows before the pool's
+    first grant; everything else passes through."""
 
     def __init__(self, inner: Connector, config: PlannerConfig) -> None:
         self.inner = inner
@@ -162,7 +138,9 @@ class PooledConnector:
             fitted = {r: min(n, current[r]) for r, n in target.items()}
         else:
             floors = {r: self.config.min_endpoint_for(r) for r in target}
-            fitted = fit(target, current, per, floors, self.grant)
+            fitted = fit_to_grant(
+                target, current, gpus_per_replica=per, floors=floors, grant=self.grant
+            )
         self.refused_gpus = max(0, gpus_of(target, per) - gpus_of(fitted, per))
         return await self.inner.set_replicas(fitted, blocking=blocking)
 
@@ -342,22 +320,7 @@ def pool_crd(group: str, version: str, structural: Any) -> dict[str, Any]:
                 "description": "The arbiter's memory (grants, windows), kept across restarts.",
                 "x-kubernetes-preserve-unknown-fields": True,
             },
-            "conditions": {
-                "type": "array",
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-                "items": {
-                    "type": "object",
-                    "required": ["type", "status"],
-                    "properties": {
-                        "type": {"type": "string"},
-                        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                        "reason": {"type": "string"},
-                        "message": {"type": "string"},
-                        "lastTransitionTime": {"type": "string", "format": "date-time"},
-                    },
-                },
-            },
+            "conditions": conditions_schema(),
         },
     }
     columns = [
@@ -476,7 +439,7 @@ async def _reclaim(member: PoolMember, grant: Grant, pool: str) -> None:
     per = {r: s.gpus_per_replica for r, s in status.roles.items()}
     current = {r: status.desired(r) for r in status.roles}
     floors = {r: member.config.min_endpoint_for(r) for r in status.roles}
-    target = fit(current, current, per, floors, grant)
+    target = fit_to_grant(current, current, gpus_per_replica=per, floors=floors, grant=grant)
     if target == current:
         return
     log.info(

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from disagg_planner.config import load_config
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.core.budget import apply_gpu_budget, gpus_of
+from disagg_planner.core.budget import gpus_of
 from disagg_planner.core.fleet import (
     ArbiterMemory,
     Arbitration,
@@ -50,6 +50,7 @@ from disagg_planner.core.fleet import (
     PoolLimits,
     Urgency,
     arbitrate,
+    fit_to_grant,
 )
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.connector import ScaleListener, SimulatedConnector, run_now
@@ -244,31 +245,20 @@ def draining_gpus(cluster: Cluster) -> int:
     )
 
 
-def fit_to_grant(
+def fit_member(
     target: Mapping[str, int], cluster: Cluster, config: PlannerConfig, grant: Grant
 ) -> dict[str, int]:
-    """``target`` replicas cut so that they and the replicas still draining fit the grant
-    (the planner's own budget rule, never moving a role against its direction unless the
-    member holds more than its grant), and never below ``keep_gpus`` (the pool's minimum)."""
+    """``target`` cut to the member's grant, its draining replicas counted
+    (:func:`disagg_planner.core.fleet.fit_to_grant`)."""
     roles: tuple[str, ...] = tuple(cluster.roles)
-    per_replica = {r: cluster.gpus_per_replica(r) for r in roles}
-    current = {r: cluster.desired_replicas(r) for r in roles}
-    floors = {r: config.min_endpoint_for(r) for r in roles}
-    allowed = grant.gpus - draining_gpus(cluster)
-    result = apply_gpu_budget(
-        target,
-        gpus_per_replica=per_replica,
-        floors=floors,
-        max_gpus=max(allowed, 0),
-        min_gpus=-1,
-        order=roles,
-        current=current,
+    return fit_to_grant(
+        {r: target[r] for r in roles},
+        {r: cluster.desired_replicas(r) for r in roles},
+        gpus_per_replica={r: cluster.gpus_per_replica(r) for r in roles},
+        floors={r: config.min_endpoint_for(r) for r in roles},
+        grant=grant,
+        draining_gpus=draining_gpus(cluster),
     )
-    out = {r: min(target[r], current[r]) for r in roles} if result.hold else result.replicas
-    if gpus_of(out, per_replica) < grant.keep_gpus:
-        # the pool may not shrink that far: the roles keep what they have
-        out = {r: max(out[r], current[r]) if out[r] < current[r] else out[r] for r in roles}
-    return out
 
 
 class GrantedConnector(SimulatedConnector):
@@ -294,7 +284,7 @@ class GrantedConnector(SimulatedConnector):
             self.asked_gpus = wanted
             self.grant = self.ask(wanted) or self.grant
         if self.grant is not None:
-            fitted = fit_to_grant(target, self.sim, self.config, self.grant)
+            fitted = fit_member(target, self.sim, self.config, self.grant)
             if fitted != target:
                 self.capped += 1
             target = fitted
@@ -535,7 +525,7 @@ class _PoolState:
                 self.events.append(_event(now_s, "borrow", grant))
             if grant.reclaiming:
                 current: dict[str, int] = {r: x.cluster.desired_replicas(r) for r in x.run.roles}
-                target = fit_to_grant(current, x.cluster, x.plan.config, grant)
+                target = fit_member(current, x.cluster, x.plan.config, grant)
                 if target != current:
                     run_now(SimulatedConnector.set_replicas(x.connector, target))
                     self.events.append(_event(now_s, "reclaim", grant, replicas=target))
