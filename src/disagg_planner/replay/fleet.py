@@ -5,7 +5,8 @@ SLOs, its own simulated cluster and planner loop), all on one clock. How the poo
 shared is the ``split``:
 
 - ``shared``: the pool's arbiter (:func:`disagg_planner.core.fleet.arbitrate`) runs every
-  :data:`ARBITER_PERIOD_S` over every member's proposal (its planner's standing need, how
+  :data:`ARBITER_PERIOD_S`, and when a member's planner asks for more than its grant, over
+  every member's proposal (its planner's standing need, how
   urgently, what it holds) and grants each member its GPUs; a member's scale-ups are capped
   by its grant (its connector refuses what the grant does not cover, counting its draining
   replicas), and a member whose grant falls below what it holds is scaled down to it (a
