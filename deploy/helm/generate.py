@@ -162,6 +162,7 @@ def values_schema() -> dict[str, Any]:
             ),
             "config": config_schema(),
             "statusIntervalSeconds": {"type": "number", "minimum": 0},
+            "shard": {"type": "string", "pattern": "^([^=]+=[^=]+)?$"},
             "logLevel": {"type": "string", "enum": ["DEBUG", "INFO", "WARNING", "ERROR"]},
             "logFormat": {"type": "string", "enum": ["text", "json"]},
             "metrics": _obj(

@@ -8,6 +8,7 @@ import argparse
 import math
 from pathlib import Path
 
+from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.predictors.traces.durations import DURATION_HINT, parse_seconds
 
@@ -72,4 +73,14 @@ def check_output_dir(path: Path, *, force: bool) -> None:
         raise SpecError(
             f"output directory {str(path)!r} already exists and is not empty: pass --force to "
             "overwrite what is there, or -o another directory"
+        )
+
+
+def refuse_pool(config: PlannerConfig, command: str) -> None:
+    """A ``pool`` is served by the operator (and ``planner replay --fleet``): ``command``
+    plans one deployment alone, so it refuses the setting rather than ignore it."""
+    if config.pool is not None:
+        raise SpecError(
+            f"pool = {config.pool!r}: {command} plans one deployment alone; a pool's members "
+            "are planned by `planner operator` (replayed by `planner replay --fleet`)"
         )

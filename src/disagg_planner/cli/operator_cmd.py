@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.connectors.kubernetes import SERVICE_ACCOUNT_NAMESPACE
+from disagg_planner.errors import SpecError
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +88,27 @@ def register(sub: Any) -> None:
         help="Shortest time between status writes that only update measurements; a new "
         "decision or condition is written at once (default: 30).",
     )
+    scope.add_argument(
+        "--shard",
+        dest="operator_shard",
+        metavar="KEY=VALUE",
+        default=os.environ.get("PLANNER_OPERATOR_SHARD"),
+        help="Serve only the PlannerPolicies and PlannerPools labelled KEY=VALUE (one shard "
+        "of several operator Deployments, each with its own --peering); label a pool and all "
+        "its members alike, so that they are in one shard (env PLANNER_OPERATOR_SHARD).",
+    )
     add_config_arguments(parser)
     parser.set_defaults(handler=_run)
+
+
+def parse_shard(text: str | None) -> dict[str, str]:
+    """``KEY=VALUE`` -> ``{KEY: VALUE}`` (none: ``{}``, every object)."""
+    if not text:
+        return {}
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise SpecError(f"--shard {text!r}: expected KEY=VALUE, a label and its value")
+    return {key.strip(): value.strip()}
 
 
 def own_namespace(path: Path = SERVICE_ACCOUNT_NAMESPACE) -> str | None:
@@ -135,6 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         priority=priority,
         metrics_port=base.metric_reporting_prometheus_port,
         status_min_interval_s=args.operator_status_interval,
+        shard_labels=parse_shard(args.operator_shard),
     )
 
     async def main() -> None:

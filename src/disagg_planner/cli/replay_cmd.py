@@ -14,6 +14,7 @@ from disagg_planner.cli.arguments import (
     non_negative_seconds,
     positive_number,
     positive_seconds,
+    refuse_pool,
 )
 from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_profile
 from disagg_planner.config import load_config
@@ -135,6 +136,23 @@ def register(sub: Any) -> None:
         "plan) or best-static (the cheapest fixed replicas meeting the SLO target); repeat to "
         "compare several (outputs go to OUTDIR/<policy>/).",
     )
+    fleet = parser.add_argument_group("fleet: several deployments on one GPU pool")
+    fleet.add_argument(
+        "--fleet",
+        metavar="FILE",
+        help="Replay a fleet (YAML: pool: {max_total_gpus: N} and members: a list of {name, "
+        "trace or workload, scale_load, speedup, profile, ttft, itl, priority, floor_gpus, "
+        "ceiling_gpus, config}) on one simulated pool; writes OUTDIR/<member>/ and "
+        "OUTDIR/fleet.json and fleet.html (README, Fleet).",
+    )
+    fleet.add_argument(
+        "--fleet-split",
+        choices=["shared", "static", "unbounded"],
+        default="shared",
+        help="shared: the pool's arbiter grants GPUs by floors, priority and urgency "
+        "(default); static: fixed shares in proportion to the floors, each member's planner "
+        "with its share as its max_gpu_budget; unbounded: no ceiling.",
+    )
     parser.add_argument(
         "--jobs",
         type=int,
@@ -158,6 +176,8 @@ def _replay(args: argparse.Namespace) -> int:
     jobs = resolve_jobs(args.jobs)  # refused before any work
     check_output_dir(Path(args.output_dir), force=args.force)
     flags = config_flags(args)
+    if args.fleet:
+        return _replay_fleet(args, flags)
     no_workload = not (args.trace or args.workload)
     if no_workload:
         flags.setdefault("profile", DEFAULT_PROFILE)
@@ -165,6 +185,7 @@ def _replay(args: argparse.Namespace) -> int:
     config = replay_config(
         load_config(config_arg=args.config, flags=flags), default_run=no_workload
     )
+    refuse_pool(config, "planner replay without --fleet")
     if config.profile is None and "profile_results_dir" not in flags:
         # No profile given: the engine's bundled one (the default engine's without --engine).
         profile = DEFAULT_PROFILE if args.engine is None else bundled_profile_of(args.engine)
@@ -209,6 +230,44 @@ def _replay(args: argparse.Namespace) -> int:
     else:
         print(summary_table(summaries))
         print(outputs_message(out_dir, policies))
+    return 0
+
+
+def _replay_fleet(args: argparse.Namespace, flags: dict[str, Any]) -> int:
+    """``--fleet FILE``: the members' own words replace the workload and policy flags."""
+    from disagg_planner.replay.fleet import fleet_table, load_fleet, run_fleet
+
+    given = [
+        name
+        for name, value in (
+            ("--trace", args.trace),
+            ("--workload", args.workload),
+            ("--policy", args.policy),
+            ("--engine", args.engine),
+            ("--initial", args.initial),
+        )
+        if value
+    ]
+    if given:
+        raise SpecError(
+            f"--fleet: {', '.join(given)} belong to each member in the fleet file, not the "
+            "command line"
+        )
+    spec = load_fleet(args.fleet)
+    out_dir = Path(args.output_dir)
+    result = run_fleet(
+        spec,
+        split=args.fleet_split,
+        out_dir=out_dir,
+        base_config=args.config,
+        flags=flags,
+        startup_delay_s=args.startup_delay,
+    )
+    if args.json:
+        print(json.dumps(result.fleet, indent=2, default=str))
+    else:
+        print(fleet_table([result]))
+        print(f"wrote {out_dir}/fleet.html (open it in a browser), fleet.json and <member>/")
     return 0
 
 

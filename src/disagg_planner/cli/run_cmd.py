@@ -6,6 +6,7 @@ import argparse
 import asyncio
 from typing import Any
 
+from disagg_planner.cli.arguments import refuse_pool
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 
@@ -32,4 +33,5 @@ def _run(args: argparse.Namespace) -> int:
     from disagg_planner.runtime.service import serve
 
     loaded = load_config(config_arg=args.config, flags=config_flags(args))
+    refuse_pool(loaded.config, "planner run")
     return asyncio.run(serve(loaded.config))

@@ -407,6 +407,36 @@ class PlannerConfig(BaseModel):
         json_schema_extra=_extra("budget"),
     )
 
+    # --- fleet: a GPU pool shared with other deployments (operator) --------------------
+    pool: str | None = Field(
+        None,
+        min_length=1,
+        description="Name of the PlannerPool (in the policy's namespace) whose GPUs this "
+        "deployment shares with the pool's other members; its arbiter grants this "
+        "deployment's GPUs by floor, priority and urgency, and max_gpu_budget still caps it. "
+        "Served by `planner operator` only (`planner run` and single replays refuse it; "
+        "`planner replay --fleet` replays a pool).",
+        json_schema_extra=_extra("budget"),
+    )
+    pool_priority: int = Field(
+        0,
+        description="Priority in the pool: needs above floors are served higher first.",
+        json_schema_extra=_extra("budget"),
+    )
+    pool_floor_gpus: int = Field(
+        0,
+        ge=0,
+        description="GPUs of the pool this deployment is guaranteed (its floor): served "
+        "first, lent to equal or higher priorities while idle, reclaimed at once.",
+        json_schema_extra=_extra("budget"),
+    )
+    pool_ceiling_gpus: int | None = Field(
+        None,
+        ge=0,
+        description="Most GPUs of the pool this deployment is granted (null: the pool's).",
+        json_schema_extra=_extra("budget"),
+    )
+
     # --- load prediction --------------------------------------------------------------
     load_predictor: LoadPredictorName = Field(
         "arima",

@@ -32,6 +32,8 @@ verb                      API group                  resource
 list, watch               planner.autoscaling.dev    plannerpolicies
 patch                     planner.autoscaling.dev    plannerpolicies (kopf's finalizer, annotations)
 patch                     planner.autoscaling.dev    plannerpolicies/status
+list, watch, patch        planner.autoscaling.dev    plannerpools (kopf's timer, annotations)
+patch                     planner.autoscaling.dev    plannerpools/status (grants, arbiter memory)
 list, watch, patch        kopf.dev                   kopfpeerings (clusterkopfpeerings with -A);
                                                      none with --standalone
 create                    "" (core v1)               events (invalid specs; kopf's warnings)
@@ -59,6 +61,12 @@ from kubernetes import client as k8s_client
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.operator.crd import GROUP, KIND, PLURAL, VERSION
 from disagg_planner.operator.policy import OperatorDefaults, config_from_spec, plain, target_of
+from disagg_planner.operator.pool import (
+    POOL_PERIOD_S,
+    PooledConnector,
+    PoolMember,
+    register_pool_handlers,
+)
 from disagg_planner.operator.status import MESSAGE_LIMIT, StatusWriter
 from disagg_planner.runtime.clock import WallClock
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef, is_spec_error
@@ -87,6 +95,9 @@ class OperatorOptions:
     metrics_port: int = 0
     metrics_host: str = "0.0.0.0"
     status_min_interval_s: float = 30.0
+    pool_period_s: float = POOL_PERIOD_S  # how often each PlannerPool is arbitrated
+    # serve only the policies and pools with these labels (one shard of several operators)
+    shard_labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.all_namespaces == bool(self.namespaces):
@@ -118,6 +129,26 @@ class PolicyRunner:
         self.loops: dict[PolicyKey, DeploymentLoop] = {}
         self.writers: dict[PolicyKey, StatusWriter] = {}
         self.claims: dict[DeploymentRef, PolicyKey] = {}
+
+    def pool_members(self, namespace: str, pool: str) -> list[PoolMember]:
+        """The loops of the policies of ``namespace`` that name ``pool``."""
+        members = []
+        for key, loop in self.loops.items():
+            if key.namespace != namespace or loop.config.pool != pool:
+                continue
+            if not isinstance(loop.connector, PooledConnector):
+                continue
+            outcome = loop.last_outcome
+            members.append(
+                PoolMember(
+                    name=key.name,
+                    config=loop.config,
+                    connector=loop.connector,
+                    status=outcome.status if outcome is not None else None,
+                    throughput_need=dict(loop.core.throughput_floor) if loop.core else {},
+                )
+            )
+        return members
 
     async def run_policy(
         self,
@@ -189,9 +220,12 @@ class PolicyRunner:
         self.claims[target] = key
         writer.target = target
         clock = WallClock()
+        connector = make_connector(config, clock=clock, api_client=self.api_client)
+        if config.pool is not None:
+            connector = PooledConnector(connector, config)  # its pool's grant caps it
         loop = DeploymentLoop(
             config,
-            connector=make_connector(config, clock=clock, api_client=self.api_client),
+            connector=connector,
             ref=target,
             clock=clock,
             profile=profile,
@@ -285,6 +319,7 @@ def build_registry(runner: PolicyRunner) -> kopf.OperatorRegistry:
         PLURAL,
         id="planner",
         registry=registry,
+        labels=dict(runner.options.shard_labels) or None,
         backoff=5.0,
         cancellation_timeout=DAEMON_CANCELLATION_TIMEOUT_S,
     )
@@ -301,6 +336,14 @@ def build_registry(runner: PolicyRunner) -> kopf.OperatorRegistry:
             namespace=namespace, name=name, spec=spec, body=body, stopped=stopped
         )
 
+    register_pool_handlers(
+        registry,
+        group=GROUP,
+        version=VERSION,
+        members_of=runner.pool_members,
+        period_s=runner.options.pool_period_s,
+        labels=dict(runner.options.shard_labels),
+    )
     return registry
 
 

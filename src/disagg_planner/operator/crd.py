@@ -249,21 +249,26 @@ def status_schema() -> dict[str, Any]:
             },
             "gpusInUse": {"type": "integer"},
             "gpuHours": {"type": "number"},
-            "conditions": {
-                "type": "array",
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-                "items": {
-                    "type": "object",
-                    "required": ["type", "status"],
-                    "properties": {
-                        "type": {"type": "string"},
-                        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                        "reason": {"type": "string"},
-                        "message": {"type": "string"},
-                        "lastTransitionTime": {"type": "string", "format": "date-time"},
-                    },
-                },
+            "conditions": conditions_schema(),
+        },
+    }
+
+
+def conditions_schema() -> dict[str, Any]:
+    """``status.conditions``: Kubernetes' condition list, keyed by type."""
+    return {
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status"],
+            "properties": {
+                "type": {"type": "string"},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "reason": {"type": "string"},
+                "message": {"type": "string"},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
             },
         },
     }
@@ -385,7 +390,13 @@ def render(documents: Sequence[Mapping[str, Any]]) -> str:
 
 def generated_files() -> dict[str, str]:
     """File name -> YAML text of every generated CRD file."""
-    return {CRD_FILE: render([policy_crd()]), PEERING_FILE: render(peering_crds())}
+    from disagg_planner.operator.pool import POOL_PLURAL, pool_crd
+
+    return {
+        CRD_FILE: render([policy_crd()]),
+        f"{POOL_PLURAL}.{GROUP}.yaml": render([pool_crd(GROUP, VERSION, _structural)]),
+        PEERING_FILE: render(peering_crds()),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -113,109 +113,152 @@ def run_policy(
     progress: Callable[[float, float], None] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` under ``policy``; deterministic for a given setup and seed."""
-    wall0 = time.perf_counter()
-    cluster = setup.build(requests)
-    scale_log = ScaleLog()
-    connector = SimulatedConnector(cluster, on_scale=scale_log.add)
-    start = getattr(policy, "start", None)
-    if start is not None:
-        start(cluster, connector)
-    last_arrival = max((r.arrival_s for r in requests), default=0.0)
-    limit = last_arrival + MAX_DRAIN_S
-    roles = tuple(cluster.roles)
-    ticks: list[TimelineRow] = []
-    snapshots: list[TickSnapshot] = []
-    max_replicas = {r: cluster.desired_replicas(r) for r in roles}
-    initial_desired: dict[str, int] = {r: cluster.desired_replicas(r) for r in roles}
-
+    run = PolicyRun(policy, setup=setup, requests=requests, advisory=advisory, recorder=recorder)
+    cluster = run.cluster
     # the collector leaves the simulation's objects alone (simulator/heap.py)
     with FrozenHeap() as heap:
         while not cluster.idle:
             t = policy.next_wakeup_s()
-            if not t < limit:
+            if not t < run.limit_s:
                 break
             # the clock stops at the last request's finish, which ends the metered span
             heap.advance(cluster, max(t, cluster.now), stop_when_idle=True)
             if cluster.idle:
                 break
-            step = policy.wake(cluster)
-            if step.reason == "sample":
+            if run.wake() is None:
                 continue
-            applied = _apply(connector, step, advisory=advisory)
-            for role in roles:
-                max_replicas[role] = max(max_replicas[role], cluster.desired_replicas(role))
-            row = TimelineRow(
-                t_s=cluster.now,
-                desired={r: cluster.desired_replicas(r) for r in roles},
-                ready={r: cluster.ready_replicas(r) for r in roles},
-                gpus_in_use=cluster.gpus_in_use(),
-                decision=applied,
-                reason=step.reason,
-                message=step.message,
-            )
-            ticks.append(row)
-            snap = _snapshot(cluster, step, row)
-            snapshots.append(snap)
-            if recorder is not None:
-                recorder.record(snap)
             if progress is not None:
-                progress(min(cluster.now, last_arrival), last_arrival)
-        close = getattr(policy, "close", None)
+                progress(min(cluster.now, run.last_arrival_s), run.last_arrival_s)
+        run.close(heap)
+    if progress is not None:
+        progress(run.last_arrival_s, run.last_arrival_s)
+    return run.result(ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms, flap_window_s=flap_window_s)
+
+
+class PolicyRun:
+    """One policy on its own simulated cluster, one wake-up at a time: what
+    :func:`run_policy` drives alone and the fleet replay drives beside others on one clock.
+    ``connector_factory(cluster, on_scale=...)`` builds the connector the policy acts
+    through (the fleet's caps what its grant does not cover)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        setup: ClusterSetup,
+        requests: Sequence[RequestLike],
+        advisory: bool = False,
+        recorder: DiagnosticsRecorder | None = None,
+        connector_factory: Callable[..., SimulatedConnector] | None = None,
+    ) -> None:
+        self.wall0 = time.perf_counter()
+        self.policy = policy
+        self.setup = setup
+        self.requests = requests
+        self.advisory = advisory
+        self.recorder = recorder
+        self.cluster = cluster = setup.build(requests)
+        self.scale_log = ScaleLog()
+        make = connector_factory or SimulatedConnector
+        self.connector = make(cluster, on_scale=self.scale_log.add)
+        start = getattr(policy, "start", None)
+        if start is not None:
+            start(cluster, self.connector)
+        self.last_arrival_s = max((r.arrival_s for r in requests), default=0.0)
+        self.limit_s = self.last_arrival_s + MAX_DRAIN_S
+        self.roles: tuple[str, ...] = tuple(cluster.roles)
+        self.ticks: list[TimelineRow] = []
+        self.snapshots: list[TickSnapshot] = []
+        self.max_replicas = {r: cluster.desired_replicas(r) for r in self.roles}
+        self.initial_desired: dict[str, int] = {r: cluster.desired_replicas(r) for r in self.roles}
+
+    def wake(self) -> PolicyStep | None:
+        """Let the policy observe and decide at the cluster's now, apply and record it; None
+        for a wake-up that only sampled the engines."""
+        cluster, roles = self.cluster, self.roles
+        step = self.policy.wake(cluster)
+        if step.reason == "sample":
+            return None
+        applied = _apply(self.connector, step, advisory=self.advisory)
+        for role in roles:
+            self.max_replicas[role] = max(self.max_replicas[role], cluster.desired_replicas(role))
+        row = TimelineRow(
+            t_s=cluster.now,
+            desired={r: cluster.desired_replicas(r) for r in roles},
+            ready={r: cluster.ready_replicas(r) for r in roles},
+            gpus_in_use=cluster.gpus_in_use(),
+            decision=applied,
+            reason=step.reason,
+            message=step.message,
+        )
+        self.ticks.append(row)
+        snap = _snapshot(cluster, step, row)
+        self.snapshots.append(snap)
+        if self.recorder is not None:
+            self.recorder.record(snap)
+        return step
+
+    def close(self, heap: FrozenHeap) -> None:
+        """The policy takes no more decisions; the backlog drains on what it left running."""
+        close = getattr(self.policy, "close", None)
         if close is not None:
             close()
-        if not cluster.idle:
-            # the policy takes no more decisions; the backlog drains on what it left running
-            heap.advance(cluster, max(limit, cluster.now), stop_when_idle=True)
-    end_s = cluster.now
-    gpu_seconds = cluster.gpu_seconds
-    if progress is not None:
-        progress(last_arrival, last_arrival)
-    timeline = replica_timeline(
-        cluster.replicas,
-        ticks,
-        roles=roles,
-        initial_desired=initial_desired,
-        end_s=end_s,
-        resizes=cluster.resizes,
-        elastic_role=setup.elastic_role,
-    )
+        if not self.cluster.idle:
+            heap.advance(self.cluster, max(self.limit_s, self.cluster.now), stop_when_idle=True)
 
-    records = list(cluster.records)
-    summary: dict[str, Any] = {"policy": policy.name}
-    summary |= score_requests(
-        records, submitted=len(requests), ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms
-    )
-    summary["unfinished"] = len(requests) - len(records)
-    gpu_hours = gpu_seconds / 3600.0
-    summary["gpu_hours"] = gpu_hours
-    summary["gpu_hours_by_role"] = {
-        r: seconds / 3600.0 for r, seconds in cluster.gpu_seconds_by_role().items()
-    }
-    summary["replica_hours"] = {
-        r: sum(_alive_s(x, end_s) for x in cluster.replicas if x.role == r) / 3600.0 for r in roles
-    }
-    summary["metered_span_s"] = end_s
-    summary["last_arrival_s"] = last_arrival
-    summary["scale_actions"] = {r: scale_log.actions().get(r, 0) for r in roles}
-    summary["drain"] = {
-        "grace_s": setup.drain_grace_s,
-        "cancelled": cluster.cancelled_at_drain,
-        "migrated": cluster.migrated_at_drain,
-    }
-    # requests a resize's pause answered 503 (frontend not retrying); 0 without resizes
-    summary["rejected"] = cluster.rejected_in_pause
-    if setup.elastic_role is not None:
-        summary["elastic_ep"] = elastic_summary(
-            cluster.resizes, timeline, role=setup.elastic_role, requests=requests
+    def result(
+        self, *, ttft_slo_ms: float, itl_slo_ms: float, flap_window_s: float = FLAP_WINDOW_S
+    ) -> ReplayResult:
+        cluster, roles, setup, requests = self.cluster, self.roles, self.setup, self.requests
+        scale_log = self.scale_log
+        end_s = cluster.now
+        gpu_seconds = cluster.gpu_seconds
+        timeline = replica_timeline(
+            cluster.replicas,
+            self.ticks,
+            roles=roles,
+            initial_desired=self.initial_desired,
+            end_s=end_s,
+            resizes=cluster.resizes,
+            elastic_role=setup.elastic_role,
         )
-        # requests a shrink aborted on its removed ranks (vLLM's mode="abort"): failed
-        summary["elastic_ep"]["aborted_at_shrink"] = cluster.aborted_at_shrink
-    summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
-    summary["flap_window_s"] = flap_window_s
-    summary["max_replicas"] = max_replicas
-    summary["duration_s"] = end_s
-    summary["wall_s"] = time.perf_counter() - wall0
-    return ReplayResult(policy.name, summary, records, timeline, snapshots)
+        records = list(cluster.records)
+        summary: dict[str, Any] = {"policy": self.policy.name}
+        summary |= score_requests(
+            records, submitted=len(requests), ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms
+        )
+        summary["unfinished"] = len(requests) - len(records)
+        gpu_hours = gpu_seconds / 3600.0
+        summary["gpu_hours"] = gpu_hours
+        summary["gpu_hours_by_role"] = {
+            r: seconds / 3600.0 for r, seconds in cluster.gpu_seconds_by_role().items()
+        }
+        summary["replica_hours"] = {
+            r: sum(_alive_s(x, end_s) for x in cluster.replicas if x.role == r) / 3600.0
+            for r in roles
+        }
+        summary["metered_span_s"] = end_s
+        summary["last_arrival_s"] = self.last_arrival_s
+        summary["scale_actions"] = {r: scale_log.actions().get(r, 0) for r in roles}
+        summary["drain"] = {
+            "grace_s": setup.drain_grace_s,
+            "cancelled": cluster.cancelled_at_drain,
+            "migrated": cluster.migrated_at_drain,
+        }
+        # requests a resize's pause answered 503 (frontend not retrying); 0 without resizes
+        summary["rejected"] = cluster.rejected_in_pause
+        if setup.elastic_role is not None:
+            summary["elastic_ep"] = elastic_summary(
+                cluster.resizes, timeline, role=setup.elastic_role, requests=requests
+            )
+            # requests a shrink aborted on its removed ranks (vLLM's mode="abort"): failed
+            summary["elastic_ep"]["aborted_at_shrink"] = cluster.aborted_at_shrink
+        summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
+        summary["flap_window_s"] = flap_window_s
+        summary["max_replicas"] = self.max_replicas
+        summary["duration_s"] = end_s
+        summary["wall_s"] = time.perf_counter() - self.wall0
+        return ReplayResult(self.policy.name, summary, records, timeline, self.snapshots)
 
 
 def _alive_s(replica: Replica, end_s: float) -> float:

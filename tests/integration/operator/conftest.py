@@ -24,6 +24,7 @@ from kubernetes import client as k8s_client
 from disagg_planner.operator.app import OperatorOptions, PolicyRunner, run_operator
 from disagg_planner.operator.crd import GROUP, KIND, PLURAL, SINGULAR, VERSION
 from disagg_planner.operator.policy import OperatorDefaults
+from disagg_planner.operator.pool import POOL_KIND, POOL_PLURAL, POOL_SINGULAR
 from tests.integration.connectors.conftest import NS, Cluster, frontend, worker
 from tests.unit.core.conftest import write_h200_like_profile
 from tests.unit.observe.canned_prometheus import CannedPrometheus, vector_reply
@@ -33,6 +34,7 @@ T = TypeVar("T")
 
 POLICY = f"{GROUP}/{VERSION}/{PLURAL}"
 PEERING = "kopf.dev/v1/kopfpeerings"
+POOL = f"{GROUP}/{VERSION}/{POOL_PLURAL}"
 INTERVAL_S = 1.0
 
 
@@ -63,6 +65,14 @@ class OperatorCluster(Cluster):
             namespaced=True,
             verbs=verbs,
             shortnames={"plp"},
+            subresources={"status"},
+        )
+        kmock.resources[POOL] = kmock_lib.ResourceInfo(
+            kind=POOL_KIND,
+            singular=POOL_SINGULAR,
+            namespaced=True,
+            verbs=verbs,
+            shortnames={"plpool"},
             subresources={"status"},
         )
         kmock.resources[PEERING] = kmock_lib.ResourceInfo(

@@ -50,6 +50,11 @@ POLICY_CALLS: frozenset[Call] = frozenset(
         ("watch", POLICY_GROUP, "plannerpolicies"),
         ("patch", POLICY_GROUP, "plannerpolicies"),
         ("patch", POLICY_GROUP, "plannerpolicies/status"),
+        # src/disagg_planner/operator/pool.py: kopf's timer on the pools, their status
+        ("list", POLICY_GROUP, "plannerpools"),
+        ("watch", POLICY_GROUP, "plannerpools"),
+        ("patch", POLICY_GROUP, "plannerpools"),
+        ("patch", POLICY_GROUP, "plannerpools/status"),
         ("create", "", "events"),
     }
 )

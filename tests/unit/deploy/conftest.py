@@ -31,6 +31,8 @@ VALID_CASES: dict[str, dict[str, Any]] = {
         "config": {"ttft_ms": 300, "itl_ms": 25, "enable_load_scaling": True},
     },
     "globs": {"watch": {"namespaces": ["team-*", "inference"]}},
+    # one of N shards: its own label and peering (README, Fleet: Sharding)
+    "shard": {"shard": "planner.autoscaling.dev/shard=a", "peering": {"name": "planner-a"}},
     "cluster": {"watch": {"scope": "cluster"}},
     "standalone": {"replicaCount": 1, "peering": {"enabled": False}},
     "cluster-standalone": {
@@ -62,6 +64,7 @@ VALID_CASES: dict[str, dict[str, Any]] = {
 INVALID_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "negative-ttft": ({"config": {"ttft_ms": -1}}, "/config/ttft_ms"),
     "unknown-setting": ({"config": {"ttft_milliseconds": 300}}, "ttft_milliseconds"),
+    "shard-without-value": ({"shard": "planner.autoscaling.dev/shard"}, "/shard"),
     "bad-predictor": ({"config": {"load_predictor": "oracle"}}, "/config/load_predictor"),
     "operator-owned-setting": ({"config": {"dgd_name": "x"}}, "dgd_name"),
     "bad-scope": ({"watch": {"scope": "everywhere"}}, "/watch/scope"),

@@ -91,6 +91,7 @@ def test_crds_shipped_with_the_chart_are_valid_kubernetes():
     ]
     assert {d["spec"]["names"]["kind"] for d in docs} == {
         "PlannerPolicy",
+        "PlannerPool",
         "KopfPeering",
         "ClusterKopfPeering",
     }
@@ -189,6 +190,18 @@ def test_deployment_arguments_are_what_the_planner_cli_accepts(
         (d["kind"], d["metadata"].get("namespace")) for d in r.docs if d["kind"] in CUSTOM_KINDS
     }
     assert found == peerings
+
+
+def test_a_shard_serves_its_label_under_its_own_peering(rendered: dict[str, Rendered]):
+    args = build_parser().parse_args(container(rendered["shard"])["args"])
+    assert (args.operator_shard, args.operator_peering) == (
+        "planner.autoscaling.dev/shard=a",
+        "planner-a",
+    )
+    assert build_parser().parse_args(container(rendered["defaults"])["args"]).operator_shard in (
+        None,
+        "",
+    )
 
 
 def test_the_config_map_is_the_config_file_the_operator_loads(

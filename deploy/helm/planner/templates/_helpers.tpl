@@ -84,6 +84,12 @@ src/disagg_planner/operator/app.py). Argument: dict "root" $ "peering" <resource
 - apiGroups: ["planner.autoscaling.dev"]
   resources: ["plannerpolicies/status"]
   verbs: ["patch"]
+- apiGroups: ["planner.autoscaling.dev"]
+  resources: ["plannerpools"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["planner.autoscaling.dev"]
+  resources: ["plannerpools/status"]
+  verbs: ["patch"]
 {{- if .peering }}
 - apiGroups: ["kopf.dev"]
   resources: [{{ .peering | quote }}]

@@ -1,0 +1,744 @@
+"""Replay of a fleet: several deployments, each under its own planner, on one simulated GPU pool.
+
+``planner replay --fleet FILE``. Each member is a replay of its own (its workload, profile and
+SLOs, its own simulated cluster and planner loop), all on one clock. How the pool's GPUs are
+shared is the ``split``:
+
+- ``shared``: the pool's arbiter (:func:`disagg_planner.core.fleet.arbitrate`) runs every
+  :data:`ARBITER_PERIOD_S`, and when a member's planner asks for more than its grant, over
+  every member's proposal (its planner's standing need, how
+  urgently, what it holds) and grants each member its GPUs; a member's scale-ups are capped
+  by its grant (its connector refuses what the grant does not cover, counting its draining
+  replicas), and a member whose grant falls below what it holds is scaled down to it (a
+  reclaim: the replicas leave drained, as any scale-down).
+- ``static``: the pool cut into fixed shares in proportion to the members' floors, each
+  member's planner with its share as its own ``max_gpu_budget`` (the split a team would
+  configure by hand).
+- ``unbounded``: each member's planner without a ceiling (sized for its own peaks).
+
+Every member starts with the replicas its first minutes need: within its static share in
+the ``static`` and ``shared`` splits (the same start for both), as they are ``unbounded``.
+
+Writes ``DIR/<member>/`` as a single replay does (summary.json, requests.csv, timeline.csv,
+report.html), ``DIR/fleet.json`` (the pool's peak GPUs in use, GPU-hours, each member's SLO
+attainment, per priority, borrow and reclaim events, flips) and ``DIR/fleet.html``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import plotly.graph_objects as go
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from disagg_planner.config import load_config
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.budget import gpus_of
+from disagg_planner.core.fleet import (
+    ArbiterMemory,
+    Arbitration,
+    FleetError,
+    Grant,
+    MemberProposal,
+    PoolLimits,
+    Urgency,
+    arbitrate,
+    fit_to_grant,
+)
+from disagg_planner.errors import SpecError
+from disagg_planner.replay.connector import ScaleListener, SimulatedConnector, run_now
+from disagg_planner.replay.default_workload import replay_config
+from disagg_planner.replay.report import replay_report_sections, slo_of
+from disagg_planner.replay.runner import PolicyRun, ReplayResult, write_outputs
+from disagg_planner.replay.session import ReplayPlan, WorkloadSpec, make_policy, prepare
+from disagg_planner.report.html import (
+    SLO_COLOUR,
+    Page,
+    Panel,
+    fmt_number,
+    fmt_percent,
+    policy_colour,
+    render_page,
+)
+from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.heap import FrozenHeap
+
+log = logging.getLogger(__name__)
+
+# How often the pool's arbiter runs (simulated seconds): the fast check's cadence, so that a
+# member's observed SLO breach reaches the pool within one of its own checks.
+ARBITER_PERIOD_S = 15.0
+FLEET_FILE = "fleet.json"
+FLEET_PAGE = "fleet.html"
+Split = Literal["shared", "static", "unbounded"]
+SPLITS: tuple[str, ...] = ("shared", "static", "unbounded")
+
+
+# --- the fleet file -----------------------------------------------------------------------------
+
+
+class _PoolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_total_gpus: int = Field(ge=1, description="The pool's ceiling, all members together.")
+    min_total_gpus: int = Field(0, ge=0, description="The pool does not shrink below this.")
+    stabilization_seconds: float = Field(
+        300.0, ge=0, description="How long a lower share must last before a grant is withdrawn."
+    )
+
+
+class FleetMemberSpec(BaseModel):
+    """One member: the words of ``planner replay``'s flags."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
+    trace: str | None = None
+    workload: str | None = None
+    trace_format: str | None = None
+    scale_load: float = Field(1.0, gt=0)
+    speedup: float = Field(1.0, gt=0)
+    duration: float | None = Field(None, gt=0)
+    profile: str | None = None
+    engine: str | None = None
+    ttft: float | None = Field(None, gt=0)
+    itl: float | None = Field(None, gt=0)
+    priority: int = 0
+    floor_gpus: int = Field(ge=0)
+    ceiling_gpus: int | None = Field(None, ge=0)
+    seed: int = 0
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> FleetMemberSpec:
+        if (self.trace is None) == (self.workload is None):
+            raise ValueError("give exactly one of trace or workload")
+        return self
+
+
+class FleetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pool: _PoolSpec
+    members: list[FleetMemberSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> FleetSpec:
+        names = [m.name for m in self.members]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"member names must be unique: {', '.join(twice)} repeated")
+        floors = sum(m.floor_gpus for m in self.members)
+        if floors > self.pool.max_total_gpus:
+            raise ValueError(
+                f"the members' floor_gpus add up to {floors}, above pool.max_total_gpus "
+                f"({self.pool.max_total_gpus})"
+            )
+        return self
+
+    @property
+    def limits(self) -> PoolLimits:
+        return PoolLimits(
+            self.pool.max_total_gpus, self.pool.min_total_gpus, self.pool.stabilization_seconds
+        )
+
+
+def load_fleet(path: str | Path) -> FleetSpec:
+    """The fleet file, validated; a :class:`SpecError` naming the file, field and value."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecError(f"--fleet {path}: cannot read it: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"--fleet {path}: not YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"--fleet {path}: expected a mapping with pool: and members:")
+    try:
+        return FleetSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(
+                f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]
+            ).replace(".[", "[")
+            value = err.get("input")
+            shown = "" if isinstance(value, dict) else f" = {value!r}"
+            problems.append(f"{where or 'fleet'}{shown}: {err['msg']}")
+        raise SpecError(f"--fleet {path}: " + "; ".join(problems)) from None
+
+
+def static_shares(spec: FleetSpec) -> dict[str, int]:
+    """The pool cut in proportion to the members' floors (whole GPUs, largest remainders;
+    every member at least its floor). Equal cuts when no member has a floor."""
+    total = spec.pool.max_total_gpus
+    weights = {m.name: m.floor_gpus for m in spec.members}
+    if sum(weights.values()) == 0:
+        weights = dict.fromkeys(weights, 1)
+    weight_sum = sum(weights.values())
+    exact = {n: total * w / weight_sum for n, w in weights.items()}
+    out = {n: math.floor(x) for n, x in exact.items()}
+    for n in sorted(exact, key=lambda n: (-(exact[n] - out[n]), n))[: total - sum(out.values())]:
+        out[n] += 1
+    return out
+
+
+# --- one member ---------------------------------------------------------------------------------
+
+
+def _member_plan(
+    member: FleetMemberSpec,
+    *,
+    base_config: str | None,
+    flags: Mapping[str, Any],
+    share: int,
+    startup_delay_s: float | None,
+) -> ReplayPlan:
+    """The member's replay plan, starting within ``share`` GPUs."""
+    overrides: dict[str, Any] = dict(member.config)
+    for key, value in (
+        ("profile", member.profile),
+        ("ttft_ms", member.ttft),
+        ("itl_ms", member.itl),
+    ):
+        if value is not None:
+            overrides[key] = value
+    loaded = load_config(
+        config_arg=base_config,
+        flags=flags,
+        overrides=overrides,
+        overrides_label=f"fleet member {member.name}",
+    )
+    config = replay_config(loaded, default_run=False)
+    config = config.model_copy(update={"max_gpu_budget": share, "namespace": member.name})
+    workload = WorkloadSpec(
+        trace=member.trace,
+        workload=member.workload,
+        trace_format=member.trace_format,
+        speedup=member.speedup,
+        scale_load=member.scale_load,
+        duration_s=member.duration,
+        seed=member.seed,
+    )
+    try:
+        return prepare(config, workload, engine=member.engine, startup_delay_s=startup_delay_s)
+    except SpecError as exc:
+        raise SpecError(f"fleet member {member.name!r}: {exc}") from None
+
+
+def _footprint(config: PlannerConfig, cluster: Cluster) -> int:
+    return sum(config.min_endpoint_for(r) * cluster.gpus_per_replica(r) for r in cluster.roles)
+
+
+def draining_gpus(cluster: Cluster) -> int:
+    """GPUs of the replicas leaving (draining): the pool counts them until they stop."""
+    now = cluster.now
+    return sum(
+        x.gpus_at(now)
+        for x in cluster.replicas
+        if x.drain_s is not None and x.drain_s <= now and (x.stop_s is None or x.stop_s > now)
+    )
+
+
+def fit_member(
+    target: Mapping[str, int], cluster: Cluster, config: PlannerConfig, grant: Grant
+) -> dict[str, int]:
+    """``target`` cut to the member's grant, its draining replicas counted
+    (:func:`disagg_planner.core.fleet.fit_to_grant`)."""
+    roles: tuple[str, ...] = tuple(cluster.roles)
+    return fit_to_grant(
+        {r: target[r] for r in roles},
+        {r: cluster.desired_replicas(r) for r in roles},
+        gpus_per_replica={r: cluster.gpus_per_replica(r) for r in roles},
+        floors={r: config.min_endpoint_for(r) for r in roles},
+        grant=grant,
+        draining_gpus=draining_gpus(cluster),
+    )
+
+
+class GrantedConnector(SimulatedConnector):
+    """The member's connector under the pool: what its planner sets is cut to its grant."""
+
+    def __init__(
+        self, cluster: Cluster, *, on_scale: ScaleListener | None, config: PlannerConfig
+    ) -> None:
+        super().__init__(cluster, on_scale=on_scale)
+        self.sim = cluster
+        self.config = config
+        self.grant: Grant | None = None
+        self.capped = 0  # scale-ups the grant cut
+        # asks the pool at once for a scale-up its grant does not cover (the arbiter runs on
+        # the request, as a scale request to a global planner is answered when it is made)
+        self.ask: Callable[[int], Grant | None] | None = None
+        self.asked_gpus: int | None = None
+
+    async def set_replicas(self, replicas: Mapping[str, int], *, blocking: bool = False) -> Any:
+        target = dict(replicas)
+        wanted = gpus_of(target, {r: self.sim.gpus_per_replica(r) for r in target})
+        if self.grant is not None and wanted > self.grant.gpus and self.ask is not None:
+            self.asked_gpus = wanted
+            self.grant = self.ask(wanted) or self.grant
+        if self.grant is not None:
+            fitted = fit_member(target, self.sim, self.config, self.grant)
+            if fitted != target:
+                self.capped += 1
+            target = fitted
+        return await super().set_replicas(target, blocking=blocking)
+
+
+@dataclass
+class _Member:
+    spec: FleetMemberSpec
+    plan: ReplayPlan
+    run: PolicyRun
+    connector: GrantedConnector | None
+    recorder: DiagnosticsRecorder | None
+    breach_until_s: float = -1.0
+    done: bool = False
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.run.cluster
+
+    def need_gpus(self) -> int:
+        """What its planner wants now: the throughput loop's standing sizing (raised by the
+        fast checks), else what it has asked for."""
+        cluster = self.cluster
+        core = getattr(getattr(self.run.policy, "loop", None), "core", None)
+        wanted = dict(getattr(core, "throughput_floor", {}) or {})
+        replicas = {r: wanted.get(r, cluster.desired_replicas(r)) for r in cluster.roles}
+        need = sum(n * cluster.gpus_per_replica(r) for r, n in replicas.items())
+        asked = self.connector.asked_gpus if self.connector is not None else None
+        return max(need, asked or 0)
+
+    def proposal(self, now_s: float) -> MemberProposal:
+        held = self.cluster.gpus_in_use()
+        need = max(self.need_gpus(), _footprint(self.plan.config, self.cluster))
+        if now_s < self.breach_until_s:
+            urgency = Urgency.SLO_BREACH
+        elif need > held:
+            urgency = Urgency.FORECAST_SHORTFALL
+        else:
+            urgency = Urgency.COMFORT
+        return MemberProposal(
+            name=self.spec.name,
+            priority=self.spec.priority,
+            floor_gpus=self.spec.floor_gpus,
+            need_gpus=need,
+            held_gpus=held,
+            urgency=urgency,
+            ceiling_gpus=self.spec.ceiling_gpus,
+        )
+
+
+@dataclass
+class FleetResult:
+    split: str
+    results: dict[str, ReplayResult]
+    fleet: dict[str, Any]
+    pool_series: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    grants: list[dict[str, Any]] = field(default_factory=list)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def run_fleet(
+    spec: FleetSpec,
+    *,
+    split: Split = "shared",
+    out_dir: Path | None = None,
+    base_config: str | None = None,
+    flags: Mapping[str, Any] | None = None,
+    startup_delay_s: float | None = None,
+    write_report: bool = True,
+) -> FleetResult:
+    """Replay every member of ``spec`` on one clock under ``split`` (see the module)."""
+    if split not in SPLITS:
+        raise SpecError(f"--fleet-split {split!r}: expected one of {', '.join(SPLITS)}")
+    shares = static_shares(spec)
+    pool = spec.limits
+    members: list[_Member] = []
+    for m in spec.members:
+        plan = _member_plan(
+            m,
+            base_config=base_config,
+            flags=flags or {},
+            share=-1 if split == "unbounded" else shares[m.name],
+            startup_delay_s=startup_delay_s,
+        )
+        budget = shares[m.name] if split == "static" else -1
+        if m.ceiling_gpus is not None and split != "static":
+            budget = m.ceiling_gpus
+        config = plan.config.model_copy(update={"max_gpu_budget": budget})
+        plan = replace(plan, config=config)
+        recorder = None
+        if out_dir is not None and write_report:
+            recorder = DiagnosticsRecorder(
+                output_dir=out_dir / m.name,
+                filename="report",
+                write_gzip_log=False,
+                ttft_slo_ms=config.ttft_ms,
+                itl_slo_ms=config.itl_ms,
+                title=f"planner replay --fleet: {m.name} ({split})",
+            )
+        policy, _ = make_policy("planner", plan)
+        policy.name = m.name
+        holder: dict[str, GrantedConnector] = {}
+
+        def factory(
+            cluster: Cluster,
+            on_scale: ScaleListener | None,
+            _config: PlannerConfig = config,
+            _holder: dict[str, GrantedConnector] = holder,
+        ) -> SimulatedConnector:
+            _holder["c"] = GrantedConnector(cluster, on_scale=on_scale, config=_config)
+            return _holder["c"]
+
+        run = PolicyRun(
+            policy,
+            setup=plan.setup,
+            requests=plan.requests,
+            advisory=config.advisory,
+            recorder=recorder,
+            connector_factory=factory if split == "shared" else None,
+        )
+        footprint = _footprint(config, run.cluster)
+        if footprint > m.floor_gpus and split == "shared":
+            raise SpecError(
+                f"fleet member {m.name!r}: floor_gpus = {m.floor_gpus} is below its minimum "
+                f"footprint ({footprint} GPUs: min endpoints x GPUs per replica)"
+            )
+        members.append(_Member(m, plan, run, holder.get("c"), recorder))
+
+    state = _PoolState(pool)
+    next_arbiter = 0.0
+    for member in members:
+        if member.connector is not None:
+            member.connector.ask = _asker(member, members, state)
+    with FrozenHeap() as heap:
+        while True:
+            live = [x for x in members if not x.done]
+            if not live:
+                break
+            wake = min(x.run.policy.next_wakeup_s() for x in live)
+            t = min(wake, next_arbiter) if split == "shared" else wake
+            for x in live:
+                if not t < x.run.limit_s or x.cluster.idle:
+                    x.done = True
+                    continue
+                heap.advance(x.cluster, max(t, x.cluster.now), stop_when_idle=True)
+                if x.cluster.idle:
+                    x.done = True
+            live = [x for x in members if not x.done]
+            if not live:
+                break
+            if split == "shared" and t >= next_arbiter:
+                state.arbitrate(live, t)
+                next_arbiter = t + ARBITER_PERIOD_S
+            for x in live:
+                if x.connector is not None:
+                    x.connector.asked_gpus = None
+            for x in live:
+                if x.run.policy.next_wakeup_s() <= t:
+                    step = x.run.wake()
+                    if step is not None and step.effects is not None:
+                        # the fast check scales only when it sees the SLO at risk
+                        throughput = step.effects.throughput
+                        fast = throughput is not None and throughput.message.startswith(
+                            "fast check"
+                        )
+                        if fast and step.scale_to:
+                            x.breach_until_s = (
+                                t + x.plan.config.throughput_adjustment_interval_seconds
+                            )
+        for x in members:
+            x.run.close(heap)
+
+    results: dict[str, ReplayResult] = {}
+    for x in members:
+        cfg = x.plan.config
+        result = x.run.result(ttft_slo_ms=cfg.ttft_ms, itl_slo_ms=cfg.itl_ms)
+        result.summary["startup_delay_s"] = x.plan.setup.startup_delay_s
+        result.summary["initial_replicas"] = x.plan.setup.initial_replicas
+        result.summary["slo"] = slo_of(cfg)
+        result.summary["fleet"] = {
+            "split": split,
+            "priority": x.spec.priority,
+            "floor_gpus": x.spec.floor_gpus,
+            "static_share_gpus": shares[x.spec.name],
+            "capped_by_grant": x.connector.capped if x.connector is not None else 0,
+        }
+        results[x.spec.name] = result
+        if out_dir is not None:
+            write_outputs(out_dir / x.spec.name, result, config=cfg, roles=x.run.roles)
+            if x.recorder is not None:
+                x.recorder.write_report(**replay_report_sections(result, x.plan))
+
+    series = pool_series(results)
+    fleet = fleet_summary(spec, split, results, series, state.events, state.grant_log, shares)
+    out = FleetResult(split, results, fleet, series, state.grant_log)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / FLEET_FILE).write_text(json.dumps(fleet, indent=2, default=str) + "\n")
+        (out_dir / FLEET_PAGE).write_text(render_fleet(out, spec), encoding="utf-8")
+    return out
+
+
+class _PoolState:
+    """The arbiter's memory and what it did, across the ticks of one fleet replay."""
+
+    def __init__(self, pool: PoolLimits) -> None:
+        self.pool = pool
+        self.memory = ArbiterMemory()
+        self.last: Arbitration | None = None
+        self.grant_log: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+
+    def arbitrate(self, live: Sequence[_Member], now_s: float) -> Arbitration:
+        """One arbiter tick: grants handed to the members' connectors, and a member holding
+        more than its grant scaled down to it (a reclaim, drained as any scale-down)."""
+        proposals = [x.proposal(now_s) for x in live]
+        try:
+            arbitration = arbitrate(proposals, self.pool, self.memory, now_s)
+        except FleetError as exc:
+            raise SpecError(f"fleet: {exc}") from None
+        self.memory = arbitration.memory
+        row: dict[str, Any] = {"t_s": now_s}
+        for x in live:
+            grant = arbitration.grants[x.spec.name]
+            assert x.connector is not None
+            x.connector.grant = grant
+            before = self.last.grants.get(x.spec.name) if self.last is not None else None
+            row[x.spec.name] = {
+                "grant": grant.gpus,
+                "need": grant.need_gpus,
+                "held": grant.held_gpus,
+                "reason": grant.reason.value,
+            }
+            if grant.borrowed_gpus > 0 and (before is None or before.borrowed_gpus == 0):
+                self.events.append(_event(now_s, "borrow", grant))
+            if grant.reclaiming:
+                current: dict[str, int] = {r: x.cluster.desired_replicas(r) for r in x.run.roles}
+                target = fit_member(current, x.cluster, x.plan.config, grant)
+                if target != current:
+                    run_now(SimulatedConnector.set_replicas(x.connector, target))
+                    self.events.append(_event(now_s, "reclaim", grant, replicas=target))
+        self.grant_log.append(row)
+        self.last = arbitration
+        return arbitration
+
+
+def _asker(
+    member: _Member, members: Sequence[_Member], state: _PoolState
+) -> Callable[[int], Grant | None]:
+    def ask(_wanted_gpus: int) -> Grant | None:
+        live = [x for x in members if not x.done]
+        if member not in live:
+            return None
+        now = member.cluster.now
+        return state.arbitrate(live, now).grants[member.spec.name]
+
+    return ask
+
+
+def _event(t_s: float, kind: str, grant: Grant, **extra: Any) -> dict[str, Any]:
+    return {
+        "t_s": t_s,
+        "kind": kind,
+        "member": grant.name,
+        "grant": grant.gpus,
+        "held": grant.held_gpus,
+        "need": grant.need_gpus,
+        "reason": grant.reason.value,
+        "message": grant.message,
+        **extra,
+    }
+
+
+def pool_series(results: Mapping[str, ReplayResult]) -> list[tuple[float, dict[str, int]]]:
+    """GPUs in use by member at every instant any member's changed (from each member's
+    replica timeline, which integrates to exactly the GPU-seconds its cluster metered)."""
+    steps = {
+        name: ([row.t_s for row in r.timeline], [row.gpus_in_use for row in r.timeline])
+        for name, r in results.items()
+    }
+    times = sorted({t for ts, _ in steps.values() for t in ts})
+    series = []
+    for t in times:
+        at = {}
+        for name, (ts, gpus) in steps.items():
+            i = bisect.bisect_right(ts, t) - 1
+            # a member whose span ended holds nothing after its last row
+            at[name] = gpus[i] if i >= 0 and t <= ts[-1] else 0
+        series.append((t, at))
+    return series
+
+
+def _flips(grant_log: Sequence[Mapping[str, Any]], window_s: float) -> dict[str, int]:
+    """Grants cut below what the member held and raised again within ``window_s``."""
+    flips: dict[str, int] = {}
+    cut_at: dict[str, float] = {}
+    previous: dict[str, int] = {}
+    for row in grant_log:
+        t = row["t_s"]
+        for name, g in row.items():
+            if name == "t_s":
+                continue
+            before = previous.get(name)
+            regranted = before is not None and g["grant"] > before
+            if regranted and name in cut_at and t - cut_at[name] < window_s:
+                flips[name] = flips.get(name, 0) + 1
+            if g["grant"] < g["held"]:
+                cut_at[name] = t
+            previous[name] = g["grant"]
+    return flips
+
+
+def fleet_summary(
+    spec: FleetSpec,
+    split: str,
+    results: Mapping[str, ReplayResult],
+    series: Sequence[tuple[float, Mapping[str, int]]],
+    events: Sequence[Mapping[str, Any]],
+    grant_log: Sequence[Mapping[str, Any]],
+    shares: Mapping[str, int],
+) -> dict[str, Any]:
+    totals = [sum(at.values()) for _, at in series]
+    members: dict[str, Any] = {}
+    by_priority: dict[int, list[ReplayResult]] = {}
+    for m in spec.members:
+        r = results[m.name]
+        by_priority.setdefault(m.priority, []).append(r)
+        members[m.name] = {
+            "priority": m.priority,
+            "floor_gpus": m.floor_gpus,
+            "static_share_gpus": shares[m.name],
+            "slo_attainment": r.summary["slo_attainment"],
+            "requests": r.summary["requests"],
+            "gpu_hours": r.summary["gpu_hours"],
+            "peak_gpus": max((row.gpus_in_use for row in r.timeline), default=0),
+            "reclaims": sum(1 for e in events if e["member"] == m.name and e["kind"] == "reclaim"),
+            "borrows": sum(1 for e in events if e["member"] == m.name and e["kind"] == "borrow"),
+        }
+    flips = _flips(grant_log, spec.pool.stabilization_seconds)
+    return {
+        "split": split,
+        "pool": spec.pool.model_dump(),
+        "max_gpus_in_use": max(totals, default=0),
+        "budget_exceeded": max(totals, default=0) > spec.pool.max_total_gpus,
+        "gpu_hours": sum(r.summary["gpu_hours"] for r in results.values()),
+        "members": members,
+        "priorities": {
+            str(p): {
+                "slo_attainment_both": (
+                    sum(r.summary["slo_attainment"]["both"] * r.summary["requests"] for r in rs)
+                    / max(1, sum(r.summary["requests"] for r in rs))
+                ),
+                "members": [r.policy for r in rs],
+            }
+            for p, rs in sorted(by_priority.items(), reverse=True)
+        },
+        "reclaims": sum(1 for e in events if e["kind"] == "reclaim"),
+        "borrows": sum(1 for e in events if e["kind"] == "borrow"),
+        "flips": sum(flips.values()),
+        "flips_by_member": flips,
+        "events": list(events),
+    }
+
+
+# --- the page -----------------------------------------------------------------------------------
+
+
+def render_fleet(result: FleetResult, spec: FleetSpec) -> str:
+    """The fleet page: GPUs in use stacked by member against the ceiling, each member's
+    attainment, the borrow and reclaim events."""
+    fleet = result.fleet
+    names = [m.name for m in spec.members]
+    t = [s[0] for s in result.pool_series]
+    stacked = go.Figure()
+    for k, name in enumerate(names):
+        stacked.add_trace(
+            go.Scatter(
+                x=t,
+                y=[at.get(name, 0) for _, at in result.pool_series],
+                name=name,
+                mode="lines",
+                stackgroup="gpus",
+                line={"shape": "hv", "color": policy_colour(k)},
+            )
+        )
+    ceiling = spec.pool.max_total_gpus
+    stacked.add_trace(
+        go.Scatter(
+            x=[0, t[-1] if t else 1],
+            y=[ceiling, ceiling],
+            name=f"max_total_gpus {ceiling}",
+            mode="lines",
+            line={"color": SLO_COLOUR, "dash": "dash"},
+        )
+    )
+    for e in fleet["events"]:
+        if e["kind"] == "reclaim":
+            stacked.add_vline(x=e["t_s"], line={"width": 1, "dash": "dot", "color": "#999"})
+    stacked.update_yaxes(title_text="GPUs in use (starting, ready, draining)", rangemode="tozero")
+    stacked.update_xaxes(title_text="time (s)")
+    stacked.update_layout(height=380, margin={"l": 60, "r": 20, "t": 30, "b": 40})
+    rows = "".join(
+        f"<tr><td>{name}</td><td>{m['priority']}</td><td>{m['floor_gpus']}</td>"
+        f"<td>{m['static_share_gpus']}</td><td>{fmt_percent(m['slo_attainment']['both'])}</td>"
+        f"<td>{fmt_number(m['gpu_hours'])}</td><td>{m['peak_gpus']}</td>"
+        f"<td>{m['borrows']}</td><td>{m['reclaims']}</td></tr>"
+        for name, m in fleet["members"].items()
+    )
+    head = (
+        f"<div class='card'><p>split <b>{result.split}</b>: peak {fleet['max_gpus_in_use']} "
+        f"GPUs in use of {ceiling} (budget {'EXCEEDED' if fleet['budget_exceeded'] else 'held'}"
+        f"), {fmt_number(fleet['gpu_hours'])} GPU-hours, {fleet['reclaims']} reclaims, "
+        f"{fleet['borrows']} borrows, {fleet['flips']} flips</p>"
+        "<table><tr><th>member</th><th>priority</th><th>floor</th><th>static share</th>"
+        "<th>SLO attainment (both)</th><th>GPU-h</th><th>peak GPUs</th><th>borrows</th>"
+        f"<th>reclaims</th></tr>{rows}</table></div>"
+    )
+    event_rows = "".join(
+        f"<tr><td>{e['t_s']:.0f}</td><td>{e['kind']}</td><td>{e['member']}</td>"
+        f"<td>{e['held']} -> {e['grant']}</td><td>{e['message']}</td></tr>"
+        for e in fleet["events"][:500]
+    )
+    events_html = (
+        "<section class='panel'><h3>Borrow and reclaim events</h3><table><tr><th>t (s)</th>"
+        f"<th>event</th><th>member</th><th>held -> grant</th><th>why</th></tr>{event_rows}"
+        "</table></section>"
+        if event_rows
+        else ""
+    )
+    return render_page(
+        Page(
+            title=f"planner replay --fleet ({result.split})",
+            headline_html=head,
+            panels=[
+                Panel("fleet-gpus", "GPUs in use by member, against the pool's ceiling", stacked)
+            ],
+            decisions_html=events_html,
+            footer="Each member's own report.html is in its folder.",
+        )
+    )
+
+
+def fleet_table(results: Sequence[FleetResult]) -> str:
+    """One line per split: the pool and each member's attainment."""
+    lines = []
+    for r in results:
+        f = r.fleet
+        per = ", ".join(f"{n} {m['slo_attainment']['both']:.2%}" for n, m in f["members"].items())
+        lines.append(
+            f"{r.split:<10} peak {f['max_gpus_in_use']:>3} GPUs  {f['gpu_hours']:.2f} GPU-h  "
+            f"reclaims {f['reclaims']}  flips {f['flips']}  |  {per}"
+        )
+    return "\n".join(lines)
