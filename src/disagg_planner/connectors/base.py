@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from disagg_planner.core.types import DeploymentStatus
 
@@ -140,6 +140,31 @@ class Connector(Protocol):
 
     async def close(self) -> None:
         """Release connections; the connector is unusable afterwards."""
+        ...
+
+
+@dataclass(frozen=True)
+class PodDiscovery:
+    """Where a deployment's engines run as Kubernetes pods: what FPM discovery reads (the
+    same cluster as the same identity, ``api_client`` a ``kubernetes`` ApiClient)."""
+
+    api_client: Any
+    namespace: str
+    dgd_name: str
+    service_roles: Mapping[str, str]  # DGD service -> the role it carries
+
+
+@runtime_checkable
+class RunsOnPods(Protocol):
+    """A connector whose engines are pods: the runtime discovers their publishers and hands
+    back each pod's load, so that a scale-down lets the least-loaded workers leave."""
+
+    def pod_discovery(self) -> PodDiscovery:
+        """The pods' whereabouts (known once :meth:`Connector.validate` ran)."""
+        ...
+
+    def use_worker_loads(self, loads: WorkerLoads) -> None:
+        """Where a scale-down reads the load of each pod."""
         ...
 
 

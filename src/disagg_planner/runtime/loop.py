@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.connectors.base import Connector, advisory_holds
+from disagg_planner.connectors.base import Connector, RunsOnPods, advisory_holds
 from disagg_planner.core.planner import Effects, PlannerCore, queued_prefill_tokens
 from disagg_planner.core.schedule import DueTick, TrafficWindow
 from disagg_planner.core.types import (
@@ -310,20 +310,19 @@ class DeploymentLoop:
         (Dynamo's worker metadata of the DGD's ready pods, followed by watches) unless the
         config lists them (``prefill_fpm_endpoints`` / ``decode_fpm_endpoints``: the
         override); elsewhere the config's lists are all there is."""
-        from disagg_planner.connectors.kubernetes import KubernetesConnector
-
         cfg = self.config
         connector = self.connector
-        if isinstance(connector, KubernetesConnector):
+        if isinstance(connector, RunsOnPods):
             from disagg_planner.observe.fpm_discovery import DiscoveredEngines
 
-            # role_services is known once validate() read the DGD (start() ran it).
+            # The services' roles are known once validate() read the DGD (start() ran it).
+            pods = connector.pod_discovery()
             engines = DiscoveredEngines(
                 cfg,
-                api_client=connector.api_client,
-                namespace=connector.namespace,
-                dgd_name=connector.dgd_name,
-                service_roles={svc: role for role, svc in connector.role_services.items()},
+                api_client=pods.api_client,
+                namespace=pods.namespace,
+                dgd_name=pods.dgd_name,
+                service_roles=pods.service_roles,
                 clock=self.clock.now,
                 name=self.ref.name,
             )

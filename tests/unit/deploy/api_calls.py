@@ -16,7 +16,7 @@ Call = tuple[str, str, str]  # verb, API group ("" = core), resource[/subresourc
 
 POLICY_GROUP = "planner.autoscaling.dev"
 
-# src/disagg_planner/connectors/kubernetes.py: the DGD, its scaling adapters, its pods (the
+# src/disagg_planner/connectors/kubernetes/: the DGD, its scaling adapters, its pods (the
 # engines still terminating, before an increase; the ones that leave, marked with their
 # deletion cost, before a decrease), Events about manual edits.
 CONNECTOR_CALLS: frozenset[Call] = frozenset(

@@ -69,10 +69,10 @@ class ElasticEpKubernetes(KubernetesConnector):
         self._adapter_name = f"{self.dgd_name}-{self.follower_service.lower()}"
 
     async def _get_follower_adapter(self) -> Mapping[str, Any] | None:
-        return await self._get_adapter(self._adapter_name, self.follower_service)
+        return await self._api.get_adapter(self._adapter_name, self.follower_service)
 
     async def observe_followers(self) -> FollowerObservation:
-        dgd = await self._get_dgd()
+        dgd = await self._api.get_dgd()
         services = dgd_services(dgd, self._ref)
         service = services.get(self.follower_service)
         if service is None:
@@ -106,7 +106,7 @@ class ElasticEpKubernetes(KubernetesConnector):
         service = self.role_services.get(role)
         if service is None:
             return None  # not resolved yet: the first status read does, before any resize
-        return dynamo_reconciler_claim(await self._get_dgd(), leader_service=service)
+        return dynamo_reconciler_claim(await self._api.get_dgd(), leader_service=service)
 
     async def set_followers(self, replicas: int) -> None:
         if replicas < 0:
@@ -115,9 +115,9 @@ class ElasticEpKubernetes(KubernetesConnector):
             log.info("advisory: not setting %s to %d replicas", self.follower_service, replicas)
             return
         if await self._get_follower_adapter() is not None:
-            await self._patch_adapter_scale(self._adapter_name, replicas)
+            await self._api.patch_adapter_scale(self._adapter_name, replicas)
         else:
-            await self._patch_dgd(
+            await self._api.patch_dgd(
                 {"spec": {"services": {self.follower_service: {"replicas": replicas}}}},
                 what=f"follower replicas of {self.follower_service}",
             )
@@ -127,7 +127,7 @@ class ElasticEpKubernetes(KubernetesConnector):
         if self._settings.advisory:
             return
         value = record.to_json() if record is not None else None  # null removes it
-        await self._patch_dgd(
+        await self._api.patch_dgd(
             {"metadata": {"annotations": {RECORD_ANNOTATION: value}}},
             what="elastic-EP resize record",
         )
