@@ -93,11 +93,13 @@ create    "" (core v1)    events                                         manual 
 """
 
 from disagg_planner.connectors.kubernetes.api import (
+    API_WORKER_THREADS,
     DGD_POD_LABEL,
     SERVICE_ACCOUNT_NAMESPACE,
     SERVICE_POD_LABEL,
     DgdApi,
     default_api_client,
+    planner_api_client,
 )
 from disagg_planner.connectors.kubernetes.connector import (
     KubernetesConnector,
@@ -111,6 +113,7 @@ from disagg_planner.connectors.kubernetes.drain import (
 from disagg_planner.connectors.kubernetes.state import STATE_ANNOTATION
 
 __all__ = [
+    "API_WORKER_THREADS",
     "DGD_POD_LABEL",
     "DRAINING_ANNOTATION",
     "LEAVING_COST",
@@ -122,4 +125,5 @@ __all__ = [
     "KubernetesConnector",
     "KubernetesSettings",
     "default_api_client",
+    "planner_api_client",
 ]

@@ -40,6 +40,10 @@ SERVICE_POD_LABEL = "nvidia.com/dynamo-component"
 # The service-account namespace file of an in-cluster pod.
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 MAX_BACKOFF_S = 30.0
+# Connector and Prometheus calls are blocking HTTP run in threads; the operator runs this many
+# (asyncio's default pool, CPUs + 4, would let a few slow API servers stall every other
+# DGD's tick), and the API client's connection pool is sized to match.
+API_WORKER_THREADS = 64
 
 
 class _Retryable(Exception):
@@ -59,7 +63,24 @@ def default_namespace() -> str:
         return "default"
 
 
-def default_api_client() -> k8s_client.ApiClient:
+def planner_api_client(
+    configuration: k8s_client.Configuration, *, pool_size: int = API_WORKER_THREADS
+) -> k8s_client.ApiClient:
+    """An API client for ``configuration`` as the planner uses it.
+
+    urllib3's own retries are off (``retries=False``): the client's default ``Retry(3)``
+    honours ``Retry-After`` and repeats a request up to 4 times under one attempt of
+    :meth:`DgdApi.call`, unlogged and unbounded by ``kubernetes_api_max_attempts``, so that
+    each logged attempt is exactly one HTTP request. The connection pool holds
+    ``pool_size`` connections (the worker threads that call through it): a smaller pool
+    discards a connection each time more threads call at once, a new TLS handshake each.
+    """
+    configuration.retries = False
+    configuration.connection_pool_maxsize = pool_size
+    return k8s_client.ApiClient(configuration)
+
+
+def default_api_client(*, pool_size: int = API_WORKER_THREADS) -> k8s_client.ApiClient:
     """An API client from the in-cluster service account, else the kubeconfig."""
     configuration = k8s_client.Configuration()
     try:
@@ -76,7 +97,7 @@ def default_api_client() -> k8s_client.ApiClient:
                 "cannot reach Kubernetes: not running in a pod with a service account, and no "
                 f"usable kubeconfig ($KUBECONFIG or ~/.kube/config): {exc}"
             ) from exc
-    return k8s_client.ApiClient(configuration)
+    return planner_api_client(configuration, pool_size=pool_size)
 
 
 def server_message(exc: ApiException) -> str:
