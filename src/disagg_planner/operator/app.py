@@ -119,6 +119,14 @@ class PolicyRunner:
         self.writers: dict[PolicyKey, StatusWriter] = {}
         self.claims: dict[DeploymentRef, PolicyKey] = {}
 
+    def render_report(self, namespace: str, name: str) -> str | None:
+        """The diagnostics report of the DGD ``namespace/name`` (None: not planned here, or
+        no recorder); called from the metrics server's thread."""
+        for loop in list(self.loops.values()):
+            if (loop.ref.namespace, loop.ref.name) == (namespace, name):
+                return loop.recorder.render_html() if loop.recorder is not None else None
+        return None
+
     async def run_policy(
         self,
         *,
@@ -362,9 +370,13 @@ async def run_operator(
     server: MetricsServer | None = None
     if options.metrics_port:
         server = MetricsServer(
-            metrics, health, host=options.metrics_host, port=options.metrics_port
+            metrics,
+            health,
+            host=options.metrics_host,
+            port=options.metrics_port,
+            reports=runner.render_report,
         ).start()
-        log.info("serving /metrics, /healthz and /readyz on port %d", server.port)
+        log.info("serving /metrics, /healthz, /readyz and /report on port %d", server.port)
 
     async def mark_ready() -> None:
         # The operator is ready once its watches run; each DGD's state is in its policy.

@@ -222,8 +222,8 @@ class DeploymentLoop:
         return True
 
     async def close(self) -> None:
-        """Stop the FPM subscribers this loop started, close the observer and the connector,
-        write the last diagnostics report."""
+        """Stop the FPM subscribers this loop started, close the observer and the connector
+        (no report is rendered on stop: a spec edit or SIGTERM must not cost a render)."""
         if self.elastic is not None:
             await self.elastic.close()
         for source in self._owned_sources:
@@ -236,11 +236,6 @@ class DeploymentLoop:
             await self.connector.close()
         except Exception:  # closing must never mask why the loop ended
             log.exception("%s: closing the connector failed", self.ref)
-        if self.recorder is not None and self.recorder.snapshots:
-            try:
-                await self._offload(self.recorder.finalize)
-            except OSError as exc:
-                log.warning("%s: could not write the final report: %s", self.ref, exc)
 
     async def _validate(self) -> Problem | None:
         try:
