@@ -37,6 +37,9 @@ class HoldReason(StrEnum):
     # A change made before this process started (read back from the deployment) has not
     # converged yet: a restarted or failed-over planner keeps waiting for it.
     AWAITING_CONVERGENCE = "awaiting_convergence"
+    # A scale-down waits for the workers chosen to leave to finish what they serve; the
+    # connector lowers the replicas itself when the drain ends (the tick does not wait).
+    DRAINING = "draining"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +168,16 @@ class RunsOnPods(Protocol):
 
     def use_worker_loads(self, loads: WorkerLoads) -> None:
         """Where a scale-down reads the load of each pod."""
+        ...
+
+
+@runtime_checkable
+class WatchesDeployment(Protocol):
+    """A connector that hears when its deployment appears or changes (a watch): a loop
+    backing off after failures retries at once instead of waiting out its backoff."""
+
+    def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (from any thread) on a change; returns the unsubscribe."""
         ...
 
 

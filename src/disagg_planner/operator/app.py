@@ -56,6 +56,7 @@ from typing import Any, cast
 import kopf
 from kubernetes import client as k8s_client
 
+from disagg_planner.connectors.kubernetes.cache import WatchCaches
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.operator.crd import GROUP, KIND, PLURAL, VERSION
 from disagg_planner.operator.policy import OperatorDefaults, config_from_spec, plain, target_of
@@ -118,6 +119,8 @@ class PolicyRunner:
         self.loops: dict[PolicyKey, DeploymentLoop] = {}
         self.writers: dict[PolicyKey, StatusWriter] = {}
         self.claims: dict[DeploymentRef, PolicyKey] = {}
+        # One list-and-watch of the DGDs and of their adapters per namespace, for every loop.
+        self.caches = WatchCaches(api_client)
 
     def render_report(self, namespace: str, name: str) -> str | None:
         """The diagnostics report of the DGD ``namespace/name`` (None: not planned here, or
@@ -199,7 +202,9 @@ class PolicyRunner:
         clock = WallClock()
         loop = DeploymentLoop(
             config,
-            connector=make_connector(config, clock=clock, api_client=self.api_client),
+            connector=make_connector(
+                config, clock=clock, api_client=self.api_client, caches=self.caches
+            ),
             ref=target,
             clock=clock,
             profile=profile,
@@ -406,6 +411,7 @@ async def run_operator(
         )
     finally:
         readiness.cancel()
+        runner.caches.close()
         if server is not None:
             server.stop()
         if owns_client:

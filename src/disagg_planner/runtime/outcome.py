@@ -46,8 +46,10 @@ class Problem:
 
     def render(self) -> str:
         where = f"{self.source}: " if self.source else ""
+        # "connector_error (connector_error)" said the same thing twice
+        reason = f" ({self.reason})" if self.reason != self.kind.value else ""
         detail = f": {self.detail}" if self.detail else ""
-        return f"{where}{self.kind.value} ({self.reason}){detail}"
+        return f"{where}{self.kind.value}{reason}{detail}"
 
 
 @dataclass(frozen=True)

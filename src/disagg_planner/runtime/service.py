@@ -23,6 +23,7 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Connector
 from disagg_planner.connectors.elastic_ep import ElasticEpKubernetes
 from disagg_planner.connectors.kubernetes import KubernetesConnector
+from disagg_planner.connectors.kubernetes.cache import WatchCaches
 from disagg_planner.connectors.virtual import VirtualConnector
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.profiles import Profile
@@ -40,10 +41,15 @@ log = logging.getLogger(__name__)
 
 
 def make_connector(
-    config: PlannerConfig, *, clock: Clock, api_client: Any | None = None
+    config: PlannerConfig,
+    *,
+    clock: Clock,
+    api_client: Any | None = None,
+    caches: WatchCaches | None = None,
 ) -> Connector:
     """The connector for ``config.environment``; ``api_client`` (a ``kubernetes`` ApiClient)
-    defaults to the in-cluster service account, else the kubeconfig."""
+    defaults to the in-cluster service account, else the kubeconfig. ``caches``: the
+    process's watch caches of DGDs and adapters (None: every read is a GET)."""
     if config.environment == "virtual":
         return VirtualConnector(virtual_settings(config), clock=clock.now, sleep=clock.sleep)
     if config.elastic_ep is not None and config.elastic_ep_follower_service:
@@ -53,9 +59,14 @@ def make_connector(
             api_client=api_client,
             clock=clock.now,
             sleep=clock.sleep,
+            caches=caches,
         )
     return KubernetesConnector(
-        kubernetes_settings(config), api_client=api_client, clock=clock.now, sleep=clock.sleep
+        kubernetes_settings(config),
+        api_client=api_client,
+        clock=clock.now,
+        sleep=clock.sleep,
+        caches=caches,
     )
 
 

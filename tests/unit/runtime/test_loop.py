@@ -346,13 +346,21 @@ async def test_load_ticks_learn_from_real_fpm_frames_and_export_engine_queues(
 
 
 async def test_a_refused_write_is_reported_and_the_loop_carries_on(
-    cluster, harness_factory
+    cluster, harness_factory, caplog
 ) -> None:
     h = harness_factory()
     await h.start()
     cluster.fail("PATCH", DGD_PLURAL, [403])
 
-    refused = await h.next_tick()
+    with caplog.at_level(logging.INFO, logger="disagg_planner.runtime.loop"):
+        refused = await h.next_tick()
+    (summary,) = [r.getMessage() for r in caplog.records if "[summary]" in r.getMessage()]
+    # issue 36 item 7: it read "not written: connector_error ... scale: connector_error
+    # (connector_error)"
+    assert (
+        "not written: the scale call failed (connector_error)" in summary
+        and "connector_error (connector_error)" not in summary
+    ), summary
     problem = refused.problem(ProblemKind.CONNECTOR_ERROR)
     assert problem is not None and (problem.source, problem.reason) == ("scale", "connector_error")
     assert "forbidden" in problem.detail and "patch" in problem.detail

@@ -29,6 +29,7 @@ from disagg_planner.connectors.elastic_ep.progress import (
     ResizeRecord,
 )
 from disagg_planner.connectors.kubernetes import KubernetesConnector, KubernetesSettings
+from disagg_planner.connectors.kubernetes.cache import WatchCaches
 from disagg_planner.errors import DeploymentError
 
 log = logging.getLogger(__name__)
@@ -58,13 +59,14 @@ class ElasticEpKubernetes(KubernetesConnector):
         api_client: k8s_client.ApiClient | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        caches: WatchCaches | None = None,
     ) -> None:
         if not settings.follower_service:
             raise DeploymentError(
                 "elastic EP on Kubernetes needs --elastic-ep-follower-service (the DGD service "
                 "of the follower pods)"
             )
-        super().__init__(settings, api_client=api_client, clock=clock, sleep=sleep)
+        super().__init__(settings, api_client=api_client, clock=clock, sleep=sleep, caches=caches)
         self.follower_service: str = settings.follower_service
         self._adapter_name = f"{self.dgd_name}-{self.follower_service.lower()}"
 

@@ -68,6 +68,11 @@ new value and holds the role for one adjustment interval; ``revert`` writes the 
 value back. Both record a Kubernetes Event on the DGD. With ``advisory`` the connector
 never writes replicas (``revert`` then behaves as ``respect``).
 
+Reads: with watch caches (:mod:`.cache`; the operator uses them, ``planner run`` polls its
+one DGD) the DGD and its adapters are read from one list-and-watch per namespace and resource,
+shared by every deployment of the process; a GET only while the cache is not synced, or until
+it shows this connector's own last write. Writes are made only when something changes.
+
 API errors: 409, 429, 5xx and connection failures are retried with exponential backoff
 (a 429's ``Retry-After`` first), then reported as :class:`ConnectorError`; 404 of the DGD is a
 :class:`DeploymentError`; 401/403 and other 4xx are :class:`ConnectorError` at once (403 names
@@ -78,11 +83,16 @@ Kubernetes API calls this connector makes (the Helm chart's RBAC; all namespaced
 ========  ==============  =============================================  =====================
 verb      API group       resource                                       when
 ========  ==============  =============================================  =====================
-get       nvidia.com      dynamographdeployments                         validate, status,
-                                                                         set_replicas, wait
+get       nvidia.com      dynamographdeployments                         a read the watch cache
+                                                                         cannot serve, wait
+list      nvidia.com      dynamographdeployments                         the watch cache
+watch     nvidia.com      dynamographdeployments                         ... as DGDs change
 patch     nvidia.com      dynamographdeployments                         scale without adapter,
                                                                          revert a manual edit
-get       nvidia.com      dynamographdeploymentscalingadapters           every read (404 = none)
+get       nvidia.com      dynamographdeploymentscalingadapters           a read the watch cache
+                                                                         cannot serve (404: none)
+list      nvidia.com      dynamographdeploymentscalingadapters           the watch cache
+watch     nvidia.com      dynamographdeploymentscalingadapters           ... as adapters change
 patch     nvidia.com      dynamographdeploymentscalingadapters/scale     scale with an adapter
 list      "" (core v1)    pods                                           before an increase,
                                                                          before a decrease

@@ -180,11 +180,12 @@ class DgdApi:
             allow_404=True,
         )
         if isinstance(adapter, Mapping):
-            self._check_adapter(adapter, adapter_name, service)
+            self.check_adapter(adapter, adapter_name, service)
             return adapter
         return None
 
-    def _check_adapter(self, adapter: Mapping[str, Any], adapter_name: str, service: str) -> None:
+    def check_adapter(self, adapter: Mapping[str, Any], adapter_name: str, service: str) -> None:
+        """Refuse an adapter that refers to another DGD or service."""
         ref = (adapter.get("spec") or {}).get("dgdRef") or {}
         if not isinstance(ref, Mapping):
             return
@@ -241,8 +242,9 @@ class DgdApi:
             counts[service] = counts.get(service, 0) + 1
         return counts
 
-    async def patch_adapter_scale(self, adapter_name: str, replicas: int) -> None:
-        await self.call(
+    async def patch_adapter_scale(self, adapter_name: str, replicas: int) -> Any:
+        """Set an adapter's replicas through ``/scale``; returns the server's answer."""
+        return await self.call(
             f"patch scale of DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter_name}",
             "patch",
             f"{DGDSA_PLURAL}/scale",
@@ -256,9 +258,10 @@ class DgdApi:
             _content_type="application/merge-patch+json",
         )
 
-    async def patch_dgd(self, body: Mapping[str, Any], *, what: str | None = None) -> None:
-        """One JSON merge patch of the DGD; ``what`` names the change in errors."""
-        await self.call(
+    async def patch_dgd(self, body: Mapping[str, Any], *, what: str | None = None) -> Any:
+        """One JSON merge patch of the DGD; ``what`` names the change in errors; returns the
+        patched object."""
+        return await self.call(
             f"patch DynamoGraphDeployment {self.ref}" + (f" ({what})" if what else ""),
             "patch",
             DGD_PLURAL,

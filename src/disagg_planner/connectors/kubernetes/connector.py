@@ -15,7 +15,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,17 +47,23 @@ from disagg_planner.connectors.dgd_shape import (
 from disagg_planner.connectors.kubernetes.api import (
     DGD_GROUP,
     DGD_KIND,
+    DGD_PLURAL,
     DGD_VERSION,
+    DGDSA_PLURAL,
     DgdApi,
     default_api_client,
     default_namespace,
 )
+from disagg_planner.connectors.kubernetes.cache import WatchCaches, WatchedResource, version_number
 from disagg_planner.connectors.kubernetes.drain import (
+    DRAIN_POLL_S,
+    DrainEnd,
+    busy_text,
     choose_leaving,
+    drain_end,
     load_text,
     pod_marks,
     pod_ready,
-    wait_drained,
 )
 from disagg_planner.connectors.kubernetes.overrides import judge_edits
 from disagg_planner.connectors.kubernetes.state import (
@@ -98,6 +104,63 @@ class KubernetesSettings(ConnectorSettings):
     drain_timeout_s: float = 30.0
 
 
+# How long an own write may take to reach the watch cache when neither its version nor its
+# content tells (then the cache is trusted again).
+WRITE_SETTLE_S = 30.0
+
+
+@dataclass(frozen=True)
+class _OwnWrite:
+    """A write this connector made, until the watch cache shows it: by the answer's
+    resourceVersion when the server gave one, else by the content (``shows``), at the
+    latest :data:`WRITE_SETTLE_S` after it."""
+
+    version: int | None
+    shows: Callable[[Mapping[str, Any]], bool]
+    at_s: float
+
+    def seen_in(self, obj: Mapping[str, Any] | None, now_s: float) -> bool:
+        seen = version_number(obj)
+        if self.version is not None and seen is not None:
+            return seen >= self.version
+        if obj is not None and self.shows(obj):
+            return True
+        return now_s - self.at_s >= WRITE_SETTLE_S
+
+
+def _shows_replicas(count: int) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a scaling adapter asks for ``count`` replicas."""
+    return lambda adapter: (adapter.get("spec") or {}).get("replicas") == count
+
+
+def _shows_state(state: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a DGD carries the state annotation ``state`` (the text of one write: its
+    time makes it unique)."""
+
+    def shows(dgd: Mapping[str, Any]) -> bool:
+        annotations = (dgd.get("metadata") or {}).get("annotations") or {}
+        return isinstance(annotations, Mapping) and annotations.get(STATE_ANNOTATION) == state
+
+    return shows
+
+
+@dataclass
+class _PendingDrain:
+    """A scale-down waiting for its leaving workers (followed by ``task``)."""
+
+    targets: dict[str, int]
+    pods: tuple[str, ...]
+    budget_s: float
+    task: asyncio.Task[DrainEnd]
+
+    def holds(self) -> dict[str, Hold]:
+        detail = (
+            f"waiting up to {self.budget_s:g} s for {', '.join(self.pods)} to finish their "
+            f"requests; {self.targets} is written when the drain ends"
+        )
+        return {role: Hold(role, HoldReason.DRAINING, detail) for role in self.targets}
+
+
 @dataclass(frozen=True)
 class _Observation:
     """One read of the DGD (and its adapters) for the roles this planner scales."""
@@ -128,6 +191,7 @@ class KubernetesConnector:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         wall_clock: Callable[[], float] = time.time,
+        caches: WatchCaches | None = None,
     ) -> None:
         if not settings.dgd_name:
             raise DeploymentError(
@@ -171,6 +235,13 @@ class KubernetesConnector:
         # A restored change still converging: (Unix time it was made, its targets).
         self._resumed_wait: tuple[float, dict[str, int]] | None = None
         self._worker_loads: WorkerLoads | None = None
+        self._pending_drain: _PendingDrain | None = None
+        # Watch caches of the DGDs and adapters (module cache.py); None: every read is a GET.
+        self._caches = caches
+        self._watched: dict[str, WatchedResource] = {}
+        # Per object (plural/name) this connector wrote: the cache serves it again only once
+        # it shows that write (module cache.py).
+        self._written: dict[str, _OwnWrite] = {}
 
     # --- Connector protocol ---------------------------------------------------------------
 
@@ -274,7 +345,9 @@ class KubernetesConnector:
             for role, hold in held.items():
                 log.info("DGD %s: not scaling %s: %s", self._ref, role, hold.detail)
             if writes:
-                await self._write(obs, writes)
+                draining = await self._write_or_drain(obs, writes)
+                held.update(draining)
+                writes = {role: n for role, n in writes.items() if role not in draining}
         ready = None
         if blocking:
             ready = await self.wait_until_ready(self._settings.scaling_max_wait_s)
@@ -303,14 +376,71 @@ class KubernetesConnector:
         """Manual edits found by the latest read (empty when there were none)."""
         return self._last_overrides
 
+    def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (from a watch thread) when the DGD appears or changes; returns
+        the unsubscribe. Without watch caches: never called."""
+        if self._caches is None:
+            return lambda: None
+        return self._watch(DGD_PLURAL).subscribe(self.dgd_name, callback)
+
     async def close(self) -> None:
+        if self._pending_drain is not None:
+            self._pending_drain.task.cancel()
+        for cache in self._watched.values():
+            assert self._caches is not None
+            self._caches.release(cache)
+        self._watched.clear()
         if self._owns_client:
             await asyncio.to_thread(self._api_client.close)
 
     # --- reading --------------------------------------------------------------------------
 
+    def _watch(self, plural: str) -> WatchedResource:
+        assert self._caches is not None
+        if plural not in self._watched:
+            self._watched[plural] = self._caches.acquire(self.namespace, plural)
+        return self._watched[plural]
+
+    def _cached(self, plural: str, name: str) -> tuple[bool, Mapping[str, Any] | None]:
+        """(usable, object) from the watch cache: usable when synced and past this
+        connector's own last write of the object."""
+        if self._caches is None:
+            return False, None
+        synced, obj = self._watch(plural).get(name)
+        if not synced:
+            return False, None
+        written = self._written.get(f"{plural}/{name}")
+        if written is not None:
+            if not written.seen_in(obj, self._clock()):
+                return False, None
+            del self._written[f"{plural}/{name}"]
+        return True, obj
+
+    def _note_write(
+        self, plural: str, name: str, answer: Any, shows: Callable[[Mapping[str, Any]], bool]
+    ) -> None:
+        """Remember a write of ``name``: its version when the answer has one, else what the
+        object shows once the write is in (``shows``)."""
+        if self._caches is not None:
+            version = version_number(answer if isinstance(answer, Mapping) else None)
+            self._written[f"{plural}/{name}"] = _OwnWrite(version, shows, self._clock())
+
+    async def _dgd(self) -> Mapping[str, Any]:
+        usable, dgd = self._cached(DGD_PLURAL, self.dgd_name)
+        if usable and dgd is not None:
+            return dgd
+        return await self._api.get_dgd()  # not cached yet, or missing: the GET says which
+
+    async def _adapter(self, adapter_name: str, service: str) -> Mapping[str, Any] | None:
+        usable, adapter = self._cached(DGDSA_PLURAL, adapter_name)
+        if not usable:
+            return await self._api.get_adapter(adapter_name, service)
+        if adapter is not None:
+            self._api.check_adapter(adapter, adapter_name, service)
+        return adapter
+
     async def _read(self) -> _Observation:
-        dgd = await self._api.get_dgd()
+        dgd = await self._dgd()
         uid = (dgd.get("metadata") or {}).get("uid")
         uid = uid if isinstance(uid, str) else None
         if self._uid is not None and uid is not None and uid != self._uid:
@@ -359,7 +489,7 @@ class KubernetesConnector:
                 model_name=service_model_name(service),
             )
             adapter_name = f"{self.dgd_name}-{name.lower()}"
-            adapter = await self._api.get_adapter(adapter_name, name)
+            adapter = await self._adapter(adapter_name, name)
             if adapter is not None:
                 adapters[role] = adapter_name
                 desired[role] = replicas_of(
@@ -492,14 +622,113 @@ class KubernetesConnector:
 
     # --- writing ----------------------------------------------------------------------------
 
-    async def _write(self, obs: _Observation, writes: Mapping[str, int]) -> None:
+    async def _write_or_drain(
+        self, obs: _Observation, writes: Mapping[str, int]
+    ) -> dict[str, Hold]:
+        """Write ``writes`` now, or, when a decrease must first let busy workers finish,
+        start following that drain in the background and hold every role of the request
+        (returned) until it ends; then the connector writes them itself."""
+        pending = self._pending_drain
+        if pending is not None and not pending.task.done():
+            if dict(writes) == pending.targets:
+                return pending.holds()
+            pending.task.cancel()  # the plan changed: this request replaces the drain's
+            log.info(
+                "DGD %s: the drain for %s is abandoned: %s asked",
+                self._ref,
+                pending.targets,
+                dict(writes),
+            )
+        self._pending_drain = None
+        lower = {role: n for role, n in writes.items() if n < obs.desired[role]}
+        if not lower:
+            await self._write(obs, writes)
+            return {}
+        serving = await self._mark_leaving(obs, lower)
+        end = drain_end(serving, self._loads(), waited_s=0.0, timeout_s=self._drain_budget_s())
+        if end is not None:
+            self._log_drain_end(serving, end, 0.0)
+            await self._write(obs, writes, marked=True)
+            return {}
+        drain = _PendingDrain(
+            targets=dict(writes),
+            pods=tuple(serving),
+            budget_s=self._drain_budget_s(),
+            task=asyncio.create_task(self._follow_drain(dict(writes), tuple(serving))),
+        )
+        self._pending_drain = drain
+        return drain.holds()
+
+    def _drain_budget_s(self) -> float:
+        return max(0.0, self._settings.drain_timeout_s)
+
+    def _log_drain_end(self, pods: Sequence[str], end: DrainEnd, waited_s: float) -> None:
+        level = logging.WARNING if end is DrainEnd.TIMEOUT else logging.INFO
+        detail = {
+            DrainEnd.IDLE: "no request in flight",
+            DrainEnd.NO_LOAD_SIGNAL: "no per-worker load known (no FPM); Dynamo's workers leave "
+            "routing on SIGTERM and serve what they hold within their shutdown budget",
+            DrainEnd.NOTHING_SERVING: "no ready worker leaves",
+            DrainEnd.TIMEOUT: f"drain timeout ({self._drain_budget_s():g} s): "
+            f"{busy_text(pods, self._loads())}; lowering the replicas anyway (Dynamo serves "
+            "them for its grace period after SIGTERM)",
+        }[end]
+        log.log(
+            level,
+            "DGD %s: drain of %s ended by %s after %.1f s: %s",
+            self._ref,
+            ", ".join(pods) or "no pod",
+            end.value,
+            waited_s,
+            detail,
+        )
+
+    async def _follow_drain(self, writes: dict[str, int], pods: tuple[str, ...]) -> DrainEnd:
+        """Wait (in the background) for ``pods`` to drain, then write ``writes`` if they are
+        still what the deployment needs; a failure is logged (the next tick plans again)."""
+        start, budget = self._clock(), self._drain_budget_s()
+        while True:
+            waited = self._clock() - start
+            end = drain_end(pods, self._loads(), waited_s=waited, timeout_s=budget)
+            if end is not None:
+                break
+            await self._sleep(min(DRAIN_POLL_S, budget - waited))
+        self._log_drain_end(pods, end, waited)
+        try:
+            async with self._lock:
+                obs = await self._observe()
+                holds = self._active_holds()
+                still = {
+                    role: n
+                    for role, n in writes.items()
+                    if role not in holds and obs.desired[role] != n
+                }
+                if still and not self._settings.advisory:
+                    await self._write(obs, still, marked=True)
+        except (ConnectorError, DeploymentError) as exc:
+            log.warning("DGD %s: writing %s after the drain failed: %s", self._ref, writes, exc)
+        return end
+
+    async def drained(self) -> DrainEnd | None:
+        """Wait for the drain in progress (if any) to end and its writes to be made; which
+        signal ended it (None: no drain)."""
+        pending = self._pending_drain
+        if pending is None:
+            return None
+        return await pending.task
+
+    async def _write(
+        self, obs: _Observation, writes: Mapping[str, int], *, marked: bool = False
+    ) -> None:
         """Write ``writes`` (role -> replicas): the decreases, then the increases once every
-        role's engines fit what it is asked for (module doc: budget-safe order)."""
+        role's engines fit what it is asked for (module doc: budget-safe order). The pods
+        that leave are marked first unless ``marked``."""
         lower = {role: n for role, n in writes.items() if n < obs.desired[role]}
         higher = {role: n for role, n in writes.items() if role not in lower}
         self._last_action = (self._wall(), dict(writes))
         if lower:
-            await self._drain(obs, lower)
+            if not marked:
+                await self._mark_leaving(obs, lower)
             await self._write_roles(obs, lower)
         if higher:
             await self._wait_released(obs, {**obs.desired, **lower}, fresh=bool(lower))
@@ -516,9 +745,9 @@ class KubernetesConnector:
             log.warning("DGD %s: the workers' load could not be read: %s", self._ref, exc)
             return {}
 
-    async def _drain(self, obs: _Observation, lower: Mapping[str, int]) -> None:
-        """Choose and mark the pods that leave, then give the ready ones time to finish
-        their requests (module doc: graceful scale-down)."""
+    async def _mark_leaving(self, obs: _Observation, lower: Mapping[str, int]) -> list[str]:
+        """Choose and mark the pods that leave (module doc: graceful scale-down); returns
+        the ready ones (those with requests to finish)."""
         pods = await self._api.dgd_pods()
         loads = self._loads()
         leaving: dict[str, bool] = {}  # pod name -> ready
@@ -539,14 +768,7 @@ class KubernetesConnector:
         since = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
         for name, marks in pod_marks(pods, leaving, since):
             await self._api.annotate_pod(name, marks)
-        await wait_drained(
-            self._ref,
-            [name for name, ready in leaving.items() if ready],
-            timeout_s=self._settings.drain_timeout_s,
-            loads=self._loads,
-            clock=self._clock,
-            sleep=self._sleep,
-        )
+        return [name for name, ready in leaving.items() if ready]
 
     async def _wait_released(
         self, obs: _Observation, desired: Mapping[str, int], *, fresh: bool
@@ -606,15 +828,23 @@ class KubernetesConnector:
             if adapter is None:
                 patch_services[obs.services[role].service] = {"replicas": count}
                 continue
-            await self._api.patch_adapter_scale(adapter, count)
+            answer = await self._api.patch_adapter_scale(adapter, count)
+            self._note_write(
+                DGDSA_PLURAL,
+                adapter,
+                answer,
+                _shows_replicas(count),
+            )
             self._settle(role, count, f"adapter {adapter}")
         if patch_services:
-            await self._api.patch_dgd(
+            state = self._state_json()
+            answer = await self._api.patch_dgd(
                 {
-                    "metadata": {"annotations": {STATE_ANNOTATION: self._state_json()}},
+                    "metadata": {"annotations": {STATE_ANNOTATION: state}},
                     "spec": {"services": patch_services},
                 }
             )
+            self._note_write(DGD_PLURAL, self.dgd_name, answer, _shows_state(state))
             for role, count in writes.items():
                 if obs.adapters[role] is None:
                     self._settle(role, count, f"spec.services.{obs.services[role].service}")
@@ -649,9 +879,11 @@ class KubernetesConnector:
         Advisory: nothing (a planner that never writes replicas writes nothing at all)."""
         if self._settings.advisory:
             return
-        body = {"metadata": {"annotations": {STATE_ANNOTATION: self._state_json()}}}
+        state = self._state_json()
+        body = {"metadata": {"annotations": {STATE_ANNOTATION: state}}}
         try:
-            await self._api.patch_dgd(body, what="record the planner's state")
+            answer = await self._api.patch_dgd(body, what="record the planner's state")
+            self._note_write(DGD_PLURAL, self.dgd_name, answer, _shows_state(state))
         except (ConnectorError, DeploymentError) as exc:
             log.warning("DGD %s: could not record the planner's state: %s", self._ref, exc)
 

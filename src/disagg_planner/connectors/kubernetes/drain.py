@@ -1,18 +1,17 @@
 """Graceful scale-down: which pods leave, how they are marked, and the wait for them to
 finish what they serve (see "Graceful scale-down" in the package docstring).
 
-The choice and the marks are pure; :func:`wait_drained` is the one wait.
+All pure: the choice, the marks, and :func:`drain_end`, the rule that ends a drain (the
+connector follows a drain in the background: the tick that asked for it does not wait).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
 from typing import Any
 
 from disagg_planner.connectors.kubernetes.api import SERVICE_POD_LABEL
-
-log = logging.getLogger(__name__)
 
 # Kubernetes' ReplicaSet deletes the pods of lowest cost first (an int32; unset is 0).
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -80,42 +79,41 @@ def pod_marks(
     return marks
 
 
-async def wait_drained(
-    ref: str,
-    pods: list[str],
-    *,
-    timeout_s: float,
-    loads: Callable[[], Mapping[str, int]],
-    clock: Callable[[], float],
-    sleep: Callable[[float], Awaitable[None]],
-) -> None:
-    """Return once every pod in ``pods`` reports no request in flight, or when ``timeout_s``
-    passed (0: no wait)."""
-    if not pods or timeout_s <= 0:
-        return
-    start = clock()
-    while True:
-        current = loads()
-        busy = {pod: current.get(pod) for pod in pods if current.get(pod) != 0}
-        waited = clock() - start
-        if not busy:
-            log.info(
-                "DGD %s: %s drained (no request in flight) after %.1f s",
-                ref,
-                ", ".join(pods),
-                waited,
-            )
-            return
-        if waited >= timeout_s:
-            log.warning(
-                "DGD %s: drain timeout (%g s): %s; lowering the replicas anyway (Dynamo "
-                "serves them for its grace period after SIGTERM)",
-                ref,
-                timeout_s,
-                ", ".join(
-                    f"{pod} {'load unknown' if n is None else f'{n} in flight'}"
-                    for pod, n in busy.items()
-                ),
-            )
-            return
-        await sleep(min(DRAIN_POLL_S, timeout_s - waited))
+class DrainEnd(StrEnum):
+    """Which signal ended a drain (values are log text)."""
+
+    # Every leaving pod's engines report no request in flight (their latest FPM).
+    IDLE = "fpm_idle"
+    # No per-worker load at all (no FPM): nothing to wait for. Dynamo's worker leaves
+    # discovery on SIGTERM, so no new request reaches it, and serves what it holds within
+    # its own shutdown budget (DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS) before it exits.
+    NO_LOAD_SIGNAL = "no_load_signal"
+    # No ready pod leaves (the ones leaving serve nothing).
+    NOTHING_SERVING = "nothing_serving"
+    # The drain budget (drain_timeout_s, one total) ran out.
+    TIMEOUT = "timeout"
+
+
+def drain_end(
+    pods: Sequence[str], loads: Mapping[str, int], *, waited_s: float, timeout_s: float
+) -> DrainEnd | None:
+    """Whether the drain of the ready pods ``pods`` is over, and by which signal; None: wait
+    on. ``loads`` is every pod's requests in flight as known now (empty: no signal)."""
+    if not pods:
+        return DrainEnd.NOTHING_SERVING
+    if not loads:
+        return DrainEnd.NO_LOAD_SIGNAL
+    if all(loads.get(pod) == 0 for pod in pods):
+        return DrainEnd.IDLE
+    if waited_s >= timeout_s:
+        return DrainEnd.TIMEOUT
+    return None
+
+
+def busy_text(pods: Sequence[str], loads: Mapping[str, int]) -> str:
+    """The leaving pods still serving, as a log line reads them."""
+    return ", ".join(
+        f"{pod} {'load unknown' if loads.get(pod) is None else f'{loads[pod]} in flight'}"
+        for pod in pods
+        if loads.get(pod) != 0
+    )
