@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -40,11 +39,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
 for path in (REPO / "src", REPO):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
 from kubernetes import client as k8s_client  # noqa: E402
+from results_block import markers, write_block  # noqa: E402
 
 from disagg_planner.config.schema import PlannerConfig  # noqa: E402
 from disagg_planner.connectors.kubernetes import (  # noqa: E402
@@ -54,8 +55,7 @@ from disagg_planner.connectors.kubernetes import (  # noqa: E402
 from disagg_planner.connectors.kubernetes.cache import WatchCaches  # noqa: E402
 from disagg_planner.runtime.connector_settings import kubernetes_settings  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
-BEGIN, END = "<!-- BEGIN operator-scale -->", "<!-- END operator-scale -->"
+BEGIN, END = markers("operator-scale")
 NS = "default"
 FAST_CHECK_S = 15.0
 
@@ -234,14 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     block = "\n".join(lines)
     print(block)
     if not args.no_write:
-        text = RESULTS.read_text()
-        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-        text = (
-            pattern.sub(lambda _: block, text)
-            if pattern.search(text)
-            else text.rstrip("\n") + "\n\n" + block + "\n"
-        )
-        RESULTS.write_text(text)
+        write_block("operator-scale", block)
     return 0
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import tempfile
 import time
@@ -37,8 +36,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
 if str(REPO / "src") not in sys.path:
     sys.path.insert(0, str(REPO / "src"))
+
+from results_block import markers, write_block  # noqa: E402
 
 from disagg_planner.report.recorder import (  # noqa: E402
     MAX_SNAPSHOTS,
@@ -47,8 +49,7 @@ from disagg_planner.report.recorder import (  # noqa: E402
     TickSnapshot,
 )
 
-RESULTS = REPO / "benchmarks" / "RESULTS.md"
-BEGIN, END = "<!-- BEGIN soak -->", "<!-- END soak -->"
+BEGIN, END = markers("soak")
 DAY_S = 86_400
 
 
@@ -176,14 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     block = "\n".join(lines)
     print(block)
     if not args.no_write:
-        text = RESULTS.read_text()
-        pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-        text = (
-            pattern.sub(lambda _: block, text)
-            if pattern.search(text)
-            else text.rstrip("\n") + "\n\n" + block + "\n"
-        )
-        RESULTS.write_text(text)
+        write_block("soak", block)
     return 0
 
 

@@ -21,6 +21,7 @@ from tests.integration.connectors.conftest import (
     NS,
     VERSION,
     FakeTime,
+    apply_dgd_via_api,
     frontend,
     k8s_settings,
     worker,
@@ -115,19 +116,7 @@ async def test_a_dgd_applied_again_wakes_its_subscriber(
     woken = threading.Event()
     unsubscribe = conn.on_deployment_change(woken.set)
     await until(lambda: conn._watched[DGD_PLURAL].synced, "the DGD cache to sync")
-    await asyncio.to_thread(
-        k8s_client.CustomObjectsApi(api_client).create_namespaced_custom_object,
-        GROUP,
-        VERSION,
-        NS,
-        DGD_PLURAL,
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "DynamoGraphDeployment",
-            "metadata": {"name": "graph", "namespace": NS, "uid": "second"},
-            "spec": {"services": services()},
-        },
-    )
+    await apply_dgd_via_api(api_client, services(), uid="second")
     await until(woken.is_set, "the subscriber to be called")
     unsubscribe()
     await conn.close()

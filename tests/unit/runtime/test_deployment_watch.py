@@ -16,8 +16,13 @@ from disagg_planner.profiles import Profile
 from disagg_planner.runtime.clock import WallClock
 from disagg_planner.runtime.connector_settings import kubernetes_settings
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
-from tests.integration.connectors.conftest import DGD_NAME, NS, frontend, worker
-from tests.kube_dynamo import DGD_PLURAL, GROUP, VERSION
+from tests.integration.connectors.conftest import (
+    DGD_NAME,
+    NS,
+    apply_dgd_via_api,
+    frontend,
+    worker,
+)
 from tests.unit.runtime.conftest import loop_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
@@ -44,24 +49,14 @@ async def test_a_dgd_applied_while_the_loop_backs_off_starts_it_at_once(
         await asyncio.sleep(1.0)  # the first validation failed: backing off
         assert loop.core is None
         applied_at = time.monotonic()
-        await asyncio.to_thread(
-            k8s_client.CustomObjectsApi(api_client).create_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            NS,
-            DGD_PLURAL,
+        await apply_dgd_via_api(
+            api_client,
             {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "DynamoGraphDeployment",
-                "metadata": {"name": DGD_NAME, "namespace": NS, "uid": "u1"},
-                "spec": {
-                    "services": {
-                        "Frontend": frontend(),
-                        "prefill": worker("prefill", 1),
-                        "decode": worker("decode", 1),
-                    }
-                },
+                "Frontend": frontend(),
+                "prefill": worker("prefill", 1),
+                "decode": worker("decode", 1),
             },
+            uid="u1",
         )
         while loop.core is None and time.monotonic() - applied_at < 20.0:
             await asyncio.sleep(0.05)
