@@ -608,6 +608,14 @@ class DeploymentLoop:
             problems.append(
                 Problem(ProblemKind.TRAFFIC_MISSING, str(traffic.reason), traffic.detail, "traffic")
             )
+        elif traffic.missing_series:
+            detail = (
+                f"requests were counted but {', '.join(traffic.missing_series)} (_sum/_count) "
+                "have no series in the window; the decisions that need them hold"
+            )
+            problems.append(
+                Problem(ProblemKind.INPUT_INCOMPLETE, "histograms_missing", detail, "traffic")
+            )
         return traffic
 
     async def _apply(
