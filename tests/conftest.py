@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
+from disagg_planner.connectors.kubernetes import planner_api_client
 from tests.traces import (
     AZURE_CONV,
     MOONCAKE_CONV,
@@ -36,10 +37,11 @@ def _no_planner_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 async def api_client(kmock: Any) -> AsyncIterator[k8s_client.ApiClient]:
-    """The real ``kubernetes`` client pointed at the test's kmock server."""
+    """The real ``kubernetes`` client pointed at the test's kmock server, configured as the
+    planner configures its own (no hidden urllib3 retries, the pool sized to its threads)."""
     configuration = k8s_client.Configuration()
     configuration.host = str(kmock.url).rstrip("/")
-    api = k8s_client.ApiClient(configuration)
+    api = planner_api_client(configuration)
     yield api
     await asyncio.to_thread(api.close)
 

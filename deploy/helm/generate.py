@@ -204,7 +204,9 @@ def values_schema() -> dict[str, Any]:
                     "annotations": _STRING_MAP,
                 }
             ),
-            "rbac": _obj({"create": {"type": "boolean"}}),
+            "rbac": _obj(
+                {"create": {"type": "boolean"}, "podAnnotationPolicy": {"type": "boolean"}}
+            ),
             "resources": _ANY_OBJECT,
             "podSecurityContext": _ANY_OBJECT,
             "securityContext": _ANY_OBJECT,

@@ -9,8 +9,9 @@ delay); ``/healthz`` answers while the process serves.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -19,6 +20,8 @@ from prometheus_client.exposition import generate_latest
 
 from disagg_planner.core.types import LoadReason, ThroughputReason
 from disagg_planner.report.recorder import TickSnapshot
+
+log = logging.getLogger(__name__)
 
 PREFIX = "dynamo_planner"
 LABELS = ("namespace", "dgd")
@@ -227,18 +230,44 @@ class HealthState:
         return self._ready.is_set()
 
 
+ReportSource = Callable[[str, str], str | None]
+"""(namespace, name) -> the HTML report of that deployment's ticks, None when it has none."""
+
+
 class MetricsServer:
-    """``/metrics``, ``/healthz`` and ``/readyz`` on one port, served from a thread."""
+    """``/metrics``, ``/healthz`` and ``/readyz`` on one port, served from a thread, and
+    ``/report/<namespace>/<name>`` (a deployment's diagnostics, rendered on demand) when
+    given ``reports``."""
 
     def __init__(
-        self, metrics: PlannerMetrics, health: HealthState, *, host: str = "0.0.0.0", port: int
+        self,
+        metrics: PlannerMetrics,
+        health: HealthState,
+        *,
+        host: str = "0.0.0.0",
+        port: int,
+        reports: ReportSource | None = None,
     ) -> None:
         registry = metrics.registry
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
-                if path == "/metrics":
+                parts = path.strip("/").split("/")
+                if reports is not None and len(parts) == 3 and parts[0] == "report":
+                    # Rendered here, on demand, from the deployment's rolling window of ticks.
+                    try:
+                        html = reports(parts[1], parts[2])
+                    except Exception as exc:  # a failed render is an answer, not a dead server
+                        log.exception("rendering the report of %s/%s failed", *parts[1:])
+                        self._send(500, f"report failed: {exc}\n".encode(), "text/plain")
+                        return
+                    if html is None:
+                        body = f"no report of {parts[1]}/{parts[2]}: not planned here, or no tick\n"
+                        self._send(404, body.encode(), "text/plain")
+                    else:
+                        self._send(200, html.encode(), "text/html; charset=utf-8")
+                elif path == "/metrics":
                     self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
                     self._send(200, b"ok\n", "text/plain")

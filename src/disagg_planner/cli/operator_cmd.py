@@ -13,14 +13,10 @@ from typing import Any
 
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
-from disagg_planner.connectors.kubernetes import SERVICE_ACCOUNT_NAMESPACE
+from disagg_planner.connectors.kubernetes import API_WORKER_THREADS, SERVICE_ACCOUNT_NAMESPACE
 from disagg_planner.errors import SpecError
 
 log = logging.getLogger(__name__)
-
-# Connector and Prometheus calls are blocking HTTP run in threads; asyncio's default pool
-# (CPUs + 4) would let a few slow API servers stall every other DGD's tick.
-WORKER_THREADS = 64
 
 
 def register(sub: Any) -> None:
@@ -162,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
     async def main() -> None:
         asyncio.get_running_loop().set_default_executor(
             concurrent.futures.ThreadPoolExecutor(
-                max_workers=WORKER_THREADS, thread_name_prefix="planner"
+                max_workers=API_WORKER_THREADS, thread_name_prefix="planner"
             )
         )
         await run_operator(options)

@@ -805,6 +805,31 @@ class PlannerConfig(BaseModel):
         description="Write a gzip JSONL log of every tick next to each report.",
         json_schema_extra=_extra("reporting"),
     )
+    # Diagnostics bounded by time and bytes (an operator runs for months).
+    report_window_hours: float = Field(
+        24.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How far back the diagnostics keep ticks (hours): what a report shows, "
+        "on demand (/report/<namespace>/<name> on the metrics port, planner report --live) "
+        "or on schedule. Older ticks are dropped, so the memory they take stays bounded.",
+        json_schema_extra=_extra("reporting"),
+    )
+    report_keep_files: int = Field(
+        3,
+        ge=1,
+        description="Scheduled reports kept per deployment (each an HTML file and its log); "
+        "older ones are deleted.",
+        json_schema_extra=_extra("reporting"),
+    )
+    report_max_bytes: int = Field(
+        768 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Bytes all reports under report_output_dir may take together (every "
+        "deployment of the process); the oldest are deleted beyond it. Keep it below the "
+        "volume's size (the Helm chart's reportsSizeLimit, 1 GiB).",
+        json_schema_extra=_extra("reporting"),
+    )
 
     # --- field rules --------------------------------------------------------------------
     @field_validator("model_name")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from disagg_planner.core.types import DeploymentStatus
 
@@ -37,6 +37,9 @@ class HoldReason(StrEnum):
     # A change made before this process started (read back from the deployment) has not
     # converged yet: a restarted or failed-over planner keeps waiting for it.
     AWAITING_CONVERGENCE = "awaiting_convergence"
+    # A scale-down waits for the workers chosen to leave to finish what they serve; the
+    # connector lowers the replicas itself when the drain ends (the tick does not wait).
+    DRAINING = "draining"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +143,41 @@ class Connector(Protocol):
 
     async def close(self) -> None:
         """Release connections; the connector is unusable afterwards."""
+        ...
+
+
+@dataclass(frozen=True)
+class PodDiscovery:
+    """Where a deployment's engines run as Kubernetes pods: what FPM discovery reads (the
+    same cluster as the same identity, ``api_client`` a ``kubernetes`` ApiClient)."""
+
+    api_client: Any
+    namespace: str
+    dgd_name: str
+    service_roles: Mapping[str, str]  # DGD service -> the role it carries
+
+
+@runtime_checkable
+class RunsOnPods(Protocol):
+    """A connector whose engines are pods: the runtime discovers their publishers and hands
+    back each pod's load, so that a scale-down lets the least-loaded workers leave."""
+
+    def pod_discovery(self) -> PodDiscovery:
+        """The pods' whereabouts (known once :meth:`Connector.validate` ran)."""
+        ...
+
+    def use_worker_loads(self, loads: WorkerLoads) -> None:
+        """Where a scale-down reads the load of each pod."""
+        ...
+
+
+@runtime_checkable
+class WatchesDeployment(Protocol):
+    """A connector that hears when its deployment appears or changes (a watch): a loop
+    backing off after failures retries at once instead of waiting out its backoff."""
+
+    def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (from any thread) on a change; returns the unsubscribe."""
         ...
 
 

@@ -102,6 +102,9 @@ class TrafficObservation:
     ttft_histogram: Histogram | None = None
     # requests started but not finished at ``end_s`` (frontend counters), when read
     in_flight: float | None = None
+    # Histogram families (their _sum/_count) with no series in a window whose request
+    # counters moved: the averages they give are None for want of data, not of traffic.
+    missing_series: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (

@@ -369,7 +369,7 @@ class DiscoveredEngines:
 
     A role with a static endpoint list in ``config`` keeps that list (the override); the
     others follow an :class:`FpmPublisherWatcher` of the DGD. ``service_roles`` maps each DGD
-    service to its role (the Kubernetes connector's ``role_services``, inverted).
+    service to its role (the Kubernetes connector's ``pod_discovery().service_roles``).
     """
 
     def __init__(

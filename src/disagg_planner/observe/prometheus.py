@@ -218,7 +218,10 @@ class PrometheusTrafficObserver:
         observation = observation_from_increases(
             increases, end_s=observed_end, duration_s=duration_s, where=where
         )
-        if isinstance(observation, MissingObservation) or used is None:
+        if isinstance(observation, MissingObservation):
+            return observation
+        observation = self._note_missing_histograms(increases, observation)
+        if used is None:
             return observation
         # Same evaluation time as the increases: the samples are those they came from.
         counter: str = getattr(self._metrics, used)
@@ -229,12 +232,29 @@ class PrometheusTrafficObserver:
             series = _parse_matrix(matrix)
         except _BadResponse as exc:
             return MissingObservation(MissingReason.BAD_RESPONSE, f"{self._endpoint}: {exc}")
-        return observation_from_increases(
+        final = observation_from_increases(
             replace(increases, counter_series=series),
             end_s=observed_end,
             duration_s=duration_s,
             where=where,
         )
+        if isinstance(final, MissingObservation):
+            return final
+        return self._note_missing_histograms(increases, final)
+
+    def _note_missing_histograms(
+        self, increases: WindowIncreases, observation: TrafficObservation
+    ) -> TrafficObservation:
+        """Name the histogram families without series in a window whose request counters
+        moved (a scrape config or relabelling that drops histograms keeps the counters)."""
+        if observation.num_req <= 0:
+            return observation
+        missing = tuple(
+            getattr(self._metrics, item.attribute)
+            for item in HISTOGRAM_INPUTS
+            if increases.sums.get(item.key) is None or increases.counts.get(item.key) is None
+        )
+        return replace(observation, missing_series=missing) if missing else observation
 
     def _query(self, promql: str, time_s: float | None) -> Any | MissingObservation:
         """The ``result`` of one instant query at ``time_s`` (the server's now when None)."""

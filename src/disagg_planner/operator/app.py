@@ -58,6 +58,7 @@ from typing import Any, cast
 import kopf
 from kubernetes import client as k8s_client
 
+from disagg_planner.connectors.kubernetes.cache import WatchCaches
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.operator.crd import GROUP, KIND, PLURAL, VERSION
 from disagg_planner.operator.policy import OperatorDefaults, config_from_spec, plain, target_of
@@ -129,6 +130,16 @@ class PolicyRunner:
         self.loops: dict[PolicyKey, DeploymentLoop] = {}
         self.writers: dict[PolicyKey, StatusWriter] = {}
         self.claims: dict[DeploymentRef, PolicyKey] = {}
+        # One list-and-watch of the DGDs and of their adapters per namespace, for every loop.
+        self.caches = WatchCaches(api_client)
+
+    def render_report(self, namespace: str, name: str) -> str | None:
+        """The diagnostics report of the DGD ``namespace/name`` (None: not planned here, or
+        no recorder); called from the metrics server's thread."""
+        for loop in list(self.loops.values()):
+            if (loop.ref.namespace, loop.ref.name) == (namespace, name):
+                return loop.recorder.render_html() if loop.recorder is not None else None
+        return None
 
     def pool_members(self, namespace: str, pool: str) -> list[PoolMember]:
         """The loops of the policies of ``namespace`` that name ``pool``."""
@@ -220,7 +231,9 @@ class PolicyRunner:
         self.claims[target] = key
         writer.target = target
         clock = WallClock()
-        connector = make_connector(config, clock=clock, api_client=self.api_client)
+        connector = make_connector(
+            config, clock=clock, api_client=self.api_client, caches=self.caches
+        )
         if config.pool is not None:
             connector = PooledConnector(connector, config)  # its pool's grant caps it
         loop = DeploymentLoop(
@@ -405,9 +418,13 @@ async def run_operator(
     server: MetricsServer | None = None
     if options.metrics_port:
         server = MetricsServer(
-            metrics, health, host=options.metrics_host, port=options.metrics_port
+            metrics,
+            health,
+            host=options.metrics_host,
+            port=options.metrics_port,
+            reports=runner.render_report,
         ).start()
-        log.info("serving /metrics, /healthz and /readyz on port %d", server.port)
+        log.info("serving /metrics, /healthz, /readyz and /report on port %d", server.port)
 
     async def mark_ready() -> None:
         # The operator is ready once its watches run; each DGD's state is in its policy.
@@ -437,6 +454,7 @@ async def run_operator(
         )
     finally:
         readiness.cancel()
+        runner.caches.close()
         if server is not None:
             server.stop()
         if owns_client:

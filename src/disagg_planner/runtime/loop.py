@@ -39,7 +39,12 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.connectors.base import Connector, advisory_holds
+from disagg_planner.connectors.base import (
+    Connector,
+    RunsOnPods,
+    WatchesDeployment,
+    advisory_holds,
+)
 from disagg_planner.core.planner import Effects, PlannerCore, queued_prefill_tokens
 from disagg_planner.core.schedule import DueTick, TrafficWindow
 from disagg_planner.core.types import (
@@ -165,6 +170,7 @@ class DeploymentLoop:
         self._failures = 0  # consecutive ticks (or start attempts) the connector failed
         self._traffic_problem: Problem | None = None  # the last throughput tick's, if any
         self._not_before_s = float("-inf")
+        self._wake: asyncio.Event | None = None  # set by the deployment's watch (run())
         self.elastic: ElasticDriver | None = None
         self._dropped_seen: dict[tuple[str, str], int] = {}
         intervals = []
@@ -181,15 +187,55 @@ class DeploymentLoop:
 
         Raises :class:`SpecError` when the core cannot be built from the configuration.
         """
+        unwatch = self._watch_deployment()
         try:
             if not await self.start(stop):
                 return
             while not stop.is_set():
-                if await self.clock.sleep_until(self.next_wake_s, stop):
+                if await self._sleep_until(self.next_wake_s, stop):
                     break
                 await self._tick_or_stop(stop)
         finally:
+            unwatch()
             await self.close()
+
+    def _watch_deployment(self) -> Callable[[], None]:
+        """Wake this loop when its deployment appears or changes while it is failing (a
+        DGD deleted and applied again), instead of waiting out the backoff."""
+        if not isinstance(self.connector, WatchesDeployment):
+            return lambda: None
+        wake = self._wake = asyncio.Event()
+        running = asyncio.get_running_loop()
+
+        def changed() -> None:
+            if self._failures > 0:
+                running.call_soon_threadsafe(wake.set)
+
+        return self.connector.on_deployment_change(changed)
+
+    async def _sleep_until(self, at_s: float, stop: asyncio.Event) -> bool:
+        """Sleep until ``at_s``, ``stop`` (then True) or a wake-up from the deployment's
+        watch (which ends the backoff)."""
+        wake = self._wake
+        if wake is None:
+            return await self.clock.sleep_until(at_s, stop)
+        interrupt = asyncio.Event()
+
+        async def relay(event: asyncio.Event) -> None:
+            await event.wait()
+            interrupt.set()
+
+        relays = [asyncio.create_task(relay(stop)), asyncio.create_task(relay(wake))]
+        try:
+            await self.clock.sleep_until(at_s, interrupt)
+        finally:
+            for task in relays:
+                task.cancel()
+        if wake.is_set() and not stop.is_set():
+            wake.clear()
+            self._not_before_s = float("-inf")
+            log.info("%s: the deployment changed; retrying now instead of backing off", self.ref)
+        return stop.is_set()
 
     @property
     def next_wake_s(self) -> float:
@@ -215,15 +261,15 @@ class DeploymentLoop:
             failed = TickOutcome(t_s=self.clock.now(), problems=(problem,))
             self._count_problems(failed)
             await self._emit(failed)
-            if await self.clock.sleep_until(self.clock.now() + delay, stop):
+            if await self._sleep_until(self.clock.now() + delay, stop):
                 return False
         self._failures = 0
         await self._build()
         return True
 
     async def close(self) -> None:
-        """Stop the FPM subscribers this loop started, close the observer and the connector,
-        write the last diagnostics report."""
+        """Stop the FPM subscribers this loop started, close the observer and the connector
+        (no report is rendered on stop: a spec edit or SIGTERM must not cost a render)."""
         if self.elastic is not None:
             await self.elastic.close()
         for source in self._owned_sources:
@@ -236,11 +282,6 @@ class DeploymentLoop:
             await self.connector.close()
         except Exception:  # closing must never mask why the loop ended
             log.exception("%s: closing the connector failed", self.ref)
-        if self.recorder is not None and self.recorder.snapshots:
-            try:
-                await self._offload(self.recorder.finalize)
-            except OSError as exc:
-                log.warning("%s: could not write the final report: %s", self.ref, exc)
 
     async def _validate(self) -> Problem | None:
         try:
@@ -310,20 +351,19 @@ class DeploymentLoop:
         (Dynamo's worker metadata of the DGD's ready pods, followed by watches) unless the
         config lists them (``prefill_fpm_endpoints`` / ``decode_fpm_endpoints``: the
         override); elsewhere the config's lists are all there is."""
-        from disagg_planner.connectors.kubernetes import KubernetesConnector
-
         cfg = self.config
         connector = self.connector
-        if isinstance(connector, KubernetesConnector):
+        if isinstance(connector, RunsOnPods):
             from disagg_planner.observe.fpm_discovery import DiscoveredEngines
 
-            # role_services is known once validate() read the DGD (start() ran it).
+            # The services' roles are known once validate() read the DGD (start() ran it).
+            pods = connector.pod_discovery()
             engines = DiscoveredEngines(
                 cfg,
-                api_client=connector.api_client,
-                namespace=connector.namespace,
-                dgd_name=connector.dgd_name,
-                service_roles={svc: role for role, svc in connector.role_services.items()},
+                api_client=pods.api_client,
+                namespace=pods.namespace,
+                dgd_name=pods.dgd_name,
+                service_roles=pods.service_roles,
                 clock=self.clock.now,
                 name=self.ref.name,
             )
@@ -568,6 +608,14 @@ class DeploymentLoop:
             problems.append(
                 Problem(ProblemKind.TRAFFIC_MISSING, str(traffic.reason), traffic.detail, "traffic")
             )
+        elif traffic.missing_series:
+            detail = (
+                f"requests were counted but {', '.join(traffic.missing_series)} (_sum/_count) "
+                "have no series in the window; the decisions that need them hold"
+            )
+            problems.append(
+                Problem(ProblemKind.INPUT_INCOMPLETE, "histograms_missing", detail, "traffic")
+            )
         return traffic
 
     async def _apply(
@@ -685,9 +733,11 @@ class DeploymentLoop:
                         f"{role} {reason}" for role, reason in outcome.held.items()
                     )
                 else:
-                    why = "not written: " + (
-                        ", ".join(p.reason for p in outcome.problems if p.source == "scale")
-                        or "unchanged"
+                    failed = [p.reason for p in outcome.problems if p.source == "scale"]
+                    why = (
+                        f"not written: the scale call failed ({', '.join(failed)})"
+                        if failed
+                        else "not written: unchanged"
                     )
                 action = f"HOLD (recommended {wanted}; {why})"
         log.log(

@@ -31,6 +31,9 @@ class ProblemKind(StrEnum):
     CONNECTOR_ERROR = "connector_error"
     # Traffic could not be observed (Prometheus down, no series ...): the planner holds.
     TRAFFIC_MISSING = "traffic_missing"
+    # An input arrived incomplete (histograms without series while the request counters
+    # moved): the decisions needing it hold; the loop is Degraded, still Ready.
+    INPUT_INCOMPLETE = "input_incomplete"
     # An unexpected exception inside the tick (a bug); logged with its traceback.
     TICK_FAILED = "tick_failed"
     # The configuration (policy spec, profile) is invalid; fixed only by editing it.
@@ -46,8 +49,10 @@ class Problem:
 
     def render(self) -> str:
         where = f"{self.source}: " if self.source else ""
+        # "connector_error (connector_error)" said the same thing twice
+        reason = f" ({self.reason})" if self.reason != self.kind.value else ""
         detail = f": {self.detail}" if self.detail else ""
-        return f"{where}{self.kind.value} ({self.reason}){detail}"
+        return f"{where}{self.kind.value}{reason}{detail}"
 
 
 @dataclass(frozen=True)

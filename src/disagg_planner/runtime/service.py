@@ -4,10 +4,10 @@ Wires the parts for a config: the connector of ``config.environment`` (a DGD thr
 Kubernetes API, or the virtual decision-id protocol over etcd), the profile (loaded before
 anything starts, so a bad profile exits at once with the spec-error code), the exporter
 (``/metrics``, ``/healthz``, ``/readyz`` on ``metric_reporting_prometheus_port`` when it is
-not 0; ready after the first successful observation) and the diagnostics recorder (when
-``report_interval_hours`` is set). SIGTERM and SIGINT stop the loop: the tick in flight gets
-a short grace, then the subscribers, the connector and the HTTP server are closed and the
-last report is written.
+not 0; ready after the first successful observation; ``/report/<namespace>/<name>`` renders
+the diagnostics on demand) and the diagnostics recorder (when ``report_interval_hours`` is
+set). SIGTERM and SIGINT stop the loop: the tick in flight gets a short grace, then the
+subscribers, the connector and the HTTP server are closed (no report is rendered on stop).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Connector
 from disagg_planner.connectors.elastic_ep import ElasticEpKubernetes
 from disagg_planner.connectors.kubernetes import KubernetesConnector
+from disagg_planner.connectors.kubernetes.cache import WatchCaches
 from disagg_planner.connectors.virtual import VirtualConnector
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.profiles import Profile
@@ -40,10 +41,15 @@ log = logging.getLogger(__name__)
 
 
 def make_connector(
-    config: PlannerConfig, *, clock: Clock, api_client: Any | None = None
+    config: PlannerConfig,
+    *,
+    clock: Clock,
+    api_client: Any | None = None,
+    caches: WatchCaches | None = None,
 ) -> Connector:
     """The connector for ``config.environment``; ``api_client`` (a ``kubernetes`` ApiClient)
-    defaults to the in-cluster service account, else the kubeconfig."""
+    defaults to the in-cluster service account, else the kubeconfig. ``caches``: the
+    process's watch caches of DGDs and adapters (None: every read is a GET)."""
     if config.environment == "virtual":
         return VirtualConnector(virtual_settings(config), clock=clock.now, sleep=clock.sleep)
     if config.elastic_ep is not None and config.elastic_ep_follower_service:
@@ -53,9 +59,14 @@ def make_connector(
             api_client=api_client,
             clock=clock.now,
             sleep=clock.sleep,
+            caches=caches,
         )
     return KubernetesConnector(
-        kubernetes_settings(config), api_client=api_client, clock=clock.now, sleep=clock.sleep
+        kubernetes_settings(config),
+        api_client=api_client,
+        clock=clock.now,
+        sleep=clock.sleep,
+        caches=caches,
     )
 
 
@@ -87,6 +98,11 @@ def make_recorder(
         ttft_slo_ms=config.ttft_ms,
         itl_slo_ms=config.itl_ms,
         title=f"Planner diagnostics: {ref}",
+        window_hours=config.report_window_hours,
+        keep_files=config.report_keep_files,
+        max_bytes=config.report_max_bytes,
+        disk_root=config.report_output_dir,
+        stagger_key=str(ref),
     )
 
 
@@ -121,11 +137,22 @@ async def serve(
     connector = make_connector(config, clock=clock, api_client=api_client)
     ref = deployment_ref(config, connector)
     try:
+        recorder = make_recorder(config, ref)
+
+        def report(namespace: str, name: str) -> str | None:
+            if recorder is None or (namespace, name) != (ref.namespace, ref.name):
+                return None
+            return recorder.render_html()
+
         if config.metric_reporting_prometheus_port:
             server = MetricsServer(
-                metrics, health, host=metrics_host, port=config.metric_reporting_prometheus_port
+                metrics,
+                health,
+                host=metrics_host,
+                port=config.metric_reporting_prometheus_port,
+                reports=report,
             ).start()
-            log.info("serving /metrics, /healthz and /readyz on port %d", server.port)
+            log.info("serving /metrics, /healthz, /readyz and /report on port %d", server.port)
         planner_loop = DeploymentLoop(
             config,
             connector=connector,
@@ -134,7 +161,7 @@ async def serve(
             profile=profile,
             metrics=metrics,
             health=health,
-            recorder=make_recorder(config, ref),
+            recorder=recorder,
         )
         await planner_loop.run(stop)
         log.info("%s: planner stopped after %d tick(s)", ref, planner_loop.ticks)

@@ -387,6 +387,28 @@ class Cluster:
         }
 
 
+async def apply_dgd_via_api(
+    api_client: Any, services: dict[str, dict[str, Any]], *, name: str = DGD_NAME, uid: str
+) -> None:
+    """Create a DGD through the API, as kubectl does (watches see it; a store edit would
+    not), from the event loop without blocking kmock."""
+    from kubernetes import client as k8s_client
+
+    await asyncio.to_thread(
+        k8s_client.CustomObjectsApi(api_client).create_namespaced_custom_object,
+        GROUP,
+        VERSION,
+        NS,
+        DGD_PLURAL,
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "DynamoGraphDeployment",
+            "metadata": {"name": name, "namespace": NS, "uid": uid},
+            "spec": {"services": copy.deepcopy(services)},
+        },
+    )
+
+
 @pytest.fixture
 def cluster(kmock: Any) -> Cluster:
     return Cluster(kmock)

@@ -3,7 +3,12 @@ Now the connector chooses the workers that leave (least loaded by their FPM; pod
 first), marks them with ``controller.kubernetes.io/pod-deletion-cost`` and lowers the count
 once they drained or the drain timeout passed. SimulatedDynamo removes pods the way a
 ReplicaSet does (lowest deletion cost first, then the newest), so without the mark the newest
-pod would leave."""
+pod would leave.
+
+Issue 36, item 5: the drain no longer blocks the tick (the roles are held ``draining`` and
+the connector lowers them when the drain ends, saying which signal ended it), and without
+any per-worker load (no FPM) there is no blind wait: Dynamo's worker leaves routing on
+SIGTERM and drains within its own shutdown budget."""
 
 from __future__ import annotations
 
@@ -13,12 +18,14 @@ from typing import Any
 
 import pytest
 
+from disagg_planner.connectors.base import HoldReason
 from disagg_planner.connectors.kubernetes import (
     DRAINING_ANNOTATION,
     LEAVING_COST,
     POD_DELETION_COST,
     KubernetesConnector,
 )
+from disagg_planner.connectors.kubernetes.drain import DrainEnd
 from tests.integration.connectors.conftest import (
     DGD_NAME,
     DGD_PLURAL,
@@ -78,9 +85,18 @@ async def test_the_least_loaded_worker_is_marked_drained_and_removed(
 
     conn = connector(api_client, fake_time, loads, kubernetes_drain_timeout_seconds=30)
     await conn.validate()
+    asked_at = fake_time.now
     outcome = await conn.set_replicas({"prefill": 2, "decode": 1})
+    # the tick goes on: nothing written yet, the role held while its worker drains
+    assert (outcome.applied, outcome.held["prefill"].reason, fake_time.now) == (
+        {},
+        HoldReason.DRAINING,
+        asked_at,
+    )
+    again = await conn.set_replicas({"prefill": 2, "decode": 1})  # the next tick, same plan
+    assert again.held["prefill"].reason is HoldReason.DRAINING
 
-    assert outcome.applied == {"prefill": 2}
+    assert (await conn.drained()) is DrainEnd.IDLE
     assert spec_prefill(cluster) == 2
     # Marked before the count dropped; the count dropped only once it had drained.
     ((name, annotations),) = pod_patches(cluster)
@@ -102,10 +118,13 @@ async def test_the_drain_ends_at_its_timeout(
     start = fake_time.now
     with caplog.at_level(logging.WARNING, logger="disagg_planner.connectors.kubernetes"):
         await conn.set_replicas({"prefill": 1})
+        assert (await conn.drained()) is DrainEnd.TIMEOUT
     assert spec_prefill(cluster) == 1
     assert 5.0 <= fake_time.now - start < 6.0
     assert any(
-        "drain timeout (5 s)" in r.getMessage() and f"{second} 2 in flight" in r.getMessage()
+        "ended by timeout" in r.getMessage()
+        and "drain timeout (5 s)" in r.getMessage()
+        and f"{second} 2 in flight" in r.getMessage()
         for r in caplog.records
     ), caplog.text
     assert cluster.dynamo is not None and cluster.dynamo.removed == [second]
@@ -122,16 +141,23 @@ async def test_a_known_idle_worker_leaves_before_one_of_unknown_load(
     assert cluster.dynamo is not None and cluster.dynamo.removed == [first]
 
 
-@pytest.mark.parametrize("timeout_s", [0.0, 4.0])
-async def test_with_no_load_known_the_drain_waits_its_whole_timeout(
-    cluster: Cluster, api_client: Any, fake_time: FakeTime, timeout_s: float
+@pytest.mark.parametrize("timeout_s", [0.0, 30.0])
+async def test_without_a_load_signal_there_is_no_blind_wait_and_the_log_says_why(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime, timeout_s: float, caplog: Any
 ) -> None:
+    """Issue 36 item 5: throughput-only policies (no FPM) waited 30 s blind per scale-down."""
     pods = deploy(cluster, fake_time, 3)
     conn = connector(api_client, fake_time, None, kubernetes_drain_timeout_seconds=timeout_s)
     start = fake_time.now
-    await conn.set_replicas({"prefill": 2})
-    assert fake_time.now - start == pytest.approx(timeout_s)
-    assert spec_prefill(cluster) == 2
+    with caplog.at_level(logging.INFO, logger="disagg_planner.connectors.kubernetes"):
+        outcome = await conn.set_replicas({"prefill": 2})
+    ended = [r.getMessage() for r in caplog.records if "ended by" in r.getMessage()]
+    assert (outcome.applied, fake_time.now - start, spec_prefill(cluster)) == (
+        {"prefill": 2},
+        0.0,
+        2,
+    )
+    assert len(ended) == 1 and "ended by no_load_signal" in ended[0], ended
     # Unknown load everywhere: the first by name is marked and leaves.
     assert cluster.dynamo is not None and cluster.dynamo.removed == [pods[0]]
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from typing import Any
 
+import kmock as kmock_lib
 import pytest
 
 from disagg_planner.connectors.base import Connector, HoldReason
@@ -14,6 +16,8 @@ from disagg_planner.errors import ConnectorError, DeploymentError
 from tests.integration.connectors.conftest import (
     DGD_PLURAL,
     DGDSA_PLURAL,
+    GROUP,
+    VERSION,
     FakeTime,
     frontend,
     k8s_settings,
@@ -430,6 +434,37 @@ async def test_too_many_requests_is_retried(cluster, api_client, fake_time):
     assert status.desired("decode") == 3
     assert len(cluster.requests("GET", DGD_PLURAL)) == 4
     assert fake_time.sleeps == [0.25, 0.5, 1.0]
+
+
+async def test_each_logged_attempt_is_one_request_and_retry_after_is_honoured_once(
+    cluster, kmock, api_client, fake_time, caplog
+):
+    """Issue 36 item 4: urllib3's own Retry(3) honoured Retry-After under each attempt, so
+    one logged attempt was up to 4 GETs; now the connector's retry is the only one."""
+    cluster.add_dgd(disagg_services())
+    remaining = [429, 429, 429]
+
+    def too_many(request: Any) -> Any:
+        if not remaining or request.name != "graph":
+            raise NotImplementedError  # kmock: the emulator serves it
+        remaining.pop()
+        status = {"kind": "Status", "status": "Failure", "code": 429, "message": "slow down"}
+        return kmock_lib.Response(status=429, headers={"Retry-After": "1"}, payload=status)
+
+    kmock["GET", kmock_lib.resource(GROUP, VERSION, DGD_PLURAL)] << too_many
+    conn = connector(api_client, fake_time, kubernetes_api_backoff_seconds=0.25)
+
+    with caplog.at_level(logging.WARNING, logger="disagg_planner.connectors.kubernetes"):
+        status = await conn.status()
+
+    logged = [r for r in caplog.records if "attempt" in r.getMessage()]
+    gets = [r for r in cluster.requests("GET", DGD_PLURAL) if r.name == "graph"]
+    assert (status.desired("decode"), len(logged), len(gets), fake_time.sleeps) == (
+        3,
+        3,
+        4,  # three refused attempts and the one that was served
+        [1.0, 1.0, 1.0],  # the server's Retry-After, by the connector, once per attempt
+    )
 
 
 async def test_server_error_is_retried_then_surfaced(cluster, api_client, fake_time):

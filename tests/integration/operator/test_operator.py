@@ -7,8 +7,11 @@ import asyncio
 import logging
 from typing import Any
 
-from tests.integration.connectors.conftest import DGD, NS
+from tests.integration.connectors.conftest import NS
 from tests.integration.operator.conftest import INTERVAL_S, PEERING, OperatorCluster, eventually
+from tests.kube_dynamo import DGD_PLURAL
+from tests.kube_dynamo import GROUP as DGD_GROUP
+from tests.kube_dynamo import VERSION as DGD_VERSION
 
 
 def scaled(cluster: OperatorCluster, dgd: str) -> dict[str, int] | None:
@@ -103,7 +106,10 @@ async def test_a_deleted_dgd_is_not_reported_stable(
     operator_cluster: OperatorCluster, start_operator: Any
 ) -> None:
     cluster = await planning(operator_cluster, start_operator)
-    del cluster.kmock.objects[DGD, NS, "graph"]
+    # through the API, as kubectl does: the DGD watch sees the deletion (a store edit would not)
+    await asyncio.to_thread(
+        cluster.api.delete_namespaced_custom_object, DGD_GROUP, DGD_VERSION, NS, DGD_PLURAL, "graph"
+    )
     await eventually(
         lambda: (c := cluster.condition("graph-policy", "Ready")) and c["status"] == "False",
         what="Ready=False",
@@ -251,8 +257,18 @@ async def test_a_held_tick_logs_hold_and_what_it_did_not_do(
     # back to its own sizing is held, and the line says so.
     mark = len(caplog.records)
     edited = replicas["prefill"] + 5
-    cluster.edit_dgd({"spec": {"services": {"prefill": {"replicas": edited}}}}, name="graph")
     cluster.set_ready("prefill", edited, name="graph")  # converged: nothing else holds
+    # through the API, as kubectl does: the DGD watch sees it (a store edit would not)
+    await asyncio.to_thread(
+        cluster.api.patch_namespaced_custom_object,
+        DGD_GROUP,
+        DGD_VERSION,
+        NS,
+        DGD_PLURAL,
+        "graph",
+        {"spec": {"services": {"prefill": {"replicas": edited}}}},
+        _content_type="application/merge-patch+json",
+    )
 
     def held_line() -> str | None:
         lines = [r.getMessage() for r in caplog.records[mark:] if "[summary]" in r.getMessage()]

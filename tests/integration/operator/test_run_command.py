@@ -95,6 +95,10 @@ async def test_planner_run_scales_serves_metrics_and_stops_on_sigterm(
             f"{float(prefill)}" in metrics
         )
         assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        # the diagnostics, rendered on demand from the rolling window (issue 36)
+        url = f"http://127.0.0.1:{port}/report/{NS}/graph"
+        page = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=60).read())
+        assert b"Replicas per role" in page
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)
@@ -104,4 +108,5 @@ async def test_planner_run_scales_serves_metrics_and_stops_on_sigterm(
     assert code == 0, log
     assert "received SIGTERM; stopping" in log
     assert "planner stopped after" in log
-    assert list(reports.glob("*.html")), "the last report is written on shutdown"
+    # nothing is rendered when the loop stops (each stop cost a render of every tick kept)
+    assert not list(reports.rglob("*.html"))

@@ -16,14 +16,19 @@ Call = tuple[str, str, str]  # verb, API group ("" = core), resource[/subresourc
 
 POLICY_GROUP = "planner.autoscaling.dev"
 
-# src/disagg_planner/connectors/kubernetes.py: the DGD, its scaling adapters, its pods (the
+# src/disagg_planner/connectors/kubernetes/: the DGD, its scaling adapters (read through
+# watch caches, GET before they are synced), its pods (the
 # engines still terminating, before an increase; the ones that leave, marked with their
 # deletion cost, before a decrease), Events about manual edits.
 CONNECTOR_CALLS: frozenset[Call] = frozenset(
     {
         ("get", "nvidia.com", "dynamographdeployments"),
+        ("list", "nvidia.com", "dynamographdeployments"),
+        ("watch", "nvidia.com", "dynamographdeployments"),
         ("patch", "nvidia.com", "dynamographdeployments"),
         ("get", "nvidia.com", "dynamographdeploymentscalingadapters"),
+        ("list", "nvidia.com", "dynamographdeploymentscalingadapters"),
+        ("watch", "nvidia.com", "dynamographdeploymentscalingadapters"),
         ("patch", "nvidia.com", "dynamographdeploymentscalingadapters/scale"),
         ("list", "", "pods"),
         ("patch", "", "pods"),

@@ -28,11 +28,22 @@ CUSTOM_KINDS = frozenset({"KopfPeering", "ClusterKopfPeering", "ServiceMonitor",
 kv_utils.schema_contents = functools.lru_cache(maxsize=None)(kv_utils.schema_contents)
 
 
+# Kinds newer than the oldest supported Kubernetes (the chart renders them only where the API
+# server serves them): validated from the version that made them GA.
+FIRST_VERSION = {
+    "ValidatingAdmissionPolicy": "1.30.0",
+    "ValidatingAdmissionPolicyBinding": "1.30.0",
+}
+
+
 def validate_kubernetes(doc: Mapping[str, Any]) -> list[str]:
     """Errors of one built-in object against the Kubernetes schemas (strict: unknown fields
-    are errors), for every version in KUBERNETES_VERSIONS."""
+    are errors), for every version in KUBERNETES_VERSIONS (from its FIRST_VERSION on)."""
     errors = []
-    for version in KUBERNETES_VERSIONS:
+    versions = KUBERNETES_VERSIONS
+    if doc.get("kind") in FIRST_VERSION:
+        versions = (FIRST_VERSION[doc["kind"]], KUBERNETES_VERSIONS[-1])
+    for version in versions:
         try:
             kubernetes_validate.validate(dict(doc), version, strict=True)
         except kubernetes_validate.ValidationError as exc:

@@ -5,6 +5,7 @@ no security finding, and bad values refused before anything is installed."""
 from __future__ import annotations
 
 import copy
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 
 from disagg_planner.cli.main import build_parser
 from disagg_planner.config import load_config
+from disagg_planner.connectors.kubernetes import DRAINING_ANNOTATION, POD_DELETION_COST
 from tests.unit.deploy.api_calls import expected_calls
 from tests.unit.deploy.conftest import (
     CHART,
@@ -110,6 +112,8 @@ def test_defaults_render_the_operator_and_no_optional_objects(rendered: dict[str
             "Service": 1,
             "Deployment": 1,
             "KopfPeering": 1,
+            "ValidatingAdmissionPolicy": 1,
+            "ValidatingAdmissionPolicyBinding": 1,
         }
     )
     deployment = r.one("Deployment")
@@ -323,3 +327,36 @@ def test_helm_refuses_bad_values_naming_them(rendered: dict[str, Rendered], case
     _, expected = INVALID_CASES[case]
     assert r.manifest is None, f"{case} rendered although its values are wrong"
     assert r.error is not None and expected in r.error, r.error
+
+
+def test_the_admission_policy_lets_the_planner_change_only_two_pod_annotations(
+    rendered: dict[str, Rendered],
+):
+    """Issue 36 item 6: RBAC's "patch pods" let the service account change any pod of a
+    watched namespace (its image included). kmock does not evaluate admission policies, so
+    no test here sees an image change refused; this pins what the policy says."""
+    r = rendered["defaults"]
+    policy = r.one("ValidatingAdmissionPolicy")
+    binding = r.one("ValidatingAdmissionPolicyBinding")
+    spec = policy["spec"]
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    allowed = set(re.findall(r"'([^']+)'", variables["allowed"]))
+    checks = " ".join(v["expression"] for v in spec["validations"])
+    account = r.one("ServiceAccount")["metadata"]["name"]
+    assert (
+        allowed,
+        spec["matchConditions"][0]["expression"],
+        spec["matchConstraints"]["resourceRules"][0]["resources"],
+        "object.spec == oldObject.spec" in checks,
+        "object.metadata.labels" in checks,
+        binding["spec"]["policyName"],
+        binding["spec"]["validationActions"],
+    ) == (
+        {POD_DELETION_COST, DRAINING_ANNOTATION},
+        f'request.userInfo.username == "system:serviceaccount:{RELEASE_NAMESPACE}:{account}"',
+        ["pods"],
+        True,
+        True,
+        policy["metadata"]["name"],
+        ["Deny"],
+    )

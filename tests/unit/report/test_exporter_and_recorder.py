@@ -12,7 +12,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
-from disagg_planner.report.recorder import DiagnosticsRecorder, EngineQueues, TickSnapshot
+from disagg_planner.report.recorder import (
+    BLOCK_TICKS,
+    DiagnosticsRecorder,
+    EngineQueues,
+    TickSnapshot,
+    TickWindow,
+)
 
 
 def snap(t: float, *, engines: tuple[EngineQueues, ...] = (), **kw) -> TickSnapshot:
@@ -113,7 +119,7 @@ def test_readyz_turns_ready_after_first_observation(served) -> None:
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200
 
 
-def test_recorder_writes_periodic_reports_and_a_complete_log(tmp_path: Path) -> None:
+def test_recorder_writes_periodic_reports_and_the_window_log(tmp_path: Path) -> None:
     rec = DiagnosticsRecorder(
         output_dir=tmp_path,
         report_interval_hours=1 / 60,
@@ -123,10 +129,96 @@ def test_recorder_writes_periodic_reports_and_a_complete_log(tmp_path: Path) -> 
     )
     written = [rec.record(snap(float(t), observed_ttft_ms=float("nan"))) for t in range(0, 150, 10)]
     assert [p for p in written if p] == [tmp_path / "run.html"] * 2  # at 60 s and 120 s
-    rec.finalize()
     html = (tmp_path / "run.html").read_text()
     assert "Replicas per role" in html and "plotly" in html.lower()
     with gzip.open(tmp_path / "run.log.jsonl.gz", "rt") as handle:
         rows = [json.loads(line) for line in handle]
-    assert [r["t_s"] for r in rows] == [float(t) for t in range(0, 150, 10)]
+    assert [r["t_s"] for r in rows] == [float(t) for t in range(0, 130, 10)]  # up to the report
     assert rows[0]["observed_ttft_ms"] is None  # NaN never reaches JSON
+
+
+def test_the_window_keeps_a_day_of_compact_ticks_however_long_the_run() -> None:
+    """Issue 36 item 1: 50,000 snapshot objects of 2.3 kB were kept per policy."""
+    window = TickWindow(window_s=24 * 3600.0)
+    engines = tuple(EngineQueues("decode", f"w{i}", 0, 100, 2000, 9000) for i in range(4))
+    for t in range(0, 3 * 86_400, 15):  # three days at the fast-check cadence
+        window.append(snap(float(t), engines=engines, observed_rps=3.25, message="hold"))
+    kept = window.snapshots()
+    day_ticks = 86_400 // 15
+    assert (
+        day_ticks <= len(kept) <= day_ticks + BLOCK_TICKS,
+        kept[-1].t_s - kept[0].t_s < 86_400 + BLOCK_TICKS * 15,
+        window.nbytes / len(window) < 200,  # bytes per tick (the objects took 2,324)
+    ) == (True, True, True)
+
+
+def test_a_snapshot_comes_back_from_the_window_as_it_went_in() -> None:
+    window = TickWindow(window_s=None)
+    original = snap(5.0, engines=(EngineQueues("prefill", "w", 1, 7, 0, 3),), scale_to={"x": 1})
+    window.append(original)
+    assert window.snapshots() == [original]
+
+
+def test_scheduled_reports_keep_k_files_per_deployment_under_a_byte_cap(tmp_path: Path) -> None:
+    def recorder(name: str, max_bytes: int | None) -> DiagnosticsRecorder:
+        return DiagnosticsRecorder(
+            output_dir=tmp_path / name,
+            report_interval_hours=1 / 60,
+            keep_files=2,
+            max_bytes=max_bytes,
+            disk_root=tmp_path,
+        )
+
+    first = recorder("a", None)
+    for t in range(0, 300, 20):  # reports at 60, 120, 180 and 240 s
+        first.record(snap(float(t)))
+    kept_a = sorted(p.name for p in (tmp_path / "a").iterdir())
+    one_report = sum(p.stat().st_size for p in (tmp_path / "a").iterdir()) // 2
+    second = recorder("b", int(one_report * 2.5))
+    for t in range(0, 200, 20):
+        second.record(snap(float(t)))
+    on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    assert (kept_a, on_disk <= one_report * 2.5, (tmp_path / "b").exists()) == (
+        [
+            "planner-report-180s.html",
+            "planner-report-180s.log.jsonl.gz",
+            "planner-report-240s.html",
+            "planner-report-240s.log.jsonl.gz",
+        ],
+        True,
+        True,
+    )
+
+
+def test_policies_created_together_report_at_different_times(tmp_path: Path) -> None:
+    due = {}
+    for key in ("ns/alpha", "ns/beta", "ns/gamma"):
+        rec = DiagnosticsRecorder(
+            output_dir=tmp_path / key, report_interval_hours=1.0, stagger_key=key
+        )
+        due[key] = next(t for t in range(0, 7200, 60) if rec.record(snap(float(t))) is not None)
+    assert len(set(due.values())) == 3 and all(1800 <= t <= 3660 for t in due.values()), due
+
+
+def test_the_report_endpoint_renders_a_deployment_on_demand(tmp_path: Path) -> None:
+    rec = DiagnosticsRecorder(output_dir=tmp_path)
+    rec.record(snap(0.0))
+
+    def reports(namespace: str, name: str) -> str | None:
+        return rec.render_html() if (namespace, name) == ("ns", "a") else None
+
+    server = MetricsServer(
+        PlannerMetrics(), HealthState(), host="127.0.0.1", port=0, reports=reports
+    ).start()
+    try:
+        page = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/report/ns/a", timeout=30)
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/report/ns/b", timeout=30)
+        assert (page.status, b"Replicas per role" in page.read(), missing.value.code) == (
+            200,
+            True,
+            404,
+        )
+    finally:
+        server.stop()
+    assert list(tmp_path.iterdir()) == []  # rendered on demand, nothing written

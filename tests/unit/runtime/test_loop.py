@@ -13,8 +13,8 @@ from disagg_planner.core.types import ThroughputReason
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.runtime.outcome import ProblemKind
 from tests.integration.connectors.conftest import DGD_PLURAL
-from tests.unit.observe.canned_prometheus import CannedPrometheus, Reply
-from tests.unit.runtime.conftest import loop_config, spec_replicas
+from tests.unit.observe.canned_prometheus import CannedPrometheus, Reply, vector_reply
+from tests.unit.runtime.conftest import loop_config, spec_replicas, traffic_parts
 
 
 async def test_a_throughput_tick_scales_the_dgd_and_reports_it(
@@ -346,13 +346,21 @@ async def test_load_ticks_learn_from_real_fpm_frames_and_export_engine_queues(
 
 
 async def test_a_refused_write_is_reported_and_the_loop_carries_on(
-    cluster, harness_factory
+    cluster, harness_factory, caplog
 ) -> None:
     h = harness_factory()
     await h.start()
     cluster.fail("PATCH", DGD_PLURAL, [403])
 
-    refused = await h.next_tick()
+    with caplog.at_level(logging.INFO, logger="disagg_planner.runtime.loop"):
+        refused = await h.next_tick()
+    (summary,) = [r.getMessage() for r in caplog.records if "[summary]" in r.getMessage()]
+    # issue 36 item 7: it read "not written: connector_error ... scale: connector_error
+    # (connector_error)"
+    assert (
+        "not written: the scale call failed (connector_error)" in summary
+        and "connector_error (connector_error)" not in summary
+    ), summary
     problem = refused.problem(ProblemKind.CONNECTOR_ERROR)
     assert problem is not None and (problem.source, problem.reason) == ("scale", "connector_error")
     assert "forbidden" in problem.detail and "patch" in problem.detail
@@ -387,6 +395,32 @@ async def test_a_traffic_outage_stays_degraded_between_throughput_ticks(
         await h.next_tick()  # 100 s load, 120 s both: traffic read again
     recovered = await h.next_tick()  # 140 s: load only
     assert recovered.problem(ProblemKind.TRAFFIC_MISSING) is None
+
+
+async def test_histograms_missing_while_requests_are_counted_is_degraded_naming_them(
+    cluster, harness_factory, prometheus: CannedPrometheus
+) -> None:
+    """Issue 36 item 7: counters present, histograms dropped (a scrape relabelling): the
+    averages were None and nothing said why."""
+    parts = traffic_parts(10.0, 60.0)
+    for key in ("ttft_sum", "ttft_count", "itl_sum", "itl_count"):
+        del parts[key]
+    prometheus.reply = vector_reply(parts)
+    h = harness_factory()
+    await h.start()
+    outcome = await h.next_tick()
+    problem = outcome.problem(ProblemKind.INPUT_INCOMPLETE)
+    assert problem is not None, outcome.problems
+    assert (problem.reason, problem.source, outcome.observed_ok) == (
+        "histograms_missing",
+        "traffic",
+        True,  # still Ready: the deployment and the counters were read
+    )
+    assert (
+        "dynamo_frontend_time_to_first_token_seconds" in problem.detail
+        and "dynamo_frontend_inter_token_latency_seconds" in problem.detail
+        and "input_sequence" not in problem.detail
+    ), problem.detail
 
 
 async def test_the_fast_check_reads_a_short_window_between_throughput_ticks(

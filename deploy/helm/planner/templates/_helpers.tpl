@@ -62,10 +62,10 @@ src/disagg_planner/operator/app.py). Argument: dict "root" $ "peering" <resource
 {{- define "planner.rules" -}}
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeployments"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeploymentscalingadapters"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["nvidia.com"]
   resources: ["dynamographdeploymentscalingadapters/scale"]
   verbs: ["patch"]

@@ -39,6 +39,7 @@ from disagg_planner.connectors.kubernetes import (
     KubernetesConnector,
     KubernetesSettings,
 )
+from disagg_planner.connectors.kubernetes.cache import WatchCaches
 from disagg_planner.errors import DeploymentError
 
 log = logging.getLogger(__name__)
@@ -69,22 +70,23 @@ class ElasticEpKubernetes(KubernetesConnector):
         api_client: k8s_client.ApiClient | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        caches: WatchCaches | None = None,
     ) -> None:
         if not settings.follower_service:
             raise DeploymentError(
                 "elastic EP on Kubernetes needs --elastic-ep-follower-service (the DGD service "
                 "of the follower pods)"
             )
-        super().__init__(settings, api_client=api_client, clock=clock, sleep=sleep)
+        super().__init__(settings, api_client=api_client, clock=clock, sleep=sleep, caches=caches)
         self.follower_service: str = settings.follower_service
         self.elastic_role = settings.elastic_role
         self._adapter_name = f"{self.dgd_name}-{self.follower_service.lower()}"
 
     async def _get_follower_adapter(self) -> Mapping[str, Any] | None:
-        return await self._get_adapter(self._adapter_name, self.follower_service)
+        return await self._api.get_adapter(self._adapter_name, self.follower_service)
 
     async def observe_followers(self) -> FollowerObservation:
-        dgd = await self._get_dgd()
+        dgd = await self._api.get_dgd()
         services = dgd_services(dgd, self._ref)
         service = services.get(self.follower_service)
         if service is None:
@@ -126,7 +128,7 @@ class ElasticEpKubernetes(KubernetesConnector):
         service = self.role_services.get(role)
         if service is None:
             return None  # not resolved yet: the first status read does, before any resize
-        return dynamo_reconciler_claim(await self._get_dgd(), leader_service=service)
+        return dynamo_reconciler_claim(await self._api.get_dgd(), leader_service=service)
 
     async def set_followers(self, replicas: int) -> None:
         if replicas < 0:
@@ -135,9 +137,9 @@ class ElasticEpKubernetes(KubernetesConnector):
             log.info("advisory: not setting %s to %d replicas", self.follower_service, replicas)
             return
         if await self._get_follower_adapter() is not None:
-            await self._patch_adapter_scale(self._adapter_name, replicas)
+            await self._api.patch_adapter_scale(self._adapter_name, replicas)
         else:
-            await self._patch_dgd(
+            await self._api.patch_dgd(
                 {"spec": {"services": {self.follower_service: {"replicas": replicas}}}},
                 what=f"follower replicas of {self.follower_service}",
             )
@@ -147,7 +149,7 @@ class ElasticEpKubernetes(KubernetesConnector):
         if self._settings.advisory:
             return
         value = record.to_json() if record is not None else None  # null removes it
-        await self._patch_dgd(
+        await self._api.patch_dgd(
             {"metadata": {"annotations": {RECORD_ANNOTATION: value}}},
             what="elastic-EP resize record",
         )
@@ -158,7 +160,7 @@ class ElasticEpKubernetes(KubernetesConnector):
         if self._settings.advisory:
             return
         value = backoff.to_json() if backoff is not None else None
-        await self._patch_dgd(
+        await self._api.patch_dgd(
             {"metadata": {"annotations": {BACKOFF_ANNOTATION: value}}},
             what="elastic-EP grow back-off",
         )
@@ -169,7 +171,7 @@ class ElasticEpKubernetes(KubernetesConnector):
         """The live (not terminating, not exited) pods of one DGD service."""
         return [
             pod
-            for pod in await self._dgd_pods()
+            for pod in await self._api.dgd_pods()
             if (pod.metadata.labels or {}).get(SERVICE_POD_LABEL) == service
             and pod.metadata.deletion_timestamp is None
             and not (pod.status is not None and pod.status.phase in ("Succeeded", "Failed"))
@@ -219,7 +221,7 @@ class ElasticEpKubernetes(KubernetesConnector):
                 "shown empty (asked again next tick)"
             )
         for pod in chosen:
-            await self._annotate_pod(pod.metadata.name, {POD_DELETION_COST: LEAVING_COST})
+            await self._api.annotate_pod(pod.metadata.name, {POD_DELETION_COST: LEAVING_COST})
         names = [p.metadata.name for p in chosen]
         log.info("DGD %s: follower pod(s) %s leave (they host no rank)", self._ref, names)
         return names

@@ -1,0 +1,139 @@
+"""Kubernetes connector: the replicas of a DynamoGraphDeployment (DGD), changed the way the
+Dynamo operator expects.
+
+Model of the deployment (``nvidia.com/v1alpha1``, the DGD's storage version; the pure rules
+over the object are in :mod:`disagg_planner.connectors.dgd_shape`):
+
+- ``spec.services`` maps a service name to ``{subComponentType, replicas, resources, ...}``.
+  A role resolves to the one service whose ``subComponentType`` is the role's (``prefill``;
+  ``decode`` for both ``decode`` and ``agg``). Only when no service has it does the backend's
+  legacy name (``VllmPrefillWorker`` ...) apply, and only to a service without a
+  ``subComponentType``. Two services with the same ``subComponentType`` are an error.
+- GPUs per replica: the config value when given, else ``resources.limits.gpu``, else
+  ``resources.requests.gpu`` of the service.
+- Desired replicas: ``spec.replicas`` of the service's DynamoGraphDeploymentScalingAdapter
+  (DGDSA, named ``{dgd}-{service lower case}``) when it exists (the adapter controller then
+  owns the DGD's field), else ``spec.services.<name>.replicas``. Ready replicas:
+  ``status.services.<name>.availableReplicas``, else ``readyReplicas``.
+- Writes: the DGDSA ``/scale`` subresource when the adapter exists, else one JSON merge patch
+  ``{"spec": {"services": {<name>: {"replicas": n}}}}`` that touches nothing else (one patch
+  for all roles without an adapter).
+- Budget-safe order: when a change lowers some roles and raises others, the decreases are
+  written first, and the increases only once no role runs more engines than it is asked for,
+  counting the pods still terminating (the pods of a service carry Dynamo's labels
+  ``nvidia.com/dynamo-graph-deployment-name`` and ``nvidia.com/dynamo-component``; the DGD's
+  status counts only non-terminated replicas). So the engines x GPUs in use never exceed
+  what the old or the new targets add up to, both within the budget. When the lowered roles
+  have not let go within one adjustment interval (``override_hold_s``; at most
+  ``scaling_max_wait_s``), the increases are not written and the call fails
+  (:class:`ConnectorError`; the next tick plans again).
+
+Graceful scale-down: before a role's replicas are lowered, the connector chooses the pods that
+leave and marks them so that Kubernetes removes those and no others. It lists the service's
+pods (not terminating) and ranks them the way a ReplicaSet ranks pods for deletion, with the
+load the planner knows: pods not ready first (they serve nothing, and a ReplicaSet removes
+them first whatever their cost), then ready pods by the requests in flight on their engines
+(scheduled and queued, from each engine's latest ForwardPassMetrics; the runtime hands the
+connector that reading, :meth:`KubernetesConnector.use_worker_loads`), least first, then the
+pods whose load is unknown. Each chosen pod gets the annotation
+``controller.kubernetes.io/pod-deletion-cost`` at the lowest value (a ReplicaSet deletes the
+pods of lowest cost first) and ``planner.autoscaling.dev/draining-since`` (when, UTC); a pod
+marked earlier that no longer leaves has both removed. Then the chosen ready pods are given
+time to finish what they are serving: the count drops once each reports no request in flight,
+or when ``drain_timeout_s`` has passed (a pod whose load is unknown is waited for until then;
+0: no wait), with a log line saying which way it ended. Dynamo has no drain call of its own
+(a worker drain admin API is proposed upstream, not released): on SIGTERM a worker leaves
+discovery, so that no new request reaches it, and serves what it holds for its grace period
+(``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``, 5 s by default) before the rest is cancelled
+(Dynamo issue 13559). Choosing an idle worker is what keeps that cancellation empty.
+
+State that survives restarts: the annotation ``planner.autoscaling.dev/state`` on the DGD
+holds JSON with what the planner set per role (``set``), a write whose outcome is unknown
+(``pending``), the last change (``lastActionAt``, Unix s, and ``waitingFor``) and the
+manual-edit holds (``holds``: reason and end, Unix s), and the DGD's ``uid``. It travels in
+the replicas merge patch itself; with a scaling adapter it is written before the ``/scale``
+call. A connector reads it back when it first reads the DGD (a restarted or failed-over
+planner): its predecessor's values are its own (not manual edits; an edit made while no
+planner ran is one), the holds run on until their end, and while the last change has not
+converged (a role with fewer ready replicas than desired) and is younger than
+``convergence_timeout_s`` every role is held (``awaiting_convergence``). A state of another
+uid, or one that cannot be read, is ignored with a log line. Advisory mode writes none.
+
+A manual edit is a desired count that differs from what this planner last set (or first saw)
+and is not a write of its own that merely reported failure. A DGD with another
+``metadata.uid`` than the one read before is a new deployment (deleted and applied again):
+its counts are the new baseline, with no Event, and the holds and unsettled writes of the
+old one are forgotten. Policy ``respect`` adopts the
+new value and holds the role for one adjustment interval; ``revert`` writes the planner's
+value back. Both record a Kubernetes Event on the DGD. With ``advisory`` the connector
+never writes replicas (``revert`` then behaves as ``respect``).
+
+Reads: with watch caches (:mod:`.cache`; the operator uses them, ``planner run`` polls its
+one DGD) the DGD and its adapters are read from one list-and-watch per namespace and resource,
+shared by every deployment of the process; a GET only while the cache is not synced, or until
+it shows this connector's own last write. Writes are made only when something changes.
+
+API errors: 409, 429, 5xx and connection failures are retried with exponential backoff
+(a 429's ``Retry-After`` first), then reported as :class:`ConnectorError`; 404 of the DGD is a
+:class:`DeploymentError`; 401/403 and other 4xx are :class:`ConnectorError` at once (403 names
+the missing permission). The sync ``kubernetes`` client runs in worker threads.
+
+Kubernetes API calls this connector makes (the Helm chart's RBAC; all namespaced):
+
+========  ==============  =============================================  =====================
+verb      API group       resource                                       when
+========  ==============  =============================================  =====================
+get       nvidia.com      dynamographdeployments                         a read the watch cache
+                                                                         cannot serve, wait
+list      nvidia.com      dynamographdeployments                         the watch cache
+watch     nvidia.com      dynamographdeployments                         ... as DGDs change
+patch     nvidia.com      dynamographdeployments                         scale without adapter,
+                                                                         revert a manual edit
+get       nvidia.com      dynamographdeploymentscalingadapters           a read the watch cache
+                                                                         cannot serve (404: none)
+list      nvidia.com      dynamographdeploymentscalingadapters           the watch cache
+watch     nvidia.com      dynamographdeploymentscalingadapters           ... as adapters change
+patch     nvidia.com      dynamographdeploymentscalingadapters/scale     scale with an adapter
+list      "" (core v1)    pods                                           before an increase,
+                                                                         before a decrease
+patch     "" (core v1)    pods                                           mark the pods that
+                                                                         leave (decrease)
+create    "" (core v1)    events                                         manual edit detected
+========  ==============  =============================================  =====================
+"""
+
+from disagg_planner.connectors.kubernetes.api import (
+    API_WORKER_THREADS,
+    DGD_POD_LABEL,
+    SERVICE_ACCOUNT_NAMESPACE,
+    SERVICE_POD_LABEL,
+    DgdApi,
+    default_api_client,
+    planner_api_client,
+)
+from disagg_planner.connectors.kubernetes.connector import (
+    KubernetesConnector,
+    KubernetesSettings,
+)
+from disagg_planner.connectors.kubernetes.drain import (
+    DRAINING_ANNOTATION,
+    LEAVING_COST,
+    POD_DELETION_COST,
+)
+from disagg_planner.connectors.kubernetes.state import STATE_ANNOTATION
+
+__all__ = [
+    "API_WORKER_THREADS",
+    "DGD_POD_LABEL",
+    "DRAINING_ANNOTATION",
+    "LEAVING_COST",
+    "POD_DELETION_COST",
+    "SERVICE_ACCOUNT_NAMESPACE",
+    "SERVICE_POD_LABEL",
+    "STATE_ANNOTATION",
+    "DgdApi",
+    "KubernetesConnector",
+    "KubernetesSettings",
+    "default_api_client",
+    "planner_api_client",
+]
