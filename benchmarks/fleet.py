@@ -40,12 +40,13 @@ from typing import Any
 # shadow the predictors package: look in the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from results_block import markers, write_block
+
 from disagg_planner.replay.fleet import FleetSpec, run_fleet, static_shares
 from disagg_planner.replay.parallel import resolve_jobs
 from tests.traces import servegen_folder
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 PROFILE = "h200_sxm/vllm/llama-3.3-70b-fp8/tp4"
 STARTUP_S = 60.0
 FLAGS: dict[str, Any] = {
@@ -242,14 +243,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_section(body: str) -> None:
-    begin, end = "<!-- BEGIN fleet -->", "<!-- END fleet -->"
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    block = f"{begin}\n## Fleet: one GPU pool shared by several deployments\n\n{body}{end}"
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    RESULTS.write_text(text)
+    begin, end = markers("fleet")
+    write_block(
+        "fleet", f"{begin}\n## Fleet: one GPU pool shared by several deployments\n\n{body}{end}"
+    )
 
 
 if __name__ == "__main__":
