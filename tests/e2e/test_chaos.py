@@ -114,12 +114,16 @@ def test_prometheus_faults_hold_say_so_and_resume(stack: Stack, fault: Reply) ->
 
 @pytest.mark.parametrize("stack", [POLICY], indirect=True)
 def test_a_burst_of_429s_holds_says_so_and_resumes(stack: Stack) -> None:
-    target = converged_scale_up(stack)
+    converged_scale_up(stack)
     writes = len(stack.replica_writes())
     requests_mark = len(stack.kmock.requests())
-    # More 429s than one call's attempts (5): at least one tick cannot read the DGD.
+    # Once its watch caches are synced the operator reads the DGD from them: the only DGD
+    # call it still makes is the replica write. So the burst meets the write that more
+    # traffic asks for. More 429s than one call's attempts (5): at least one tick's write
+    # cannot land.
     burst = 12
     stack.kmock.inject({"token": TOKEN, "plural": DGD_PLURAL, "status": 429, "count": burst})
+    stack.prometheus.reply = vector_reply(traffic_parts(30.0, INTERVAL_S))
 
     degraded = stack.wait(
         lambda: (
@@ -139,9 +143,33 @@ def test_a_burst_of_429s_holds_says_so_and_resumes(stack: Stack) -> None:
         )
 
     stack.wait(lambda: dgd_requests() >= burst or None, what="the burst to be spent")
-    resumes(stack, stack.operator.log_size())
-    assert stack.desired() == target
-    assert len(stack.replica_writes()) == writes, "429s must not change replicas"
+    # The throttled scale-up lands once the server answers again, and only once.
+    stack.wait(
+        lambda: len(stack.replica_writes()) > writes or None, what="the scale-up after the burst"
+    )
+    stack.wait(
+        lambda: (
+            any(c["status"] == "False" for c in stack.status_conditions("Degraded", requests_mark))
+            or None
+        ),
+        what="Degraded to clear",
+    )
+    # Its workers ready, the next ticks plan again (none waits on a change under way).
+    mark = stack.operator.log_size()
+    stack.set_ready(stack.desired())
+    stack.wait(
+        lambda: (
+            any("throughput_reason=no_change" in line for line in stack.throughput_lines(mark))
+            or None
+        ),
+        what="a steady tick after the throttled scale-up converged",
+    )
+    # The 429'd attempts and the one that landed carry the same target: a throttled write is
+    # retried as it was, never replaced by another decision made on a partial view.
+    after_burst = stack.desired_after_writes()[writes:]
+    assert after_burst, "the scale-up must land once the burst is spent"
+    assert all(target == stack.desired() for target in after_burst), after_burst
+    assert stack.desired() != stack.desired_after_writes()[writes - 1]
     within_budget(stack)
 
 
