@@ -10,9 +10,10 @@ MISSED with its figures:
 
 - attainment within 1 point of the same workload's 1.0x run (not tested without a 1.0x run);
 - reached within 5 minutes of the first breach: the first 60 s window (by arrival) whose
-  attainment is under the SLO target, and the first later window back at it (no breach: met;
-  never back: missed); prompts longer than the engine admits are left out of the windows
-  (they fail under every policy);
+  attainment is under the bar, and the first later window back at it (no breach: met; never
+  back: missed). The bar is the SLO target, or where best-static at that multiple misses it,
+  best-static's attainment less 0.3 points (:func:`window_bar`); prompts longer than the
+  engine admits are left out of the windows (they fail under every policy);
 - GPU-hours within 10 % of best-static at that multiple (at most 1.10x its GPU-hours; fewer
   is not a miss here: a planner that saves GPUs by losing requests misses the first target).
 
@@ -72,6 +73,7 @@ ATTAINMENT_POINTS = 0.01
 RECOVERY_S = 300.0
 STATIC_RATIO = 1.10
 WINDOW_S = 60.0
+BELOW_STATIC = 0.003  # where best-static misses the SLO target (window_bar)
 
 
 def scenarios(only: Sequence[str] | None) -> list[scorecard.Scenario]:
@@ -132,6 +134,21 @@ def breach_and_recovery(
     return breach, None
 
 
+def window_bar(summary: dict[str, Any]) -> float:
+    """The attainment a 60 s window of servable requests must reach not to count as a breach:
+    the SLO target, or, where best-static on this engine is under it, best-static's own
+    attainment over the servable requests less 0.3 points (the scorecard's rule for such
+    workloads in issue 29): a bar no deployment reaches would make every window a breach."""
+    target = float(summary["slo_target"])
+    n, unservable = int(summary["requests"]), int(summary["unservable_requests"])
+    servable = n - unservable
+    if servable <= 0:
+        return target
+    # the unservable requests fail under best-static too: its attainment over the others
+    static = float(summary["best_static"]["slo_attainment"]) * n / servable
+    return target if static >= target else static - BELOW_STATIC
+
+
 def _run_planner(
     args: tuple[scorecard.Scenario, float, float, tuple[str, References]],
 ) -> dict[str, Any]:
@@ -145,12 +162,13 @@ def _run_planner(
     # say nothing about the planner's reaction. A record's id is its request's arrival index.
     limits = context_limits(plan.setup.specs)
     servable = {i for i, r in enumerate(plan.requests) if fits_context(r, limits)}
+    bar = window_bar(s)
     breach, back = breach_and_recovery(
         [r.arrival_s for i, r in enumerate(plan.requests) if i in servable],
         [r for r in result.records if r.request_id in servable],
         ttft_ms=scenario.ttft_ms,
         itl_ms=scenario.itl_ms,
-        target=float(s["slo_target"]),
+        target=bar,
     )
     print(f"  {scenario.name} x{multiple:g}: done", file=sys.stderr, flush=True)
     return {
@@ -158,6 +176,7 @@ def _run_planner(
         "multiple": multiple,
         "engine": s["engine"],
         "slo_target": s["slo_target"],
+        "window_bar": bar,
         "attainment": s["slo_attainment"]["both"],
         "gpu_hours": s["gpu_hours"],
         "best_static": s["best_static"],
@@ -215,16 +234,18 @@ def _recovery(row: dict[str, Any]) -> float | None:
 def table(rows: Sequence[dict[str, Any]]) -> str:
     head = (
         "| workload | speed | planner SLO both | planner GPU-h | best-static | best-static SLO "
-        "| best-static GPU-h | x best-static | first breach s | back at target s | flaps |"
+        "| best-static GPU-h | x best-static | window bar | first breach s | back at bar s "
+        "| flaps |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         bs = r["best_static"]
         replicas = "/".join(str(v) for v in bs["replicas"].values())
         lines.append(
             f"| {r['scenario']} | {r['multiple']:g}x | {r['attainment']:.2%} "
             f"| {r['gpu_hours']:.2f} | {replicas} | {bs['slo_attainment']:.2%} "
-            f"| {bs['gpu_hours']:.2f} | {_static_ratio(r):.2f} | {_t(r['first_breach_s'])} "
+            f"| {bs['gpu_hours']:.2f} | {_static_ratio(r):.2f} | {r['window_bar']:.2%} "
+            f"| {_t(r['first_breach_s'])} "
             f"| {_t(r['recovered_s'])} | {r['flaps']} |"
         )
     return "\n".join(lines)
@@ -248,17 +269,18 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
                 f"({points:+.2f} points)"
             )
         recovery = _recovery(r)
+        bar = f"{r['window_bar']:.2%}"
         if recovery is None:
-            checks.append("MET no window under the SLO target")
+            checks.append(f"MET no 60 s window under {bar}")
         elif math.isinf(recovery):
             checks.append(
-                f"MISSED first breach at {r['first_breach_s']:.0f} s, never back at the "
-                f"target (<= {RECOVERY_S:.0f} s)"
+                f"MISSED first window under {bar} at {r['first_breach_s']:.0f} s, never back "
+                f"(<= {RECOVERY_S:.0f} s)"
             )
         else:
             checks.append(
-                f"{_met(recovery <= RECOVERY_S)} back at the target {recovery:.0f} s after "
-                f"the first breach at {r['first_breach_s']:.0f} s (<= {RECOVERY_S:.0f} s)"
+                f"{_met(recovery <= RECOVERY_S)} back at {bar} {recovery:.0f} s after the first "
+                f"window under it at {r['first_breach_s']:.0f} s (<= {RECOVERY_S:.0f} s)"
             )
         ratio = _static_ratio(r)
         checks.append(
@@ -354,8 +376,9 @@ def main(argv: list[str] | None = None) -> int:
             "...:speed=X`) while the planner sizes from the unchanged profile; best-static is "
             f"found on the engine at that multiple. Start-up delay {args.startup_delay:g} s"
             + (f"; each workload's first {duration:g} s only" if duration else "")
-            + ". Breach windows: 60 s, by arrival; the SLO target is the references' "
-            "(99 %)."
+            + ". Breach windows: 60 s, by arrival, against the window bar (the 99 % SLO "
+            "target, or best-static's attainment at that multiple less 0.3 points where it "
+            "misses 99 %)."
         )
         begin, end = markers("speed-sweep")
         write_block(
