@@ -50,6 +50,7 @@ for folder in (BENCHMARKS, BENCHMARKS.parent):
 import scorecard  # noqa: E402
 from results_block import markers, write_block  # noqa: E402
 
+from disagg_planner.cli.arguments import positive_number, positive_seconds  # noqa: E402
 from disagg_planner.config import PlannerConfig  # noqa: E402
 from disagg_planner.errors import SpecError  # noqa: E402
 from disagg_planner.replay.bounds import (  # noqa: E402
@@ -273,7 +274,7 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
         else:
             points = (att - base["attainment"]) * 100  # above the 1.0x run's is fine
             checks.append(
-                f"{_met(points >= -ATTAINMENT_POINTS * 100)} attainment {att:.2%} within "
+                f"{scorecard._met(points >= -ATTAINMENT_POINTS * 100)} attainment {att:.2%} within "
                 f"{ATTAINMENT_POINTS * 100:g} point of 1.0x's {base['attainment']:.2%} "
                 f"({points:+.2f} points)"
             )
@@ -287,21 +288,18 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
                 f"(<= {RECOVERY_S:.0f} s)"
             )
         else:
+            met = scorecard._met(recovery <= RECOVERY_S)
             checks.append(
-                f"{_met(recovery <= RECOVERY_S)} back at {bar} {recovery:.0f} s after the first "
+                f"{met} back at {bar} {recovery:.0f} s after the first "
                 f"window under it at {r['first_breach_s']:.0f} s (<= {RECOVERY_S:.0f} s)"
             )
         ratio = _static_ratio(r)
         checks.append(
-            f"{_met(ratio <= STATIC_RATIO)} {r['gpu_hours']:.2f} GPU-h = {ratio:.3f}x "
+            f"{scorecard._met(ratio <= STATIC_RATIO)} {r['gpu_hours']:.2f} GPU-h = {ratio:.3f}x "
             f"best-static's {float(r['best_static']['gpu_hours']):.2f} (<= {STATIC_RATIO:.2f}x)"
         )
         lines.append(f"- **{r['scenario']} at {r['multiple']:g}x**: " + "; ".join(checks))
     return lines
-
-
-def _met(ok: bool) -> str:
-    return "MET" if ok else "MISSED"
 
 
 def _t(x: float | None) -> str:
@@ -309,25 +307,8 @@ def _t(x: float | None) -> str:
 
 
 def _multiples(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected multiples of the engine's speed, e.g. 0.5,1,2"
-        ) from None
-    if not values or any(not (math.isfinite(v) and v > 0) for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: every multiple must be a number > 0")
-    return values
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected seconds > 0")
-    return value
+    """argparse type: comma-separated multiples of the engine's speed, each > 0."""
+    return tuple(positive_number(x) for x in text.split(","))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         + ".",
     )
     parser.add_argument(
-        "--duration", type=_seconds, help="Keep each workload's first S seconds only."
+        "--duration", type=positive_seconds, help="Keep each workload's first S seconds only."
     )
     parser.add_argument("--startup-delay", type=float, default=120.0)
     parser.add_argument("--json", action="store_true", help="Print the rows as JSON.")
