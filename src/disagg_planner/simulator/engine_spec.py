@@ -164,7 +164,9 @@ class EngineSpec:
         if self.backend != "vllm" and self.timing == "sim":
             parts.append(f"backend={self.backend}")
         if self.speed != 1.0:
-            parts.append(f"speed={self.speed:g}")
+            # short where that is exact ("2", not "2.0"); else every digit, so that it parses back
+            short = f"{self.speed:g}"
+            parts.append(f"speed={short if float(short) == self.speed else repr(self.speed)}")
         return ":".join(parts)
 
 

@@ -67,6 +67,8 @@ def test_speed_changes_the_timing_only() -> None:
     assert str(fast.spec) == f"{SIM}:speed=1.4"
     assert parse(str(fast.spec)) == fast.spec
     assert str(parse(f"{SIM}:speed=1")) == SIM
+    odd = parse(f"{SIM}:speed=0.123456789")
+    assert parse(str(odd)) == odd and str(parse(f"{SIM}:speed=2.0")) == f"{SIM}:speed=2"
     # a resized (elastic EP) engine keeps its speed
     moe = parse("sim:deepseek-v3@gb200:tp1:dp16:ep16:speed=0.5")
     assert moe.with_dp(20).speed == 0.5
