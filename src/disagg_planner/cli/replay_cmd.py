@@ -90,7 +90,9 @@ def register(sub: Any) -> None:
         help="Engine model of the simulated cluster: sim:MODEL@GPU[:tpN][:dpN][:key=value] "
         "(the roofline model, default: the profile's) or aic:MODEL@GPU[:BACKEND][:tpN] "
         "(AIConfigurator's kernel timings; pip install 'disagg-planner[aic]'); see "
-        "simulator/CALIBRATION.md for their errors.",
+        "simulator/CALIBRATION.md for their errors. Either takes :speed=X, the engine running "
+        "at X times its model's speed while the planner keeps the profile (0.5: every step "
+        "takes twice as long as the profile says).",
     )
     sim.add_argument(
         "--startup-delay",

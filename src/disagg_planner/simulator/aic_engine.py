@@ -37,7 +37,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
@@ -504,40 +504,16 @@ class AicEngineModel(EngineModel):
         self._flag(self.grid.notes(0, 0, 0, batch, context))
         return ms
 
-    # -- the EngineModel interface ---------------------------------------------------------
-    @overload
-    def iteration_time_s(
-        self,
-        prefill_tokens: int,
-        prefill_context_tokens: int,
-        decode_requests: int,
-        decode_kv_tokens: int | float,
-        *,
-        prefill_requests: int | None = ...,
-        prefill_attention_pairs: float | None = ...,
-    ) -> float: ...
-
-    @overload
-    def iteration_time_s(
-        self,
-        prefill_tokens: int,
-        prefill_context_tokens: int,
-        decode_requests: int,
-        decode_kv_tokens: FloatArray,
-        *,
-        prefill_requests: int | None = ...,
-        prefill_attention_pairs: float | None = ...,
-    ) -> FloatArray: ...
-
-    def iteration_time_s(
+    # -- the EngineModel timing hooks (its public methods apply the spec's speed) -----------
+    def _iteration_s(
         self,
         prefill_tokens: int,
         prefill_context_tokens: int,
         decode_requests: int,
         decode_kv_tokens: int | float | FloatArray,
         *,
-        prefill_requests: int | None = None,
-        prefill_attention_pairs: float | None = None,
+        prefill_requests: int | None,
+        prefill_attention_pairs: float | None,
     ) -> float | FloatArray:
         """Seconds of one iteration (same arguments as :meth:`EngineModel.iteration_time_s`).
 
@@ -571,7 +547,7 @@ class AicEngineModel(EngineModel):
             return np.asarray(total, dtype=np.float64).reshape(decode_kv_tokens.shape)
         return (ms + self._decode_attn(b, float(decode_kv_tokens))) / 1000.0
 
-    def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
+    def _decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
         """Seconds of each of ``steps`` decode-only iterations whose summed context starts
         at ``kv_tokens`` and grows by ``batch`` per step (as
         :meth:`EngineModel.decode_run_s`)."""

@@ -180,6 +180,9 @@ class EngineModel:
         limit = s.max_model_len or m.max_context
         self.max_model_len = min(limit, self.max_kv_tokens)
         self._decode_base: dict[int, float] = {}  # decode_run_s's, by batch size
+        # Every step time is multiplied by this (the spec's speed multiple, engine_spec's doc):
+        # applied in the two public timing methods, whatever model times the step.
+        self._step_scale = 1.0 / s.speed
 
     # ------------------------------------------------------------------------------------------
     @property
@@ -243,6 +246,37 @@ class EngineModel:
         ``prefill_attention_pairs`` defaults to the single-request value
         ``P * (C + (P + 1) / 2)``; the engine scheduler passes the exact per-request sum.
         """
+        seconds = self._iteration_s(
+            prefill_tokens,
+            prefill_context_tokens,
+            decode_requests,
+            decode_kv_tokens,
+            prefill_requests=prefill_requests,
+            prefill_attention_pairs=prefill_attention_pairs,
+        )
+        # the spec's speed multiple (1.0 leaves the model's floats untouched)
+        return seconds if self._step_scale == 1.0 else seconds * self._step_scale
+
+    def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
+        """Seconds of each of ``steps`` decode-only iterations of ``batch`` requests whose
+        summed context is ``kv_tokens`` at the first and grows by ``batch`` per step: the
+        same floats as ``iteration_time_s(0, 0, batch, kv_tokens + batch * arange(steps))``."""
+        durs = self._decode_run_s(batch, kv_tokens, steps)
+        scale = self._step_scale
+        return durs if scale == 1.0 else [d * scale for d in durs]
+
+    # -- the timing model; a subclass with other timings overrides these two -----------------
+    def _iteration_s(
+        self,
+        prefill_tokens: int,
+        prefill_context_tokens: int,
+        decode_requests: int,
+        decode_kv_tokens: int | float | FloatArray,
+        *,
+        prefill_requests: int | None,
+        prefill_attention_pairs: float | None,
+    ) -> float | FloatArray:
+        """:meth:`iteration_time_s` at the timing model's own speed."""
         p = int(prefill_tokens)
         b = int(decode_requests)
         if p < 0 or b < 0 or prefill_context_tokens < 0:
@@ -263,10 +297,8 @@ class EngineModel:
             return base + np.maximum(attn_flops_d, attn_bytes_d)
         return base + max(float(attn_flops_d), float(attn_bytes_d))
 
-    def decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
-        """Seconds of each of ``steps`` decode-only iterations of ``batch`` requests whose
-        summed context is ``kv_tokens`` at the first and grows by ``batch`` per step: the
-        same floats as ``iteration_time_s(0, 0, batch, kv_tokens + batch * arange(steps))``.
+    def _decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
+        """:meth:`decode_run_s` at the timing model's own speed.
 
         A planned decode run is usually a few steps long (the next request finishes soon),
         where a Python loop beats numpy's per-call overhead, and the part that does not

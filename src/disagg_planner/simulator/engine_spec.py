@@ -8,7 +8,7 @@ Grammar (the string form is what the command line and configs use)::
     OPTION := tpN | dpN | epN | KEY=VALUE
     KEY    := max_num_batched_tokens (mnbt) | max_num_seqs (seqs) | block_size (block)
             | gpu_memory_utilization (mem) | max_model_len | kv_cache_dtype (kv)
-            | prefix_caching (on|off) | backend (vllm|sglang|trtllm)
+            | prefix_caching (on|off) | backend (vllm|sglang|trtllm) | speed
 
 Examples: ``sim:llama-3.1-8b-fp8@h200_sxm:tp1``, ``sim:deepseek-r1@gb200:tp1:dp16:ep16``,
 ``sim:llama-3.3-70b-fp8@h100_sxm:tp4:mnbt=4096``.
@@ -24,11 +24,18 @@ of the calibrated roofline (:mod:`disagg_planner.simulator.aic_engine`; the opti
 config for, by its model-hub id or by the catalogue name of the same architecture
 (``aic:meta-llama/Meta-Llama-3.1-8B@h200_sxm``, ``aic:llama-3.1-8b-fp8@h200_sxm:trtllm:tp1``);
 a bare ``vllm``/``sglang``/``trtllm`` option names the backend whose tables are used.
+
+``speed=X`` (either timing) runs the engine at ``X`` times the speed its timing model gives:
+every step, prefill and decode, takes ``1 / X`` as long (``speed=0.5``: half as fast). It
+only changes the simulated engine; the profile a planner sizes from is chosen without it
+(:func:`disagg_planner.simulator.profiling.bundled_path` ignores it), so a replay with
+``speed != 1`` measures how a planner copes with a profile that is wrong by that factor.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -54,6 +61,7 @@ _KEY_ALIASES = {
     "kv_cache_dtype": "kv_cache_dtype",
     "prefix_caching": "prefix_caching",
     "backend": "backend",
+    "speed": "speed",
 }
 _PAR = re.compile(r"^(tp|dp|ep)(\d+)$")
 
@@ -83,6 +91,9 @@ class EngineSpec:
     # tables for ``aic_model``, the model-hub id of a config it ships).
     timing: str = "sim"
     aic_model: str | None = None
+    # Multiple of the timing model's speed the simulated engine runs at: each step takes
+    # 1 / speed as long (the module doc); 1.0 is the model itself.
+    speed: float = 1.0
 
     def __post_init__(self) -> None:
         seqs, tokens = batch_defaults(self.gpu, self.backend)
@@ -110,6 +121,8 @@ class EngineSpec:
             problems.append(f"max_model_len={self.max_model_len} must be >= 2")
         if self.timing not in TIMINGS:
             problems.append(f"timing={self.timing!r} must be one of {', '.join(TIMINGS)}")
+        if not (math.isfinite(self.speed) and self.speed > 0):
+            problems.append(f"speed={self.speed!r} must be a finite number > 0")
         if (self.timing == "aic") != (self.aic_model is not None):
             problems.append("an aic engine needs its aic_model, and only an aic engine has one")
         if problems:
@@ -150,6 +163,10 @@ class EngineSpec:
             parts.append("prefix_caching=off")
         if self.backend != "vllm" and self.timing == "sim":
             parts.append(f"backend={self.backend}")
+        if self.speed != 1.0:
+            # short where that is exact ("2", not "2.0"); else every digit, so that it parses back
+            short = f"{self.speed:g}"
+            parts.append(f"speed={short if float(short) == self.speed else repr(self.speed)}")
         return ":".join(parts)
 
 
@@ -186,6 +203,14 @@ def _int(text: str, key: str, spec: str) -> int:
         value = int(text)
     except ValueError:
         raise EngineSpecError(f"engine spec {spec!r}: {key}={text!r} is not an integer") from None
+    return value
+
+
+def _float(text: str, key: str, spec: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise EngineSpecError(f"engine spec {spec!r}: {key}={text!r} is not a number") from None
     return value
 
 
@@ -251,12 +276,15 @@ def parse(text: str) -> EngineSpec:
                 # 0 is the field's "backend default" marker, not a value to accept
                 raise EngineSpecError(f"engine spec {text!r}: {key}={value} must be >= 1")
         elif key == "gpu_memory_utilization":
-            try:
-                fields[key] = float(value)
-            except ValueError:
+            fields[key] = _float(value, key, text)
+        elif key == "speed":
+            speed = _float(value, key, text)
+            if not (math.isfinite(speed) and speed > 0):
                 raise EngineSpecError(
-                    f"engine spec {text!r}: {key}={value!r} is not a number"
-                ) from None
+                    f"engine spec {text!r}: speed={value!r} must be a finite number > 0 "
+                    "(the multiple of the engine's own speed: 0.5 is half as fast)"
+                )
+            fields[key] = speed
         elif key == "prefix_caching":
             if value.lower() not in ("on", "off", "true", "false", "1", "0"):
                 raise EngineSpecError(f"engine spec {text!r}: prefix_caching={value!r}: use on|off")

@@ -213,17 +213,22 @@ def test_vectorised_bulk_and_scalar_timings_agree(h200_8b: EngineModel) -> None:
 
 
 def test_every_timing_entry_point_of_the_engine_model_is_the_aic_one() -> None:
-    # The simulator may only reach timings through methods the aic model overrides, or
-    # through ones built on those; a new timing method of EngineModel must be added here
-    # (and overridden) or the aic engine would silently time with the roofline.
-    built_on_overrides = {"prefill_time_s", "decode_step_time_s", "max_decode_batch"}
+    # The simulator may only reach timings through the two public methods that call the
+    # timing hooks the aic model overrides (and apply the spec's speed), or through ones
+    # built on those; a new timing method of EngineModel must be added here (and built on
+    # the hooks) or the aic engine would silently time with the roofline.
+    hooks = {"_iteration_s", "_decode_run_s"}
+    on_hooks = {"iteration_time_s", "decode_run_s"}
+    built_on_those = {"prefill_time_s", "decode_step_time_s", "max_decode_batch"}
     public = {
         name
         for name, member in vars(EngineModel).items()
         if not name.startswith("_") and inspect.isfunction(member)
     }
-    overridden = {name for name in vars(AicEngineModel) if name in public}
-    assert public - overridden - built_on_overrides == set()
+    assert public - on_hooks - built_on_those == set()
+    assert hooks <= set(vars(AicEngineModel))
+    # overriding a public one would skip the speed multiple
+    assert public & set(vars(AicEngineModel)) == set()
 
 
 def test_planner_replay_runs_on_the_aic_engine(
