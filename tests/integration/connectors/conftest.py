@@ -38,8 +38,6 @@ from disagg_planner.runtime.connector_settings import kubernetes_settings
 from tests.integration.conftest import free_port
 from tests.kube_dynamo import (
     BETA,
-    DGD,
-    DGDSA,
     DGD_PLURAL,
     DGDSA_PLURAL,
     GROUP,
