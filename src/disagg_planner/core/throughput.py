@@ -25,6 +25,7 @@ from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.budget import BudgetResult, apply_floors, apply_gpu_budget, cap_change
+from disagg_planner.core.demand import DemandSignals, decode_requests, prefill_requests
 from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
@@ -447,10 +448,12 @@ class ThroughputPlanner:
         self._last_lengths: tuple[float, float] | None = None  # (isl, osl) last seen
         # the last interval's window and the fast windows since, for the fast path's lengths
         self._length_windows: deque[LengthSample] = deque(maxlen=BURST_HISTORY)
+        self.demand = DemandSignals()  # KV hit rate and accept length (core/demand.py)
 
     # The predictors see every observed window, also those the planner holds on.
     def _observe(self, obs: TrafficObservation) -> None:
         self.predictors["num_req"].observe(obs.num_req)
+        self.demand.observe(obs)
         # An idle window has no defined lengths: keep the length series where they were.
         if obs.num_req > 0 and obs.isl is not None and obs.osl is not None:
             self.predictors["isl"].observe(obs.isl)
@@ -1075,8 +1078,9 @@ class ThroughputPlanner:
         out: dict[str, RoleSizing] = {}
         engine_gpus_p = gpus.get("prefill", gpus.get("agg", 1))
         engine_gpus_d = gpus.get("decode", gpus.get("agg", 1))
+        rules = self.demand.rules(cfg)  # issue 35: only uncached prompt tokens, A tokens/step
         prefill = size_prefill(
-            forecast,
+            replace(forecast, num_req=prefill_requests(forecast.num_req, rules.kv_hit)),
             self.profile.prefill,
             interval_s=interval,
             correction=corr.prefill,
@@ -1090,7 +1094,7 @@ class ThroughputPlanner:
             length_mix=length_mix,
         )
         decode = size_decode(
-            forecast,
+            replace(forecast, num_req=decode_requests(forecast.num_req, rules.accept)),
             self.profile.decode,
             interval_s=interval,
             itl_target_ms=cfg.itl_ms,
@@ -1099,6 +1103,8 @@ class ThroughputPlanner:
             max_num_seqs=self.decode_max_num_seqs,
             seq_utilisation=DECODE_SEQ_UTILISATION,
         )
+        prefill = replace(prefill, note=rules.note("prefill", prefill.note))
+        decode = replace(decode, note=rules.note("decode", decode.note))
         if cfg.mode == "agg":
             out["agg"] = size_agg(prefill, decode, gpus_per_replica=gpus["agg"])
         else:

@@ -287,3 +287,20 @@ def test_windows_add_up(batches: list[int]) -> None:
     parts = [num_req(i, i + 1) for i in range(len(batches))]
     assert parts == batches
     assert num_req(0, len(batches)) == sum(parts)
+
+
+def test_the_router_kv_hit_rate_is_the_mean_of_its_histogram() -> None:
+    # issue 35: the KV router observes each request's cached share of its prompt blocks
+    increases = WindowIncreases(
+        requests_started=10.0,
+        requests_finished=10.0,
+        sums={"kv_hit": 3.0},
+        counts={"kv_hit": 10.0},
+    )
+    obs = traffic(observation_from_increases(increases, end_s=60.0, duration_s=60.0))
+    assert obs.kv_hit_rate == pytest.approx(0.3)
+    # no KV router: no reading, and not a gap in the data either
+    bare = WindowIncreases(requests_started=10.0, requests_finished=10.0)
+    assert (
+        traffic(observation_from_increases(bare, end_s=60.0, duration_s=60.0)).kv_hit_rate is None
+    )

@@ -1,0 +1,133 @@
+"""Issue 35: the prefix-cache discount of prefill and the speculative-decoding gain of decode
+(core/demand.py), as table rows and through the throughput loop's sizing."""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg_planner.config import PlannerConfig
+from disagg_planner.core.demand import (
+    MAX_KV_HIT_RATE,
+    accept_length,
+    decode_requests,
+    kv_hit_rate,
+    prefill_requests,
+)
+from disagg_planner.profiles import Profile
+from tests.unit.core.test_throughput import planner, status, traffic
+
+KV_ROWS = [
+    # (name, configured, observed, expected hit rate, words in the reason)
+    ("no signal: no discount", None, None, 0.0, "none"),
+    ("observed by the router", None, 0.4, 0.4, "observed by the router hit 40%"),
+    ("configured wins over observed", 0.5, 0.2, 0.5, "configured hit 50%"),
+    ("a negative reading is no hit", None, -0.1, 0.0, "observed"),
+    ("a full cache still computes a token", None, 1.0, MAX_KV_HIT_RATE, "observed"),
+    ("NaN is no signal", None, float("nan"), 0.0, "none"),
+]
+
+
+@pytest.mark.parametrize(
+    ("configured", "observed", "expected", "words"),
+    [row[1:] for row in KV_ROWS],
+    ids=[row[0] for row in KV_ROWS],
+)
+def test_kv_hit_rate(configured, observed, expected, words) -> None:
+    rule = kv_hit_rate(configured=configured, observed=observed)
+    assert rule.value == pytest.approx(expected)
+    assert rule.reason.startswith("kv_hit_discount")
+    assert words in rule.reason
+
+
+ACCEPT_ROWS = [
+    # (name, configured, observed, nextn, expected accept length, words in the reason)
+    ("no speculative decoding: 1", 2.5, 2.5, None, 1.0, "no speculative tokens"),
+    ("configured", 2.0, 3.0, 3, 2.0, "configured accept length"),
+    ("observed when not configured", None, 2.6, 3, 2.6, "observed"),
+    ("not seen yet: 1", None, None, 2, 1.0, "neither configured nor seen"),
+    ("clamped to nextn + 1", None, 5.0, 1, 2.0, "clamped to [1, 2]"),
+    ("clamped to 1", None, 0.5, 1, 1.0, "clamped"),
+]
+
+
+@pytest.mark.parametrize(
+    ("configured", "observed", "nextn", "expected", "words"),
+    [row[1:] for row in ACCEPT_ROWS],
+    ids=[row[0] for row in ACCEPT_ROWS],
+)
+def test_accept_length(configured, observed, nextn, expected, words) -> None:
+    rule = accept_length(configured=configured, observed=observed, num_speculative_tokens=nextn)
+    assert rule.value == pytest.approx(expected)
+    assert rule.reason.startswith("spec_decode_accept")
+    assert words in rule.reason
+
+
+def test_the_requests_each_role_sees() -> None:
+    half = kv_hit_rate(configured=0.5, observed=None)
+    assert prefill_requests(120.0, half) == 60.0
+    two = accept_length(configured=2.0, observed=None, num_speculative_tokens=3)
+    assert decode_requests(120.0, two) == 60.0
+
+
+def _sizing(profile: Profile, **cfg):
+    p = planner(profile, **cfg)
+    decision = p.tick(60.0, traffic(60.0, 9000, isl=3000, osl=300), status(4, 4))
+    return decision.diagnostics.sizing, decision.diagnostics
+
+
+def test_a_kv_hit_rate_of_half_halves_prefill_demand(h200_like_profile: Profile) -> None:
+    base, _ = _sizing(h200_like_profile)
+    half, _ = _sizing(h200_like_profile, kv_hit_rate=0.5)
+    assert half["prefill"].demand_tokens_per_s == pytest.approx(
+        base["prefill"].demand_tokens_per_s / 2
+    )
+    assert half["prefill"].replicas < base["prefill"].replicas
+    assert half["decode"] == base["decode"]  # decode still decodes every token
+    assert "kv_hit_discount" in half["prefill"].note
+
+
+def test_accept_length_two_halves_decode_demand(h200_like_profile: Profile) -> None:
+    base, _ = _sizing(h200_like_profile)
+    spec, _ = _sizing(h200_like_profile, num_speculative_tokens=3, speculative_accept_length=2.0)
+    assert spec["decode"].demand_tokens_per_s == pytest.approx(
+        base["decode"].demand_tokens_per_s / 2
+    )
+    assert spec["decode"].replicas < base["decode"].replicas
+    assert spec["prefill"] == base["prefill"]
+    assert "spec_decode_accept" in spec["decode"].note
+
+
+def test_the_observed_hit_rate_is_used_and_kept_through_idle_windows(
+    h200_like_profile: Profile,
+) -> None:
+    p = planner(h200_like_profile)
+    p.tick(60.0, traffic(60.0, 9000, kv_hit_rate=0.5), status(4, 4))
+    later = p.tick(120.0, traffic(120.0, 9000), status(4, 4))  # no reading this window
+    assert "observed by the router hit 50%" in later.diagnostics.sizing["prefill"].note
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "words"),
+    [
+        ({"speculative_accept_length": 2.0}, "speculative_accept_length", "needs num_spec"),
+        (
+            {"speculative_accept_length": 4.0, "num_speculative_tokens": 2},
+            "speculative_accept_length",
+            "must be <= num_speculative_tokens + 1 (3)",
+        ),
+        ({"kv_hit_rate": 1.0}, "kv_hit_rate", "less than 1"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(values, field, words) -> None:
+    with pytest.raises(ValueError, match=field) as info:
+        PlannerConfig(**values)
+    assert words in str(info.value)
+
+
+def test_the_aliases_are_accepted() -> None:
+    cfg = PlannerConfig(nextn=3, accept_length=2.5, prefix_hit_rate=0.3)
+    assert (cfg.num_speculative_tokens, cfg.speculative_accept_length, cfg.kv_hit_rate) == (
+        3,
+        2.5,
+        0.3,
+    )
