@@ -281,6 +281,102 @@ def service_gpus(service: Mapping[str, Any], name: str, ref: str) -> int | None:
     return None
 
 
+def pods_per_replica(service: Mapping[str, Any]) -> int:
+    """Pods of one replica: ``multinode.nodeCount`` of a multinode service (a leader and its
+    workers, each with the main container's GPUs), else 1."""
+    multinode = service.get("multinode")
+    count = multinode.get("nodeCount") if isinstance(multinode, Mapping) else None
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
+        return count
+    return 1
+
+
+def _pod_spec(service: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod spec the main container runs in: v1beta1's ``podTemplate.spec``, v1alpha1's
+    ``extraPodSpec`` (a PodSpec with the ``mainContainer`` beside it)."""
+    template = service.get("podTemplate")
+    pod = template.get("spec") if isinstance(template, Mapping) else service.get("extraPodSpec")
+    return pod if isinstance(pod, Mapping) else {}
+
+
+def gpu_claim_templates(service: Mapping[str, Any], name: str, ref: str) -> list[str]:
+    """The ResourceClaimTemplates (DRA) the main container's ``resources.claims`` use: each
+    claim name looked up in the pod's ``resourceClaims``. A claim of a pre-made
+    ResourceClaim (``resourceClaimName``) is shared by every replica: its devices are not
+    per replica, and the planner cannot count them (an error naming the setting to use)."""
+    container = main_container(service) or {}
+    resources = container.get("resources")
+    claims = resources.get("claims") if isinstance(resources, Mapping) else None
+    if not isinstance(claims, list) or not claims:
+        return []
+    pod_claims = {
+        c.get("name"): c
+        for c in _pod_spec(service).get("resourceClaims") or []
+        if isinstance(c, Mapping)
+    }
+    templates = []
+    for claim in claims:
+        claim_name = claim.get("name") if isinstance(claim, Mapping) else None
+        entry = pod_claims.get(claim_name)
+        if entry is None:
+            raise DeploymentError(
+                f"DynamoGraphDeployment {ref}: service '{name}' claims {claim_name!r}, which its "
+                "pod's resourceClaims do not declare"
+            )
+        template = entry.get("resourceClaimTemplateName")
+        if isinstance(template, str) and template:
+            templates.append(template)
+        elif entry.get("resourceClaimName"):
+            raise DeploymentError(
+                f"DynamoGraphDeployment {ref}: service '{name}' claims the ResourceClaim "
+                f"{entry['resourceClaimName']!r}, shared by all its replicas: its GPUs per "
+                "replica are unknown; set prefill_engine_num_gpu / decode_engine_num_gpu"
+            )
+    return templates
+
+
+def claim_template_gpus(template: Mapping[str, Any], name: str) -> int:
+    """GPUs one claim from the ResourceClaimTemplate ``template`` allocates: the ``count`` of
+    each device request whose device class is a GPU class (its name contains ``gpu``, as
+    NVIDIA's DRA driver's ``gpu.nvidia.com``), in the ``resource.k8s.io/v1`` shape (the
+    request under ``exactly``) or the v1beta1 one (flat). ``allocationMode: All`` and
+    ``firstAvailable`` alternatives leave the count open: an error naming the setting to use.
+    """
+    where = f"ResourceClaimTemplate {name}"
+    spec = (template.get("spec") or {}).get("spec") or {}
+    requests = (spec.get("devices") or {}).get("requests") or []
+    total = 0
+    for i, request in enumerate(requests if isinstance(requests, list) else ()):
+        if not isinstance(request, Mapping):
+            continue
+        if request.get("firstAvailable"):
+            raise DeploymentError(
+                f"{where}: spec.spec.devices.requests[{i}] offers firstAvailable alternatives: "
+                "the GPUs per replica are not fixed; set prefill_engine_num_gpu / "
+                "decode_engine_num_gpu"
+            )
+        exact = request.get("exactly")
+        exact = exact if isinstance(exact, Mapping) else request
+        device_class = str(exact.get("deviceClassName") or "")
+        if "gpu" not in device_class.lower():
+            continue
+        mode = exact.get("allocationMode") or "ExactCount"
+        if mode != "ExactCount":
+            raise DeploymentError(
+                f"{where}: spec.spec.devices.requests[{i}].allocationMode = {mode!r}: the GPUs "
+                "per replica depend on the node; set prefill_engine_num_gpu / "
+                "decode_engine_num_gpu"
+            )
+        count = exact.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise DeploymentError(
+                f"{where}: spec.spec.devices.requests[{i}].count = {count!r}, expected an "
+                "integer >= 1"
+            )
+        total += count
+    return total
+
+
 def main_container_tokens(service: Mapping[str, Any]) -> list[str]:
     """The words of the main container's command and args (shell-split), [] without one."""
     container = main_container(service)

@@ -10,6 +10,7 @@ import copy
 import json
 from typing import Any
 
+import kmock as kmock_lib
 import pytest
 
 from disagg_planner.connectors.kubernetes import STATE_ANNOTATION, KubernetesConnector
@@ -219,3 +220,62 @@ async def test_a_v1beta1_scale_down_drains_the_idle_worker(beta, api_client, fak
 
     assert beta.replicas(PREFILL) == 2
     assert dynamo.removed == [pods[1]]
+
+
+DRA_TEMPLATES = "resource.k8s.io/v1/resourceclaimtemplates"
+
+
+async def test_gpus_declared_through_dra_claims_are_counted_by_the_budget(
+    beta, api_client, fake_time
+):
+    beta.kmock.resources[DRA_TEMPLATES] = kmock_lib.ResourceInfo(
+        kind="ResourceClaimTemplate",
+        singular="resourceclaimtemplate",
+        namespaced=True,
+        verbs={"get"},
+    )
+    beta.kmock.objects[DRA_TEMPLATES, NS, "graph-decode-gpu"] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "graph-decode-gpu", "namespace": NS},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 4},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    beta.add_dgd(disagg(decode=3))
+    # the decode component declares its GPUs as a DRA claim, over two nodes per replica
+    components = beta.dgd()["spec"]["components"]
+    decode = next(c for c in components if c["name"] == DECODE)
+    main = decode["podTemplate"]["spec"]["containers"][0]
+    main["resources"] = {"claims": [{"name": "gpus"}]}
+    decode["podTemplate"]["spec"]["resourceClaims"] = [
+        {"name": "gpus", "resourceClaimTemplateName": "graph-decode-gpu"}
+    ]
+    decode["multinode"] = {"nodeCount": 2}
+    beta.edit_dgd({"spec": {"components": components}})
+    conn = connector(api_client, fake_time, max_gpu_budget=64)
+
+    status = await conn.status()
+    await conn.status()  # the template is read once
+
+    assert status.roles["decode"].gpus_per_replica == 8  # 4 per pod x 2 pods
+    assert status.gpus_in_use == 2 * 2 + 3 * 8
+    assert (
+        len(
+            [
+                r
+                for r in beta.kmock
+                if r.resource is not None and r.resource.plural == "resourceclaimtemplates"
+            ]
+        )
+        == 1
+    )

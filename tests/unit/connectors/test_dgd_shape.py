@@ -10,8 +10,11 @@ import pytest
 
 from disagg_planner.connectors.base import check_replicas
 from disagg_planner.connectors.dgd_shape import (
+    claim_template_gpus,
     dgd_services,
     dgd_version,
+    gpu_claim_templates,
+    pods_per_replica,
     ready_count,
     replicas_patch,
     resolve_service,
@@ -247,3 +250,76 @@ def test_prefix_end_selects_exactly_the_prefix() -> None:
     assert prefix_end(b"v1/ns/") == b"v1/ns0"
     assert prefix_end(b"a\xff") == b"b"
     assert prefix_end(b"\xff\xff") == b"\x00"
+
+
+def dra_component(claims: list[dict[str, Any]], pod_claims: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": "dec",
+        "type": "decode",
+        "podTemplate": {
+            "spec": {
+                "resourceClaims": pod_claims,
+                "containers": [{"name": "main", "resources": {"claims": claims}}],
+            }
+        },
+    }
+
+
+def test_gpu_claims_lead_to_their_templates() -> None:
+    component = dra_component(
+        [{"name": "gpus"}], [{"name": "gpus", "resourceClaimTemplateName": "graph-dec-gpu"}]
+    )
+    assert gpu_claim_templates(component, "dec", REF) == ["graph-dec-gpu"]
+    assert gpu_claim_templates(beta_component("x", "decode", 1), "x", REF) == []
+    shared = dra_component([{"name": "gpus"}], [{"name": "gpus", "resourceClaimName": "pool"}])
+    with pytest.raises(DeploymentError, match="ResourceClaim 'pool', shared by all its replicas"):
+        gpu_claim_templates(shared, "dec", REF)
+    undeclared = dra_component([{"name": "gpus"}], [])
+    with pytest.raises(DeploymentError, match="claims 'gpus', which its pod's resourceClaims"):
+        gpu_claim_templates(undeclared, "dec", REF)
+
+
+def template(*requests: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"spec": {"devices": {"requests": list(requests)}}}}
+
+
+GPU = "gpu.nvidia.com"
+TEMPLATE_ROWS = [
+    # (name, template, GPUs per claim)
+    (
+        "v1: count under exactly",
+        template({"name": "g", "exactly": {"deviceClassName": GPU, "count": 4}}),
+        4,
+    ),
+    ("v1beta1: flat request", template({"name": "g", "deviceClassName": GPU, "count": 2}), 2),
+    ("count defaults to 1", template({"name": "g", "exactly": {"deviceClassName": GPU}}), 1),
+    (
+        "only GPU device classes count",
+        template(
+            {"name": "nic", "exactly": {"deviceClassName": "rdma.example.com", "count": 8}},
+            {"name": "g", "exactly": {"deviceClassName": GPU, "count": 2}},
+        ),
+        2,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("tpl", "gpus"), [r[1:] for r in TEMPLATE_ROWS], ids=[r[0] for r in TEMPLATE_ROWS]
+)
+def test_gpus_of_a_claim_template(tpl: dict[str, Any], gpus: int) -> None:
+    assert claim_template_gpus(tpl, "t") == gpus
+
+
+def test_open_ended_claims_name_the_setting() -> None:
+    all_gpus = template({"name": "g", "exactly": {"deviceClassName": GPU, "allocationMode": "All"}})
+    with pytest.raises(DeploymentError, match=r"allocationMode = 'All'.*decode_engine_num_gpu"):
+        claim_template_gpus(all_gpus, "t")
+    alternatives = template({"name": "g", "firstAvailable": [{"deviceClassName": GPU}]})
+    with pytest.raises(DeploymentError, match="firstAvailable"):
+        claim_template_gpus(alternatives, "t")
+
+
+def test_a_multinode_replica_has_its_nodes_pods() -> None:
+    assert pods_per_replica({"multinode": {"nodeCount": 2}}) == 2
+    assert pods_per_replica({}) == 1

@@ -18,7 +18,10 @@ Model of the deployment (the pure rules over the object are in
   one. Two services with the same ``subComponentType`` are an error.
 - GPUs per replica: the config value when given, else the service's limits, else its
   requests: ``resources.*.gpu`` (v1alpha1), the ``nvidia.com/gpu`` of the container named
-  ``main`` in ``podTemplate`` (v1beta1).
+  ``main`` in ``podTemplate`` (v1beta1); without those, the GPU-class devices its DRA claims
+  allocate (``resources.claims`` -> the pod's ``resourceClaims`` -> each
+  ResourceClaimTemplate's device requests, read once); times ``multinode.nodeCount`` (the
+  pods of one replica).
 - Desired replicas: ``spec.replicas`` of the service's DynamoGraphDeploymentScalingAdapter
   (DGDSA, named ``{dgd}-{service lower case}``) when it exists (the adapter controller then
   owns the DGD's field), else the service's ``replicas``. Ready replicas:
@@ -93,26 +96,28 @@ Kubernetes API calls this connector makes (the Helm chart's RBAC; all namespaced
 discovery GETs of ``/apis/nvidia.com/v1alpha1`` and ``/v1beta1``, which every authenticated
 user may make, Kubernetes' ``system:discovery`` role):
 
-========  ==============  =============================================  =====================
-verb      API group       resource                                       when
-========  ==============  =============================================  =====================
-get       nvidia.com      dynamographdeployments                         a read the watch cache
-                                                                         cannot serve, wait
-list      nvidia.com      dynamographdeployments                         the watch cache
-watch     nvidia.com      dynamographdeployments                         ... as DGDs change
-patch     nvidia.com      dynamographdeployments                         scale without adapter,
-                                                                         revert a manual edit
-get       nvidia.com      dynamographdeploymentscalingadapters           a read the watch cache
-                                                                         cannot serve (404: none)
-list      nvidia.com      dynamographdeploymentscalingadapters           the watch cache
-watch     nvidia.com      dynamographdeploymentscalingadapters           ... as adapters change
-patch     nvidia.com      dynamographdeploymentscalingadapters/scale     scale with an adapter
-list      "" (core v1)    pods                                           before an increase,
-                                                                         before a decrease
-patch     "" (core v1)    pods                                           mark the pods that
-                                                                         leave (decrease)
-create    "" (core v1)    events                                         manual edit detected
-========  ==============  =============================================  =====================
+========  ================  =============================================  =====================
+verb      API group         resource                                       when
+========  ================  =============================================  =====================
+get       nvidia.com        dynamographdeployments                         a read the watch cache
+                                                                           cannot serve, wait
+list      nvidia.com        dynamographdeployments                         the watch cache
+watch     nvidia.com        dynamographdeployments                         ... as DGDs change
+patch     nvidia.com        dynamographdeployments                         scale without adapter,
+                                                                           revert a manual edit
+get       nvidia.com        dynamographdeploymentscalingadapters           a read the watch cache
+                                                                           cannot serve (404: none)
+list      nvidia.com        dynamographdeploymentscalingadapters           the watch cache
+watch     nvidia.com        dynamographdeploymentscalingadapters           ... as adapters change
+patch     nvidia.com        dynamographdeploymentscalingadapters/scale     scale with an adapter
+get       resource.k8s.io   resourceclaimtemplates                         GPUs declared as DRA
+                                                                           claims (once each)
+list      "" (core v1)      pods                                           before an increase,
+                                                                           before a decrease
+patch     "" (core v1)      pods                                           mark the pods that
+                                                                           leave (decrease)
+create    "" (core v1)      events                                         manual edit detected
+========  ================  =============================================  =====================
 """
 
 from disagg_planner.connectors.kubernetes.api import (

@@ -39,6 +39,10 @@ DGD_GROUP = "nvidia.com"
 # The version a caller names when it has no DGD to ask (fixtures, Events before a read).
 DGD_VERSION = V1ALPHA1
 DGD_KIND = "DynamoGraphDeployment"
+# Dynamic resource allocation: the templates of the GPU claims a DGD's pods may make.
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first (v1 since Kubernetes 1.34)
+CLAIM_TEMPLATES = "resourceclaimtemplates"
 DGD_PLURAL = "dynamographdeployments"
 DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
 # The labels the Dynamo operator puts on the pods of a DGD's service.
@@ -248,6 +252,28 @@ class DgdApi:
             self.check_adapter(adapter, adapter_name, service)
             return adapter
         return None
+
+    async def get_claim_template(self, name: str) -> Mapping[str, Any]:
+        """The ResourceClaimTemplate ``name`` in the newest DRA version the server serves."""
+        for version in DRA_VERSIONS:
+            template = await self.call(
+                f"get ResourceClaimTemplate {self.namespace}/{name} ({DRA_GROUP}/{version})",
+                "get",
+                CLAIM_TEMPLATES,
+                self._custom.get_namespaced_custom_object,
+                DRA_GROUP,
+                version,
+                self.namespace,
+                CLAIM_TEMPLATES,
+                name,
+                allow_404=True,
+            )
+            if isinstance(template, Mapping):
+                return template
+        raise DeploymentError(
+            f"ResourceClaimTemplate {self.namespace}/{name}, which DynamoGraphDeployment "
+            f"{self.ref} claims GPUs from, was not found ({DRA_GROUP} {', '.join(DRA_VERSIONS)})"
+        )
 
     def check_adapter(self, adapter: Mapping[str, Any], adapter_name: str, service: str) -> None:
         """Refuse an adapter that refers to another DGD or service."""

@@ -117,6 +117,7 @@ class KubernetesConnector(Reads, Writes, Resume):
         self._watched: dict[str, WatchedResource] = {}
         self._waiting_subscribers: list[tuple[Callable[[], None], list[Callable[[], None]]]] = []
         self._resolving: asyncio.Task[None] | None = None
+        self._claim_gpus: dict[str, int] = {}
         # Per object (plural/name) this connector wrote: the cache serves it again only once
         # it shows that write (module cache.py).
         self._written: dict[str, _OwnWrite] = {}

@@ -19,8 +19,11 @@ from disagg_planner.connectors.dgd_shape import (
     ROLE_SUB_COMPONENT,
     V1ALPHA1,
     ResolvedService,
+    claim_template_gpus,
     dgd_services,
     dgd_version,
+    gpu_claim_templates,
+    pods_per_replica,
     ready_count,
     replicas_of,
     resolve_service,
@@ -137,7 +140,7 @@ class Reads(ConnectorParts):
             name, matched_by = resolve_service(services, sub, self._settings.backend, self._ref)
             service = services[name]
             configured = self._settings.gpus_per_replica.get(role)
-            gpus = configured or service_gpus(service, name, self._ref)
+            gpus = configured or await self._deployment_gpus(service, name)
             if gpus is None:
                 flag = "prefill_engine_num_gpu" if role == "prefill" else "decode_engine_num_gpu"
                 where = (
@@ -145,6 +148,7 @@ class Reads(ConnectorParts):
                     if version == V1ALPHA1
                     else "nvidia.com/gpu in podTemplate's main container resources"
                 )
+                where += " and no DRA claim of a GPU device class"
                 raise DeploymentError(
                     f"DynamoGraphDeployment {self._ref}: GPUs per replica of role {role} are "
                     f"unknown: service '{name}' has no {where}; set {flag}"
@@ -176,6 +180,21 @@ class Reads(ConnectorParts):
         return _Observation(
             dgd=dgd, services=resolved, adapters=adapters, desired=desired, ready=ready
         )
+
+    async def _deployment_gpus(self, service: Mapping[str, Any], name: str) -> int | None:
+        """GPUs per replica as the DGD declares them: per pod from the main container's
+        resources, else from its DRA claims' templates; times the pods of a multinode
+        replica. None when it declares none."""
+        per_pod = service_gpus(service, name, self._ref)
+        if per_pod is None:
+            templates = gpu_claim_templates(service, name, self._ref)
+            for template in templates:
+                if template not in self._claim_gpus:
+                    # A template's spec is immutable: read once per connector.
+                    read = await self._api.get_claim_template(template)
+                    self._claim_gpus[template] = claim_template_gpus(read, template)
+            per_pod = sum(self._claim_gpus[t] for t in templates) or None
+        return per_pod * pods_per_replica(service) if per_pod is not None else None
 
     def _is_ready(self, obs: _Observation) -> bool:
         if not services_stable(obs.dgd, self._ref):
