@@ -239,7 +239,13 @@ class PlannerConfig(BaseModel):
     optimization_target: OptimizationTarget = Field(
         "sla",
         description="'sla' sizes for the TTFT/ITL targets with the loops enabled below; "
-        "Dynamo's easy modes (throughput, latency, load) run load-based scaling only.",
+        "Dynamo's easy modes (throughput, latency, load) run load-based scaling only. Where "
+        "ours differ from Dynamo's: Dynamo's throughput and latency modes scale on static "
+        "thresholds of queue depth and KV-cache utilisation (latency's tighter) and its load "
+        "mode on user-given prefill-queue-token and decode KV-utilisation thresholds; here all "
+        "three run the same load loop, which steps on the TTFT/ITL it estimates per engine "
+        "from the ForwardPassMetrics regression against ttft/itl, so the three modes behave "
+        "alike and the latency targets are the thresholds.",
         json_schema_extra=_extra("slo"),
     )
     enable_throughput_scaling: bool = Field(
