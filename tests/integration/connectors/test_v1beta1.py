@@ -55,21 +55,6 @@ def connector(api_client: Any, time: FakeTime, **overrides: Any) -> KubernetesCo
     )
 
 
-async def test_a_v1beta1_dgd_is_read_by_component_type(beta, api_client, fake_time):
-    beta.add_dgd(disagg(), ready={"Frontend": 1, PREFILL: 1, DECODE: 3})
-    conn = connector(api_client, fake_time)
-
-    await conn.validate()
-    status = await conn.status()
-
-    assert conn.model_name == "qwen/qwen3-0.6b"
-    prefill, decode = status.roles["prefill"], status.roles["decode"]
-    # GPUs from the main container's nvidia.com/gpu (limits, else requests)
-    assert (prefill.desired, prefill.ready, prefill.gpus_per_replica) == (2, 1, 2)
-    assert (decode.desired, decode.ready, decode.gpus_per_replica) == (3, 3, 4)
-    assert beta.requests("PATCH", DGD_PLURAL) == []
-
-
 async def test_scaling_a_v1beta1_dgd_patches_only_the_replicas(beta, api_client, fake_time):
     beta.add_dgd(disagg())
     before = beta.dgd()
