@@ -96,13 +96,10 @@ class DemandRules:
     kv_hit: RuleValue
     accept: RuleValue
 
-    def note(self, role: str, note: str) -> str:
-        """``note`` with the rule that acted on ``role`` (none when it did not act)."""
-        rule = self.kv_hit if role == "prefill" else self.accept if role == "decode" else None
-        acted = rule is not None and rule.value != (0.0 if role == "prefill" else 1.0)
-        if rule is None or not acted:
-            return note
-        return f"{note}; {rule.reason}" if note else rule.reason
+    def acting(self) -> list[str]:
+        """The reasons of the rules that change the demand (none at 0 % hits, accept 1)."""
+        acting = [self.kv_hit.reason] if self.kv_hit.value > 0 else []
+        return acting + ([self.accept.reason] if self.accept.value > 1 else [])
 
 
 class DemandSignals:

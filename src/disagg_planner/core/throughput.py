@@ -916,6 +916,7 @@ class ThroughputPlanner:
             )
         target = budget.replicas
         explain = self._explain(forecast, sizing, target)
+        explain += "".join(f"; {r}" for r in self.demand.rules(self.config).acting())
         if diagnostics.rules:
             explain += "; " + "; ".join(r for r in diagnostics.rules if r)
         if budget.limited_by:
@@ -1103,8 +1104,6 @@ class ThroughputPlanner:
             max_num_seqs=self.decode_max_num_seqs,
             seq_utilisation=DECODE_SEQ_UTILISATION,
         )
-        prefill = replace(prefill, note=rules.note("prefill", prefill.note))
-        decode = replace(decode, note=rules.note("decode", decode.note))
         if cfg.mode == "agg":
             out["agg"] = size_agg(prefill, decode, gpus_per_replica=gpus["agg"])
         else:

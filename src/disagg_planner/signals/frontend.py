@@ -90,6 +90,8 @@ ITL_BUCKETS_S: tuple[float, ...] = (
     0.5,
     1.0,
 )
+# The KV router's hit-rate histogram observes ratios in [0, 1].
+KV_HIT_BUCKETS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 DURATION_BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 TOKEN_BUCKETS: tuple[float, ...] = (
     16,

@@ -72,29 +72,32 @@ def test_the_requests_each_role_sees() -> None:
 def _sizing(profile: Profile, **cfg):
     p = planner(profile, **cfg)
     decision = p.tick(60.0, traffic(60.0, 9000, isl=3000, osl=300), status(4, 4))
-    return decision.diagnostics.sizing, decision.diagnostics
+    return decision.diagnostics.sizing, decision.message
 
 
 def test_a_kv_hit_rate_of_half_halves_prefill_demand(h200_like_profile: Profile) -> None:
-    base, _ = _sizing(h200_like_profile)
-    half, _ = _sizing(h200_like_profile, kv_hit_rate=0.5)
+    base, plain = _sizing(h200_like_profile)
+    half, message = _sizing(h200_like_profile, kv_hit_rate=0.5)
     assert half["prefill"].demand_tokens_per_s == pytest.approx(
         base["prefill"].demand_tokens_per_s / 2
     )
     assert half["prefill"].replicas < base["prefill"].replicas
     assert half["decode"] == base["decode"]  # decode still decodes every token
-    assert "kv_hit_discount" in half["prefill"].note
+    assert "kv_hit_discount: prefill work x 0.50 (configured hit 50%)" in message
+    assert "kv_hit_discount" not in plain and "spec_decode_accept" not in plain
 
 
 def test_accept_length_two_halves_decode_demand(h200_like_profile: Profile) -> None:
     base, _ = _sizing(h200_like_profile)
-    spec, _ = _sizing(h200_like_profile, num_speculative_tokens=3, speculative_accept_length=2.0)
+    spec, message = _sizing(
+        h200_like_profile, num_speculative_tokens=3, speculative_accept_length=2.0
+    )
     assert spec["decode"].demand_tokens_per_s == pytest.approx(
         base["decode"].demand_tokens_per_s / 2
     )
     assert spec["decode"].replicas < base["decode"].replicas
     assert spec["prefill"] == base["prefill"]
-    assert "spec_decode_accept" in spec["decode"].note
+    assert "spec_decode_accept: decode work / 2.00 (configured accept length)" in message
 
 
 def test_the_observed_hit_rate_is_used_and_kept_through_idle_windows(
@@ -103,7 +106,7 @@ def test_the_observed_hit_rate_is_used_and_kept_through_idle_windows(
     p = planner(h200_like_profile)
     p.tick(60.0, traffic(60.0, 9000, kv_hit_rate=0.5), status(4, 4))
     later = p.tick(120.0, traffic(120.0, 9000), status(4, 4))  # no reading this window
-    assert "observed by the router hit 50%" in later.diagnostics.sizing["prefill"].note
+    assert "observed by the router hit 50%" in later.message
 
 
 @pytest.mark.parametrize(
