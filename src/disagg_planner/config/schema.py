@@ -383,8 +383,8 @@ class PlannerConfig(BaseModel):
         description="Share of prompt tokens served from the engines' prefix cache: the "
         "throughput loop sizes prefill for the tokens that miss it only (num_req x ISL x "
         "(1 - rate)). null: the router's observed mean (dynamo_component_router_kv_hit_rate), "
-        "no discount while none is seen. The load loop needs none: its engine metrics count "
-        "the tokens actually computed.",
+        "no discount while none is seen. The load loop discounts the queued prompts' tokens "
+        "by it (an engine's queue counts whole prompts).",
         json_schema_extra=_extra("slo"),
     )
     num_speculative_tokens: int | None = Field(

@@ -134,3 +134,30 @@ def test_the_aliases_are_accepted() -> None:
         2.5,
         0.3,
     )
+
+
+def _load_decode_itl(**cfg) -> tuple[float, str]:
+    """The load loop's ITL estimate of one decode engine through the planner core."""
+    from disagg_planner.core.planner import Observation, PlannerCore
+    from disagg_planner.core.types import DeploymentStatus, RoleStatus
+    from tests.unit.core.test_load_scaling import config, decode_engines, decode_model
+
+    core = PlannerCore(
+        config=config(enable_throughput_scaling=False, mode="decode", **cfg), start_s=0.0
+    )
+    core.load_models["decode"] = decode_model()  # fitted on the exact decode law
+    status = DeploymentStatus({"decode": RoleStatus(2, 2, 1)})
+    engines = decode_engines((64, 128_000), (64, 128_000))  # one per ready replica
+    decision = core._decide_load(
+        100.0, Observation(status=status, engines={"decode": engines}), status
+    )["decode"]
+    itl = decision.max_itl_ms
+    assert itl is not None
+    return itl, decision.message
+
+
+def test_the_load_loop_divides_its_itl_estimate_by_the_accept_length() -> None:
+    plain, plain_message = _load_decode_itl()
+    spec, message = _load_decode_itl(num_speculative_tokens=3, speculative_accept_length=2.0)
+    assert spec == pytest.approx(plain / 2)
+    assert "spec_decode_accept" in message and "spec_decode_accept" not in plain_message
