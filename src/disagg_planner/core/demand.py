@@ -80,7 +80,8 @@ def accept_length(
 
 
 def prefill_requests(num_req: float, hit: RuleValue) -> float:
-    """Prompts' worth of prefill work in ``num_req`` requests: ``num_req x (1 - h)``."""
+    """Prompts' worth of prefill work in ``num_req`` requests (or tokens of whole prompts,
+    such as a backlog counted from the queues): ``num_req x (1 - h)``."""
     return num_req * (1.0 - hit.value)
 
 
@@ -91,7 +92,7 @@ def decode_requests(num_req: float, accept: RuleValue) -> float:
 
 @dataclass(frozen=True)
 class DemandRules:
-    """The two rules of one sizing, with the sentence each adds to the role's note."""
+    """The two rules of one sizing; the sentences of those that act join the decision's reason."""
 
     kv_hit: RuleValue
     accept: RuleValue

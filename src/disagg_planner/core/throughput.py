@@ -1091,7 +1091,7 @@ class ThroughputPlanner:
             service_scv=self.isl_scv,
             pooled=cfg.prefill_queueing == "pooled",
             burst=burst,
-            backlog_tokens_per_s=backlog_tokens_per_s,
+            backlog_tokens_per_s=prefill_requests(backlog_tokens_per_s, rules.kv_hit),
             length_mix=length_mix,
         )
         decode = size_decode(

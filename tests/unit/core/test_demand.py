@@ -161,3 +161,15 @@ def test_the_load_loop_divides_its_itl_estimate_by_the_accept_length() -> None:
     spec, message = _load_decode_itl(num_speculative_tokens=3, speculative_accept_length=2.0)
     assert spec == pytest.approx(plain / 2)
     assert "spec_decode_accept" in message and "spec_decode_accept" not in plain_message
+
+
+def test_the_waiting_prompts_are_discounted_too(h200_like_profile: Profile) -> None:
+    # the queues count whole prompts: only their uncached share is prefill work
+    def prefill_demand(queued: float, **cfg) -> float:
+        p = planner(h200_like_profile, **cfg)
+        tick = p.tick(60.0, traffic(60.0, 600), status(4, 4), queued_prefill_tokens=queued)
+        return tick.diagnostics.sizing["prefill"].demand_tokens_per_s
+
+    base = prefill_demand(3_000_000, kv_hit_rate=0.0)
+    assert base > prefill_demand(0.0, kv_hit_rate=0.0)  # the backlog is part of the demand
+    assert prefill_demand(3_000_000, kv_hit_rate=0.5) == pytest.approx(base / 2)
