@@ -239,7 +239,13 @@ class PlannerConfig(BaseModel):
     optimization_target: OptimizationTarget = Field(
         "sla",
         description="'sla' sizes for the TTFT/ITL targets with the loops enabled below; "
-        "Dynamo's easy modes (throughput, latency, load) run load-based scaling only.",
+        "Dynamo's easy modes (throughput, latency, load) run load-based scaling only. Where "
+        "ours differ from Dynamo's: Dynamo's throughput and latency modes scale on static "
+        "thresholds of queue depth and KV-cache utilisation (latency's tighter) and its load "
+        "mode on user-given prefill-queue-token and decode KV-utilisation thresholds; here all "
+        "three run the same load loop, which steps on the TTFT/ITL it estimates per engine "
+        "from the ForwardPassMetrics regression against ttft/itl, so the three modes behave "
+        "alike and the latency targets are the thresholds.",
         json_schema_extra=_extra("slo"),
     )
     enable_throughput_scaling: bool = Field(
@@ -367,6 +373,39 @@ class PlannerConfig(BaseModel):
         description="Queueing model of the prefill headroom: 'pooled' (one GI/G/c queue over "
         "all engines, Erlang C; the router spreads requests over them) or 'per_engine' (a "
         "GI/G/1 queue per engine, more conservative).",
+        json_schema_extra=_extra("slo"),
+    )
+    kv_hit_rate: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        validation_alias=AliasChoices("kv_hit_rate", "prefix_hit_rate"),
+        description="Share of prompt tokens served from the engines' prefix cache: the "
+        "throughput loop sizes prefill for the tokens that miss it only (num_req x ISL x "
+        "(1 - rate)). null: the router's observed mean (dynamo_component_router_kv_hit_rate), "
+        "no discount while none is seen. The load loop discounts the queued prompts' tokens "
+        "by it (an engine's queue counts whole prompts).",
+        json_schema_extra=_extra("slo"),
+    )
+    num_speculative_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        validation_alias=AliasChoices(
+            "num_speculative_tokens", "speculative_num_tokens", "nextn", "speculative_nextn"
+        ),
+        description="Draft tokens per decode step when the engines run speculative decoding "
+        "(MTP nextn, EAGLE steps): decode capacity is multiplied by the accept length, "
+        "clamped to [1, nextn + 1]. null: no speculative decoding.",
+        json_schema_extra=_extra("slo"),
+    )
+    speculative_accept_length: float | None = Field(
+        None,
+        ge=1,
+        validation_alias=AliasChoices("speculative_accept_length", "accept_length"),
+        description="Mean tokens a sequence emits per decode step with speculative decoding "
+        "(1 + accepted drafts). null: the observed one, 1 until seen. Needs "
+        "num_speculative_tokens.",
         json_schema_extra=_extra("slo"),
     )
     scaling_convergence_timeout_seconds: float = Field(
@@ -990,6 +1029,26 @@ def cross_field_problems(cfg: PlannerConfig) -> list[ConfigProblem]:
                 "must be shorter than throughput_adjustment_interval_seconds "
                 f"({cfg.throughput_adjustment_interval_seconds:g}), or null to turn the fast "
                 "path off",
+            )
+        )
+    if cfg.speculative_accept_length is not None and cfg.num_speculative_tokens is None:
+        problems.append(
+            ConfigProblem(
+                "speculative_accept_length",
+                cfg.speculative_accept_length,
+                "needs num_speculative_tokens (the draft tokens per step that bound it)",
+            )
+        )
+    elif (
+        cfg.speculative_accept_length is not None
+        and cfg.num_speculative_tokens is not None
+        and cfg.speculative_accept_length > cfg.num_speculative_tokens + 1
+    ):
+        problems.append(
+            ConfigProblem(
+                "speculative_accept_length",
+                cfg.speculative_accept_length,
+                f"must be <= num_speculative_tokens + 1 ({cfg.num_speculative_tokens + 1})",
             )
         )
     if -1 not in (cfg.min_gpu_budget, cfg.max_gpu_budget) and (

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.budget import BudgetResult, apply_gpu_budget
+from disagg_planner.core.demand import DemandSignals
 from disagg_planner.core.load_scaling import (
     EngineKey,
     EngineLimits,
@@ -127,6 +128,9 @@ class PlannerCore:
                 predictor_factory=predictor_factory,
                 decode_max_num_seqs=decode_max_num_seqs,
             )
+        # The KV hit rate and accept length both loops use (one record: the throughput
+        # loop's, which observes the traffic windows; the load loop's settings alone without it).
+        self.demand = self.throughput.demand if self.throughput is not None else DemandSignals()
         self.load_models: dict[str, LoadModel] = {}
         if config.load_scaling_active:
             self.load_models = {
@@ -208,6 +212,7 @@ class PlannerCore:
         engines = observation.engines or {}
         seen = observation.engine_last_seen_s or {}
         busy = observation.engine_busy_fraction or {}
+        rules = self.demand.rules(self.config)
         for role, model in self.load_models.items():
             role_status = status.roles[role]
             floor: int | None = None
@@ -228,7 +233,13 @@ class PlannerCore:
                 throughput_floor=floor,
                 last_seen_s=seen.get(role),
                 busy_fraction=busy.get(role),
+                # queued prompts count their cached prefix; an iteration emits A tokens
+                kv_hit_rate=rules.kv_hit.value if rules.kv_hit.value > 0 else None,
+                accept_length=rules.accept.value,
             )
+            if rules.acting():
+                message = "; ".join([out[role].message, *rules.acting()]).lstrip("; ")
+                out[role] = replace(out[role], message=message)
         return out
 
     def _combine(

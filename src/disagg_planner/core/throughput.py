@@ -25,6 +25,7 @@ from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.budget import BudgetResult, apply_floors, apply_gpu_budget, cap_change
+from disagg_planner.core.demand import DemandSignals, decode_requests, prefill_requests
 from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
@@ -447,10 +448,12 @@ class ThroughputPlanner:
         self._last_lengths: tuple[float, float] | None = None  # (isl, osl) last seen
         # the last interval's window and the fast windows since, for the fast path's lengths
         self._length_windows: deque[LengthSample] = deque(maxlen=BURST_HISTORY)
+        self.demand = DemandSignals()  # KV hit rate and accept length (core/demand.py)
 
     # The predictors see every observed window, also those the planner holds on.
     def _observe(self, obs: TrafficObservation) -> None:
         self.predictors["num_req"].observe(obs.num_req)
+        self.demand.observe(obs)
         # An idle window has no defined lengths: keep the length series where they were.
         if obs.num_req > 0 and obs.isl is not None and obs.osl is not None:
             self.predictors["isl"].observe(obs.isl)
@@ -913,6 +916,7 @@ class ThroughputPlanner:
             )
         target = budget.replicas
         explain = self._explain(forecast, sizing, target)
+        explain += "".join(f"; {r}" for r in self.demand.rules(self.config).acting())
         if diagnostics.rules:
             explain += "; " + "; ".join(r for r in diagnostics.rules if r)
         if budget.limited_by:
@@ -1075,8 +1079,9 @@ class ThroughputPlanner:
         out: dict[str, RoleSizing] = {}
         engine_gpus_p = gpus.get("prefill", gpus.get("agg", 1))
         engine_gpus_d = gpus.get("decode", gpus.get("agg", 1))
+        rules = self.demand.rules(cfg)  # issue 35: only uncached prompt tokens, A tokens/step
         prefill = size_prefill(
-            forecast,
+            replace(forecast, num_req=prefill_requests(forecast.num_req, rules.kv_hit)),
             self.profile.prefill,
             interval_s=interval,
             correction=corr.prefill,
@@ -1086,11 +1091,11 @@ class ThroughputPlanner:
             service_scv=self.isl_scv,
             pooled=cfg.prefill_queueing == "pooled",
             burst=burst,
-            backlog_tokens_per_s=backlog_tokens_per_s,
+            backlog_tokens_per_s=prefill_requests(backlog_tokens_per_s, rules.kv_hit),
             length_mix=length_mix,
         )
         decode = size_decode(
-            forecast,
+            replace(forecast, num_req=decode_requests(forecast.num_req, rules.accept)),
             self.profile.decode,
             interval_s=interval,
             itl_target_ms=cfg.itl_ms,

@@ -105,9 +105,15 @@ class TrafficObservation:
     # Histogram families (their _sum/_count) with no series in a window whose request
     # counters moved: the averages they give are None for want of data, not of traffic.
     missing_series: tuple[str, ...] = ()
+    # the router's mean share of prompt tokens served from the prefix cache, when read
+    kv_hit_rate: float | None = None
+    # mean tokens per sequence per decode step (speculative decoding), when read
+    accept_length: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
+            "kv_hit_rate",
+            "accept_length",
             "num_req",
             "ttft_ms",
             "itl_ms",

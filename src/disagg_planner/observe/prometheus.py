@@ -252,7 +252,8 @@ class PrometheusTrafficObserver:
         missing = tuple(
             getattr(self._metrics, item.attribute)
             for item in HISTOGRAM_INPUTS
-            if increases.sums.get(item.key) is None or increases.counts.get(item.key) is None
+            if not item.optional
+            and (increases.sums.get(item.key) is None or increases.counts.get(item.key) is None)
         )
         return replace(observation, missing_series=missing) if missing else observation
 

@@ -77,6 +77,8 @@ class HistogramInput:
     attribute: str  # field of TrafficMetricNames holding the metric family name
     observation_field: str  # field of TrafficObservation receiving the average
     scale: float  # metric unit -> observation unit
+    # an input some deployments do not export (no KV router): its absence is not a gap
+    optional: bool = False
 
 
 HISTOGRAM_INPUTS: tuple[HistogramInput, ...] = (
@@ -85,6 +87,7 @@ HISTOGRAM_INPUTS: tuple[HistogramInput, ...] = (
     HistogramInput("isl", "input_tokens", "isl", 1.0),
     HistogramInput("osl", "output_tokens", "osl", 1.0),
     HistogramInput("request_duration", "request_duration_seconds", "request_duration_s", 1.0),
+    HistogramInput("kv_hit", "kv_hit_rate", "kv_hit_rate", 1.0, optional=True),
 )
 # Inputs whose bucket increases are kept as distributions, and the observation field.
 DISTRIBUTION_INPUTS: dict[str, str] = {
@@ -243,6 +246,7 @@ def observation_from_increases(
         isl_histogram=histograms["isl_histogram"],
         osl_histogram=histograms["osl_histogram"],
         ttft_histogram=histograms["ttft_histogram"],
+        kv_hit_rate=averages["kv_hit_rate"],
         # counters scraped a moment apart can cross: never fewer than no request in flight
         in_flight=(
             max(0.0, increases.in_flight)

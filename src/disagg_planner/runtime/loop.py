@@ -58,6 +58,7 @@ from disagg_planner.exporter import HealthState, PlannerMetrics
 from disagg_planner.observe import TrafficObserver
 from disagg_planner.profiles import Profile
 from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.runtime.audit import log_audit
 from disagg_planner.runtime.clock import Clock, Offload, WallClock
 from disagg_planner.runtime.elastic import ElasticDriver, ElasticTick
 from disagg_planner.runtime.observation import EngineSource, ObservationBuilder, engine_queues
@@ -702,6 +703,9 @@ class DeploymentLoop:
 
     async def _emit(self, outcome: TickOutcome) -> None:
         self.last_outcome = outcome
+        log_audit(
+            outcome, namespace=self.ref.namespace, name=self.ref.name, level=self._tick_log_level
+        )
         if self._on_outcome is None:
             return
         try:

@@ -24,7 +24,13 @@ class TrafficMetricNames:
     request_duration_seconds: str
     input_tokens: str
     output_tokens: str
+    # The KV router's share of each request's prompt blocks already cached on the worker it
+    # chose (a histogram of ratios in [0, 1]); absent where no KV router runs.
+    kv_hit_rate: str = ""
 
+
+# Exported by the KV router, whether it runs inside the frontend or as its own component.
+ROUTER_KV_HIT_RATE = "dynamo_component_router_kv_hit_rate"
 
 FRONTEND = TrafficMetricNames(
     requests_started="dynamo_frontend_requests_started_total",
@@ -35,6 +41,7 @@ FRONTEND = TrafficMetricNames(
     request_duration_seconds="dynamo_frontend_request_duration_seconds",
     input_tokens="dynamo_frontend_input_sequence_tokens",
     output_tokens="dynamo_frontend_output_sequence_tokens",
+    kv_hit_rate=ROUTER_KV_HIT_RATE,
 )
 
 ROUTER = TrafficMetricNames(
@@ -45,6 +52,7 @@ ROUTER = TrafficMetricNames(
     request_duration_seconds="dynamo_component_request_duration_seconds",
     input_tokens="dynamo_component_router_input_sequence_tokens",
     output_tokens="dynamo_component_router_output_sequence_tokens",
+    kv_hit_rate=ROUTER_KV_HIT_RATE,
 )
 
 SOURCES: dict[str, TrafficMetricNames] = {"frontend": FRONTEND, "router": ROUTER}
@@ -82,6 +90,8 @@ ITL_BUCKETS_S: tuple[float, ...] = (
     0.5,
     1.0,
 )
+# The KV router's hit-rate histogram observes ratios in [0, 1].
+KV_HIT_BUCKETS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 DURATION_BUCKETS_S: tuple[float, ...] = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 TOKEN_BUCKETS: tuple[float, ...] = (
     16,

@@ -550,7 +550,7 @@ class Cluster:
 
     # EngineSink
     def on_first_token(self, req: SimRequest, time_s: float) -> None:
-        self.frontend.on_first_token(time_s - req.arrival_s, req.isl)
+        self.frontend.on_first_token(time_s - req.arrival_s, req.isl, req.cached_tokens)
 
     def on_leave(self, engine: EngineCore, req: SimRequest, time_s: float) -> None:
         if engine.role == "prefill":

@@ -182,15 +182,18 @@ class FrontendMetrics:
         self.duration = Histogram(duration_buckets)
         self.isl = Histogram(token_buckets)
         self.osl = Histogram(token_buckets)
+        # the KV router's per-request share of the prompt found in the engine's prefix cache
+        self.kv_hit = Histogram(names.KV_HIT_BUCKETS)
         self.time_s = 0.0
 
     # -- observation hooks (called by the cluster) ---------------------------------------------
     def on_started(self) -> None:
         self.requests_started += 1
 
-    def on_first_token(self, ttft_s: float, isl: int) -> None:
+    def on_first_token(self, ttft_s: float, isl: int, cached_tokens: int = 0) -> None:
         self.ttft.observe(ttft_s)
         self.isl.observe(float(isl))
+        self.kv_hit.observe(min(cached_tokens, isl) / isl if isl > 0 else 0.0)
 
     def on_finished(self, duration_s: float, osl: int) -> None:
         self.requests_finished += 1
@@ -206,6 +209,7 @@ class FrontendMetrics:
             f.request_duration_seconds: self.duration,
             f.input_tokens: self.isl,
             f.output_tokens: self.osl,
+            names.ROUTER_KV_HIT_RATE: self.kv_hit,
         }
 
     def _counters(self) -> dict[str, int]:
@@ -306,4 +310,5 @@ _HELP = {
     names.FRONTEND.request_duration_seconds: "Request duration in seconds",
     names.FRONTEND.input_tokens: "Input sequence length in tokens",
     names.FRONTEND.output_tokens: "Output sequence length in tokens",
+    names.ROUTER_KV_HIT_RATE: "Share of each request's prompt in the chosen worker's KV cache",
 }

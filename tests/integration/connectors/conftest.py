@@ -37,9 +37,8 @@ from disagg_planner.connectors.kubernetes import (
 from disagg_planner.runtime.connector_settings import kubernetes_settings
 from tests.integration.conftest import free_port
 from tests.kube_dynamo import (
-    DGD,
+    BETA,
     DGD_PLURAL,
-    DGDSA,
     DGDSA_PLURAL,
     GROUP,
     VERSION,
@@ -89,6 +88,40 @@ def worker(
             }
         }
     return service
+
+
+def as_component(name: str, service: Mapping[str, Any]) -> dict[str, Any]:
+    """The v1beta1 component of a v1alpha1 service (as Dynamo's conversion writes it): the
+    sub-role becomes ``type``, the main container moves into ``podTemplate`` with its GPUs
+    as ``nvidia.com/gpu``."""
+    component: dict[str, Any] = {
+        "name": name,
+        "type": service.get("subComponentType") or service.get("componentType"),
+    }
+    if "replicas" in service:
+        component["replicas"] = service["replicas"]
+    main: dict[str, Any] = {"name": "main", "image": "nvcr.io/nvidia/ai-dynamo/vllm-runtime"}
+    old = (service.get("extraPodSpec") or {}).get("mainContainer") or {}
+    for key in ("command", "args"):
+        if key in old:
+            main[key] = list(old[key])
+    resources = {
+        kind: {"nvidia.com/gpu": section["gpu"]}
+        for kind, section in (service.get("resources") or {}).items()
+        if "gpu" in section
+    }
+    if resources:
+        main["resources"] = resources
+    component["podTemplate"] = {"spec": {"containers": [main]}}
+    return component
+
+
+def services_of(dgd: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A DGD's services by name, of either version (v1beta1's components by their name)."""
+    spec = dgd["spec"]
+    if "components" in spec:
+        return {c["name"]: c for c in spec["components"]}
+    return dict(spec["services"])
 
 
 def frontend() -> dict[str, Any]:
@@ -184,7 +217,7 @@ class SimulatedDynamo:
         for pod in [p for p in self.pods if p.leaves_at is not None and p.leaves_at <= now]:
             self.pods.remove(pod)
             del kmock.objects[PODS, NS, pod.name]
-        services = self.cluster.dgd(self.name)["spec"]["services"]
+        services = services_of(self.cluster.dgd(self.name))
         status: dict[str, dict[str, int]] = {}
         for service, spec in services.items():
             wanted = int(spec.get("replicas", 1))
@@ -221,7 +254,7 @@ class SimulatedDynamo:
                 "readyReplicas": wanted,
                 "availableReplicas": wanted,
             }
-        self.cluster.edit_dgd({"status": {"services": status}}, self.name)
+        self.cluster.edit_dgd({"status": {self.cluster.status_key: status}}, self.name)
         self.snapshots.append(
             {
                 svc: (
@@ -236,15 +269,26 @@ class SimulatedDynamo:
 class Cluster:
     """The kmock API server seeded with DGDs and adapters, plus request assertions."""
 
-    def __init__(self, kmock: Any) -> None:
+    def __init__(
+        self, kmock: Any, *, version: str = VERSION, served: tuple[str, ...] | None = None
+    ) -> None:
+        """Objects are stored in ``version`` (v1alpha1 or v1beta1); ``served`` are the
+        versions the server declares (default: ``version`` alone)."""
         self.kmock = kmock
+        self.version = version
+        self.beta = version == BETA
+        self.status_key = "components" if self.beta else "services"
+        self.dgd_key = f"{GROUP}/{version}/{DGD_PLURAL}"
+        self.dgdsa_key = f"{GROUP}/{version}/{DGDSA_PLURAL}"
         kmock.resources.load_bundled()  # v1/events and the other built-ins
         declare_dynamo_resources(
-            kmock.resources, verbs={"get", "list", "watch", "create", "patch", "delete"}
+            kmock.resources,
+            verbs={"get", "list", "watch", "create", "patch", "delete"},
+            versions=served or (version,),
         )
         scale = kmock_lib.subresource("scale")
-        kmock["patch", kmock_lib.resource(GROUP, VERSION, DGDSA_PLURAL), scale] << self._scale
-        kmock["patch", kmock_lib.resource(GROUP, VERSION, DGD_PLURAL)] << self._dgd_patched
+        kmock["patch", kmock_lib.resource(GROUP, version, DGDSA_PLURAL), scale] << self._scale
+        kmock["patch", kmock_lib.resource(GROUP, version, DGD_PLURAL)] << self._dgd_patched
         self.dynamo: SimulatedDynamo | None = None
 
     def simulate_dynamo(
@@ -279,15 +323,20 @@ class Cluster:
     ) -> None:
         """A DGD whose status reports ``ready`` (default: every service fully ready)."""
         ready = {n: s.get("replicas", 1) for n, s in services.items()} if ready is None else ready
-        self.kmock.objects[DGD, NS, name] = {
-            "apiVersion": f"{GROUP}/{VERSION}",
+        spec: dict[str, Any] = {"backendFramework": "vllm"}
+        if self.beta:
+            spec["components"] = [as_component(n, s) for n, s in services.items()]
+        else:
+            spec["services"] = copy.deepcopy(services)
+        self.kmock.objects[self.dgd_key, NS, name] = {
+            "apiVersion": f"{GROUP}/{self.version}",
             "kind": "DynamoGraphDeployment",
             "metadata": {"name": name, "namespace": NS, "uid": uid},
-            "spec": {"backendFramework": "vllm", "services": copy.deepcopy(services)},
+            "spec": spec,
             "status": {
                 "state": "successful",
                 "conditions": [{"type": "Ready", "status": "True"}],
-                "services": {
+                self.status_key: {
                     n: {"replicas": r, "updatedReplicas": r, "readyReplicas": r}
                     for n, r in ready.items()
                 },
@@ -296,30 +345,46 @@ class Cluster:
 
     def add_adapter(self, service: str, replicas: int, *, dgd: str = DGD_NAME) -> str:
         name = f"{dgd}-{service.lower()}"
-        self.kmock.objects[DGDSA, NS, name] = {
-            "apiVersion": f"{GROUP}/{VERSION}",
+        target = "componentName" if self.beta else "serviceName"
+        self.kmock.objects[self.dgdsa_key, NS, name] = {
+            "apiVersion": f"{GROUP}/{self.version}",
             "kind": "DynamoGraphDeploymentScalingAdapter",
             "metadata": {"name": name, "namespace": NS},
-            "spec": {"replicas": replicas, "dgdRef": {"name": dgd, "serviceName": service}},
+            "spec": {"replicas": replicas, "dgdRef": {"name": dgd, target: service}},
             "status": {"replicas": replicas, "selector": f"app={name}"},
         }
         return name
 
     def dgd(self, name: str = DGD_NAME) -> dict[str, Any]:
-        return copy.deepcopy(self.kmock.objects[DGD, NS, name].raw)
+        return copy.deepcopy(self.kmock.objects[self.dgd_key, NS, name].raw)
+
+    def replicas(self, service: str, name: str = DGD_NAME) -> int:
+        """The replicas the DGD asks of ``service`` (either version)."""
+        return int(services_of(self.dgd(name))[service].get("replicas", 1))
 
     def adapter(self, name: str) -> dict[str, Any]:
-        return copy.deepcopy(self.kmock.objects[DGDSA, NS, name].raw)
+        return copy.deepcopy(self.kmock.objects[self.dgdsa_key, NS, name].raw)
 
     def edit_dgd(self, changes: dict[str, Any], name: str = DGD_NAME) -> None:
         """A change made by someone other than the planner (kubectl, another controller)."""
-        self.kmock.objects[DGD, NS, name].patch(changes)
+        self.kmock.objects[self.dgd_key, NS, name].patch(changes)
+
+    def set_service_replicas(self, service: str, replicas: int, name: str = DGD_NAME) -> None:
+        """Someone sets a service's replicas in the DGD (either version)."""
+        if not self.beta:
+            self.edit_dgd({"spec": {"services": {service: {"replicas": replicas}}}}, name)
+            return
+        components = copy.deepcopy(self.dgd(name)["spec"]["components"])
+        for component in components:
+            if component["name"] == service:
+                component["replicas"] = replicas
+        self.edit_dgd({"spec": {"components": components}}, name)
 
     def set_ready(self, service: str, count: int, name: str = DGD_NAME) -> None:
         self.edit_dgd(
             {
                 "status": {
-                    "services": {
+                    self.status_key: {
                         service: {
                             "replicas": count,
                             "updatedReplicas": count,
@@ -352,7 +417,7 @@ class Cluster:
         *,
         subresource: str | None = None,
         group: str = GROUP,
-        version: str = VERSION,
+        version: str | None = None,
     ) -> None:
         """The next requests of ``method`` on ``plural`` answer ``statuses``, one each."""
         remaining = list(statuses)
@@ -366,15 +431,15 @@ class Cluster:
                 status=status, reason=REASONS.get(status, "Error"), message=f"injected {status}"
             )
 
-        self.kmock[method, kmock_lib.resource(group, version, plural)] << react
+        self.kmock[method, kmock_lib.resource(group, version or self.version, plural)] << react
 
     def _scale(self, request: Any) -> dict[str, Any]:
         """Play the DGDSA controller: the adapter's new replicas go into the DGD service."""
-        adapter = self.kmock.objects[DGDSA, request.namespace, request.name].raw
+        adapter = self.kmock.objects[self.dgdsa_key, request.namespace, request.name].raw
         replicas = adapter["spec"]["replicas"]
         ref = adapter["spec"]["dgdRef"]
-        self.kmock.objects[DGD, request.namespace, ref["name"]].patch(
-            {"spec": {"services": {ref["serviceName"]: {"replicas": replicas}}}}
+        self.set_service_replicas(
+            ref.get("serviceName") or ref["componentName"], replicas, ref["name"]
         )
         if self.dynamo is not None:
             self.dynamo.reconcile()

@@ -18,12 +18,14 @@ from tests.integration.connectors.conftest import (
     DGDSA_PLURAL,
     GROUP,
     VERSION,
+    Cluster,
     FakeTime,
     frontend,
     k8s_settings,
     replicas_patch,
     worker,
 )
+from tests.kube_dynamo import BETA
 
 # kmock's bundled discovery data is read through a deprecated importlib API.
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
@@ -53,7 +55,10 @@ def canonical(obj: Any) -> str:
 # --- finding the DGD and its services ------------------------------------------------------
 
 
-async def test_validate_resolves_roles_by_sub_component_type(cluster, api_client, fake_time):
+@pytest.mark.parametrize("version", [VERSION, BETA])
+async def test_validate_resolves_roles_by_sub_component_type(kmock, api_client, fake_time, version):
+    # v1beta1 (issue 35): type prefill/decode, GPUs from podTemplate's main container
+    cluster = Cluster(kmock, version=version)
     cluster.add_dgd(disagg_services(), ready={"Frontend": 1, "prefill-pool": 1, "decode-pool": 3})
     conn = connector(api_client, fake_time)
     assert isinstance(conn, Connector)

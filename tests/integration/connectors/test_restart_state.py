@@ -14,15 +14,14 @@ import pytest
 from disagg_planner.connectors.base import HoldReason
 from disagg_planner.connectors.kubernetes import STATE_ANNOTATION, KubernetesConnector
 from tests.integration.connectors.conftest import (
-    DGD,
     DGD_PLURAL,
-    DGDSA,
     NS,
     FakeTime,
     frontend,
     k8s_settings,
     worker,
 )
+from tests.kube_dynamo import DGD, DGDSA
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 

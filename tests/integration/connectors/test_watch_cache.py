@@ -115,7 +115,11 @@ async def test_a_dgd_applied_again_wakes_its_subscriber(
     )
     woken = threading.Event()
     unsubscribe = conn.on_deployment_change(woken.set)
-    await until(lambda: conn._watched[DGD_PLURAL].synced, "the DGD cache to sync")
+    # subscribed once discovery has told the DGD's served version (issue 35)
+    await until(
+        lambda: DGD_PLURAL in conn._watched and conn._watched[DGD_PLURAL].synced,
+        "the DGD cache to sync",
+    )
     await apply_dgd_via_api(api_client, services(), uid="second")
     await until(woken.is_set, "the subscriber to be called")
     unsubscribe()

@@ -19,7 +19,8 @@ POLICY_GROUP = "planner.autoscaling.dev"
 # src/disagg_planner/connectors/kubernetes/: the DGD, its scaling adapters (read through
 # watch caches, GET before they are synced), its pods (the
 # engines still terminating, before an increase; the ones that leave, marked with their
-# deletion cost, before a decrease), Events about manual edits.
+# deletion cost, before a decrease), Events about manual edits, the DRA claim templates a
+# service's GPUs are declared in (issue 35).
 CONNECTOR_CALLS: frozenset[Call] = frozenset(
     {
         ("get", "nvidia.com", "dynamographdeployments"),
@@ -30,6 +31,7 @@ CONNECTOR_CALLS: frozenset[Call] = frozenset(
         ("list", "nvidia.com", "dynamographdeploymentscalingadapters"),
         ("watch", "nvidia.com", "dynamographdeploymentscalingadapters"),
         ("patch", "nvidia.com", "dynamographdeploymentscalingadapters/scale"),
+        ("get", "resource.k8s.io", "resourceclaimtemplates"),
         ("list", "", "pods"),
         ("patch", "", "pods"),
         ("create", "", "events"),

@@ -287,3 +287,41 @@ def test_windows_add_up(batches: list[int]) -> None:
     parts = [num_req(i, i + 1) for i in range(len(batches))]
     assert parts == batches
     assert num_req(0, len(batches)) == sum(parts)
+
+
+def test_the_router_kv_hit_rate_is_the_mean_of_its_histogram() -> None:
+    # issue 35: the KV router observes each request's cached share of its prompt blocks
+    increases = WindowIncreases(
+        requests_started=10.0,
+        requests_finished=10.0,
+        sums={"kv_hit": 3.0},
+        counts={"kv_hit": 10.0},
+    )
+    obs = traffic(observation_from_increases(increases, end_s=60.0, duration_s=60.0))
+    assert obs.kv_hit_rate == pytest.approx(0.3)
+    # no KV router: no reading, and not a gap in the data either
+    bare = WindowIncreases(requests_started=10.0, requests_finished=10.0)
+    assert (
+        traffic(observation_from_increases(bare, end_s=60.0, duration_s=60.0)).kv_hit_rate is None
+    )
+
+
+def test_the_simulated_router_hit_rate_reaches_the_observation() -> None:
+    # the replay path: the simulator's metrics page, two snapshots, one observation
+    from disagg_planner.simulator.metrics import FrontendMetrics as SimulatedFrontend
+
+    frontend = SimulatedFrontend(model="m", namespace="dyn")
+    frontend.on_started()
+    frontend.on_first_token(0.1, 1000, cached_tokens=0)
+    start = snapshot_from_samples(frontend.exposition_samples())
+    for cached in (500, 700, 0):
+        frontend.on_started()
+        frontend.on_first_token(0.1, 1000, cached_tokens=cached)
+    end = snapshot_from_samples(frontend.exposition_samples())
+    obs = traffic(
+        traffic_from_snapshots(
+            start=start, end=end, start_s=0.0, end_s=60.0, model_name="m", namespace="dyn",
+            source="frontend",
+        )
+    )  # fmt: skip
+    assert obs.kv_hit_rate == pytest.approx((0.5 + 0.7 + 0.0) / 3)

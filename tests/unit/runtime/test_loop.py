@@ -12,7 +12,8 @@ import pytest
 from disagg_planner.core.types import ThroughputReason
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.runtime.outcome import ProblemKind
-from tests.integration.connectors.conftest import DGD_PLURAL
+from tests.integration.connectors.conftest import DGD_PLURAL, Cluster, frontend, worker
+from tests.kube_dynamo import BETA
 from tests.unit.observe.canned_prometheus import CannedPrometheus, Reply, vector_reply
 from tests.unit.runtime.conftest import loop_config, spec_replicas, traffic_parts
 
@@ -52,6 +53,25 @@ async def test_a_throughput_tick_scales_the_dgd_and_reports_it(
     assert h.health.ready  # the first successful observation
     assert [s.t_s for s in recorder.snapshots] == [outcome.t_s]
     assert h.outcomes[-1] is outcome
+
+
+async def test_a_v1beta1_dgd_is_planned_and_scaled_by_the_loop(kmock, harness_factory) -> None:
+    # issue 35: a cluster that serves DGDs only as v1beta1 (spec.components)
+    cluster = Cluster(kmock, version=BETA)
+    cluster.add_dgd(
+        {"Frontend": frontend(), "prefill": worker("prefill", 1), "decode": worker("decode", 1)}
+    )
+    h = harness_factory()
+    await h.start()
+
+    outcome = await h.next_tick()
+
+    assert outcome.throughput_reason == ThroughputReason.SCALE and outcome.problems == ()
+    target = outcome.effects.scale_to
+    assert outcome.applied == {r: n for r, n in target.items() if n != 1}
+    assert {r: cluster.replicas(r) for r in ("prefill", "decode")} == target
+    (patch,) = cluster.requests("PATCH", DGD_PLURAL)
+    assert patch.resource.version == BETA and isinstance(patch.data, list)  # a JSON patch
 
 
 async def test_the_traffic_window_ends_at_the_tick_and_spans_the_interval(

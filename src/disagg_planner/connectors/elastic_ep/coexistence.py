@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from disagg_planner.connectors.dgd_shape import flag_value, main_container_tokens
+from disagg_planner.connectors.dgd_shape import dgd_services, flag_value, main_container_tokens
+from disagg_planner.errors import DeploymentError
 
 DYNAMO_FOLLOWER_SUFFIX = "-flw"
 ELASTIC_EP_FLAG = "--enable-elastic-ep"
@@ -40,10 +41,16 @@ def is_elastic_ep_ray_launch(service: Mapping[str, Any]) -> bool:
     return backend is not None and backend.lower() == "ray"
 
 
-def _names(dgd: Mapping[str, Any], section: str) -> set[str]:
-    part = dgd.get(section)
-    services = part.get("services") if isinstance(part, Mapping) else None
-    return {str(name).lower() for name in services} if isinstance(services, Mapping) else set()
+def _status_names(dgd: Mapping[str, Any]) -> set[str]:
+    status = dgd.get("status")
+    if not isinstance(status, Mapping):
+        return set()
+    names: set[str] = set()
+    for key in ("services", "components"):  # v1alpha1, v1beta1
+        entries = status.get(key)
+        if isinstance(entries, Mapping):
+            names |= {str(name).lower() for name in entries}
+    return names
 
 
 def dynamo_reconciler_claim(dgd: Mapping[str, Any], *, leader_service: str) -> str | None:
@@ -52,13 +59,16 @@ def dynamo_reconciler_claim(dgd: Mapping[str, Any], *, leader_service: str) -> s
     It does when the leader is an elastic-EP Ray launch and the DGD carries the operator's
     synthesized follower ``<leader>-flw`` (in ``spec.services`` or ``status.services``).
     """
-    spec = dgd.get("spec")
-    services = spec.get("services") if isinstance(spec, Mapping) else None
-    leader = services.get(leader_service) if isinstance(services, Mapping) else None
+    try:
+        services = dgd_services(dgd, leader_service)
+    except DeploymentError:
+        return None
+    leader = services.get(leader_service)
     if not isinstance(leader, Mapping) or not is_elastic_ep_ray_launch(leader):
         return None
     follower = (leader_service + DYNAMO_FOLLOWER_SUFFIX).lower()
-    if follower not in _names(dgd, "spec") | _names(dgd, "status"):
+    spec_names = {str(name).lower() for name in services}
+    if follower not in spec_names | _status_names(dgd):
         return None
     return (
         f"service {leader_service} is an elastic-EP Ray launch ({ELASTIC_EP_FLAG}, Ray DP "

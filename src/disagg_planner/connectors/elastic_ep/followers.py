@@ -21,7 +21,12 @@ from typing import Any
 
 from kubernetes import client as k8s_client
 
-from disagg_planner.connectors.dgd_shape import dgd_services, ready_count
+from disagg_planner.connectors.dgd_shape import (
+    dgd_services,
+    ready_count,
+    replicas_patch,
+    service_path,
+)
 from disagg_planner.connectors.elastic_ep.coexistence import dynamo_reconciler_claim
 from disagg_planner.connectors.elastic_ep.errors import FollowersNotEmpty
 from disagg_planner.connectors.elastic_ep.progress import (
@@ -100,7 +105,7 @@ class ElasticEpKubernetes(KubernetesConnector):
             where = f"DynamoGraphDeploymentScalingAdapter {self._adapter_name} spec.replicas"
         else:
             desired = service.get("replicas", 0)
-            where = f"DynamoGraphDeployment {self._ref} spec.services.{self.follower_service}"
+            where = f"DynamoGraphDeployment {self._ref} {service_path(dgd, self.follower_service)}"
         if isinstance(desired, bool) or not isinstance(desired, int) or desired < 0:
             raise DeploymentError(f"{where} = {desired!r}, expected an integer >= 0")
         annotations = (dgd.get("metadata") or {}).get("annotations") or {}
@@ -139,9 +144,13 @@ class ElasticEpKubernetes(KubernetesConnector):
         if await self._get_follower_adapter() is not None:
             await self._api.patch_adapter_scale(self._adapter_name, replicas)
         else:
+            content_type, body = replicas_patch(
+                await self._api.get_dgd(), {self.follower_service: replicas}, {}, self._ref
+            )
             await self._api.patch_dgd(
-                {"spec": {"services": {self.follower_service: {"replicas": replicas}}}},
+                body,
                 what=f"follower replicas of {self.follower_service}",
+                content_type=content_type,
             )
         log.info("DGD %s: %s -> %d follower replicas", self._ref, self.follower_service, replicas)
 

@@ -1,23 +1,37 @@
 """Kubernetes connector: the replicas of a DynamoGraphDeployment (DGD), changed the way the
 Dynamo operator expects.
 
-Model of the deployment (``nvidia.com/v1alpha1``, the DGD's storage version; the pure rules
-over the object are in :mod:`disagg_planner.connectors.dgd_shape`):
+Model of the deployment (the pure rules over the object are in
+:mod:`disagg_planner.connectors.dgd_shape`):
 
-- ``spec.services`` maps a service name to ``{subComponentType, replicas, resources, ...}``.
-  A role resolves to the one service whose ``subComponentType`` is the role's (``prefill``;
-  ``decode`` for both ``decode`` and ``agg``). Only when no service has it does the backend's
-  legacy name (``VllmPrefillWorker`` ...) apply, and only to a service without a
-  ``subComponentType``. Two services with the same ``subComponentType`` are an error.
-- GPUs per replica: the config value when given, else ``resources.limits.gpu``, else
-  ``resources.requests.gpu`` of the service.
+- Version: Dynamo serves ``nvidia.com/v1alpha1`` (``spec.services``, a map) and ``v1beta1``
+  (``spec.components``, a list of ``{name, type, replicas, podTemplate}``), converting
+  between them. The connector asks the API server's discovery which versions it serves (two
+  GETs, once); the only one served is used, else the one the DGD was written in (its first
+  spec writer's ``managedFields`` entry), else v1beta1. The DGD, its adapters, the watch
+  caches and the Events all use that version. Below, "service" is a v1alpha1 service or a
+  v1beta1 component alike.
+- A role resolves to the one service whose ``subComponentType`` is the role's (``prefill``;
+  ``decode`` for both ``decode`` and ``agg``), a component type ``prefill``/``decode``
+  counting as one (v1beta1 has no ``subComponentType``). Only when no service has it does the
+  backend's legacy name (``VllmPrefillWorker`` ...) apply, and only to a service without
+  one. Two services with the same ``subComponentType`` are an error.
+- GPUs per replica: the config value when given, else the service's limits, else its
+  requests: ``resources.*.gpu`` (v1alpha1), the ``nvidia.com/gpu`` of the container named
+  ``main`` in ``podTemplate`` (v1beta1); without those, the GPU-class devices its DRA claims
+  allocate (``resources.claims`` -> the pod's ``resourceClaims`` -> each
+  ResourceClaimTemplate's device requests, read once); times ``multinode.nodeCount`` (the
+  pods of one replica).
 - Desired replicas: ``spec.replicas`` of the service's DynamoGraphDeploymentScalingAdapter
   (DGDSA, named ``{dgd}-{service lower case}``) when it exists (the adapter controller then
-  owns the DGD's field), else ``spec.services.<name>.replicas``. Ready replicas:
-  ``status.services.<name>.availableReplicas``, else ``readyReplicas``.
-- Writes: the DGDSA ``/scale`` subresource when the adapter exists, else one JSON merge patch
-  ``{"spec": {"services": {<name>: {"replicas": n}}}}`` that touches nothing else (one patch
-  for all roles without an adapter).
+  owns the DGD's field), else the service's ``replicas``. Ready replicas:
+  ``status.services.<name>`` (v1alpha1) or ``status.components.<name>`` (v1beta1)
+  ``availableReplicas``, else ``readyReplicas``.
+- Writes: the DGDSA ``/scale`` subresource when the adapter exists, else one patch for all
+  roles without an adapter that touches nothing else: v1alpha1, a JSON merge patch
+  ``{"spec": {"services": {<name>: {"replicas": n}}}}``; v1beta1, a JSON patch (a merge
+  patch would replace the whole components list) that tests each component's ``name`` at
+  the index read and adds its ``replicas``.
 - Budget-safe order: when a change lowers some roles and raises others, the decreases are
   written first, and the increases only once no role runs more engines than it is asked for,
   counting the pods still terminating (the pods of a service carry Dynamo's labels
@@ -78,28 +92,32 @@ API errors: 409, 429, 5xx and connection failures are retried with exponential b
 :class:`DeploymentError`; 401/403 and other 4xx are :class:`ConnectorError` at once (403 names
 the missing permission). The sync ``kubernetes`` client runs in worker threads.
 
-Kubernetes API calls this connector makes (the Helm chart's RBAC; all namespaced):
+Kubernetes API calls this connector makes (the Helm chart's RBAC; all namespaced; plus the
+discovery GETs of ``/apis/nvidia.com/v1alpha1`` and ``/v1beta1``, which every authenticated
+user may make, Kubernetes' ``system:discovery`` role):
 
-========  ==============  =============================================  =====================
-verb      API group       resource                                       when
-========  ==============  =============================================  =====================
-get       nvidia.com      dynamographdeployments                         a read the watch cache
-                                                                         cannot serve, wait
-list      nvidia.com      dynamographdeployments                         the watch cache
-watch     nvidia.com      dynamographdeployments                         ... as DGDs change
-patch     nvidia.com      dynamographdeployments                         scale without adapter,
-                                                                         revert a manual edit
-get       nvidia.com      dynamographdeploymentscalingadapters           a read the watch cache
-                                                                         cannot serve (404: none)
-list      nvidia.com      dynamographdeploymentscalingadapters           the watch cache
-watch     nvidia.com      dynamographdeploymentscalingadapters           ... as adapters change
-patch     nvidia.com      dynamographdeploymentscalingadapters/scale     scale with an adapter
-list      "" (core v1)    pods                                           before an increase,
-                                                                         before a decrease
-patch     "" (core v1)    pods                                           mark the pods that
-                                                                         leave (decrease)
-create    "" (core v1)    events                                         manual edit detected
-========  ==============  =============================================  =====================
+========  ================  =============================================  =====================
+verb      API group         resource                                       when
+========  ================  =============================================  =====================
+get       nvidia.com        dynamographdeployments                         a read the watch cache
+                                                                           cannot serve, wait
+list      nvidia.com        dynamographdeployments                         the watch cache
+watch     nvidia.com        dynamographdeployments                         ... as DGDs change
+patch     nvidia.com        dynamographdeployments                         scale without adapter,
+                                                                           revert a manual edit
+get       nvidia.com        dynamographdeploymentscalingadapters           a read the watch cache
+                                                                           cannot serve (404: none)
+list      nvidia.com        dynamographdeploymentscalingadapters           the watch cache
+watch     nvidia.com        dynamographdeploymentscalingadapters           ... as adapters change
+patch     nvidia.com        dynamographdeploymentscalingadapters/scale     scale with an adapter
+get       resource.k8s.io   resourceclaimtemplates                         GPUs declared as DRA
+                                                                           claims (once each)
+list      "" (core v1)      pods                                           before an increase,
+                                                                           before a decrease
+patch     "" (core v1)      pods                                           mark the pods that
+                                                                           leave (decrease)
+create    "" (core v1)      events                                         manual edit detected
+========  ================  =============================================  =====================
 """
 
 from disagg_planner.connectors.kubernetes.api import (

@@ -24,13 +24,25 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
+from disagg_planner.connectors.dgd_shape import (
+    DGD_VERSIONS,
+    MERGE_PATCH,
+    V1ALPHA1,
+    V1BETA1,
+    written_version,
+)
 from disagg_planner.errors import ConnectorError, DeploymentError
 
 log = logging.getLogger(__name__)
 
 DGD_GROUP = "nvidia.com"
-DGD_VERSION = "v1alpha1"
+# The version a caller names when it has no DGD to ask (fixtures, Events before a read).
+DGD_VERSION = V1ALPHA1
 DGD_KIND = "DynamoGraphDeployment"
+# Dynamic resource allocation: the templates of the GPU claims a DGD's pods may make.
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")  # newest first (v1 since Kubernetes 1.34)
+CLAIM_TEMPLATES = "resourceclaimtemplates"
 DGD_PLURAL = "dynamographdeployments"
 DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
 # The labels the Dynamo operator puts on the pods of a DGD's service.
@@ -148,19 +160,76 @@ class DgdApi:
         self._timeout_s = timeout_s
         self._backoff_s = backoff_s
         self._sleep = sleep
+        # The DGD version this connector reads and writes; None until resolve_version().
+        self.version: str | None = None
+
+    async def served_versions(self) -> list[str]:
+        """The versions of ``dynamographdeployments.nvidia.com`` the API server serves (its
+        discovery documents), in :data:`DGD_VERSIONS` order."""
+        served = []
+        for version in DGD_VERSIONS:
+            answer = await self.call(
+                f"discover {DGD_GROUP}/{version}",
+                "get",
+                "API discovery",
+                self._custom.get_api_resources,
+                DGD_GROUP,
+                version,
+                allow_404=True,
+            )
+            resources = getattr(answer, "resources", None) or ()
+            if any(getattr(r, "name", None) == DGD_PLURAL for r in resources):
+                served.append(version)
+        return served
+
+    async def resolve_version(self) -> str:
+        """The DGD version to use: the only one served, else the one the object was written
+        in (its first writer's ``managedFields`` entry), else v1beta1, Dynamo's storage
+        version (the server converts either way; reading in the version the user wrote keeps
+        our writes in the fields they know)."""
+        if self.version is not None:
+            return self.version
+        served = await self.served_versions()
+        if not served:
+            raise DeploymentError(
+                f"DynamoGraphDeployment {self.ref}: the API server serves no version of "
+                f"{DGD_PLURAL}.{DGD_GROUP} ({', '.join(DGD_VERSIONS)}); are Dynamo's CRDs "
+                "installed?"
+            )
+        version = served[0]
+        if len(served) > 1:
+            # A DGD not applied yet has no writer: v1beta1 then (both show the same object).
+            dgd = await self._get_dgd(V1BETA1, allow_missing=True)
+            written = written_version(dgd) if dgd is not None else None
+            version = written if written in served else V1BETA1
+        log.info(
+            "DGD %s: reading and writing %s/%s (served: %s)", self.ref, DGD_GROUP, version, served
+        )
+        self.version = version
+        return version
 
     async def get_dgd(self) -> Mapping[str, Any]:
+        dgd = await self._get_dgd(await self.resolve_version())
+        assert dgd is not None  # a 404 raised DeploymentError
+        return dgd
+
+    async def _get_dgd(
+        self, version: str, *, allow_missing: bool = False
+    ) -> Mapping[str, Any] | None:
         dgd = await self.call(
             f"get DynamoGraphDeployment {self.ref}",
             "get",
             DGD_PLURAL,
             self._custom.get_namespaced_custom_object,
             DGD_GROUP,
-            DGD_VERSION,
+            version,
             self.namespace,
             DGD_PLURAL,
             self.dgd_name,
+            allow_404=allow_missing,
         )
+        if dgd is None and allow_missing:
+            return None
         if not isinstance(dgd, Mapping):
             raise ConnectorError(f"get DynamoGraphDeployment {self.ref}: answer is not an object")
         return dgd
@@ -173,7 +242,7 @@ class DgdApi:
             DGDSA_PLURAL,
             self._custom.get_namespaced_custom_object,
             DGD_GROUP,
-            DGD_VERSION,
+            await self.resolve_version(),
             self.namespace,
             DGDSA_PLURAL,
             adapter_name,
@@ -184,18 +253,39 @@ class DgdApi:
             return adapter
         return None
 
+    async def get_claim_template(self, name: str) -> Mapping[str, Any]:
+        """The ResourceClaimTemplate ``name`` in the newest DRA version the server serves."""
+        for version in DRA_VERSIONS:
+            template = await self.call(
+                f"get ResourceClaimTemplate {self.namespace}/{name} ({DRA_GROUP}/{version})",
+                "get",
+                CLAIM_TEMPLATES,
+                self._custom.get_namespaced_custom_object,
+                DRA_GROUP,
+                version,
+                self.namespace,
+                CLAIM_TEMPLATES,
+                name,
+                allow_404=True,
+            )
+            if isinstance(template, Mapping):
+                return template
+        raise DeploymentError(
+            f"ResourceClaimTemplate {self.namespace}/{name}, which DynamoGraphDeployment "
+            f"{self.ref} claims GPUs from, was not found ({DRA_GROUP} {', '.join(DRA_VERSIONS)})"
+        )
+
     def check_adapter(self, adapter: Mapping[str, Any], adapter_name: str, service: str) -> None:
         """Refuse an adapter that refers to another DGD or service."""
         ref = (adapter.get("spec") or {}).get("dgdRef") or {}
         if not isinstance(ref, Mapping):
             return
-        if ref.get("name") not in (None, self.dgd_name) or ref.get("serviceName") not in (
-            None,
-            service,
-        ):
+        # v1alpha1 names the service serviceName, v1beta1 componentName.
+        target = ref.get("serviceName", ref.get("componentName"))
+        if ref.get("name") not in (None, self.dgd_name) or target not in (None, service):
             raise DeploymentError(
                 f"DynamoGraphDeploymentScalingAdapter {self.namespace}/{adapter_name} refers to "
-                f"{ref.get('name')}/{ref.get('serviceName')}, expected "
+                f"{ref.get('name')}/{target}, expected "
                 f"{self.dgd_name}/{service}: refusing to scale through it"
             )
 
@@ -250,7 +340,7 @@ class DgdApi:
             f"{DGDSA_PLURAL}/scale",
             self._custom.patch_namespaced_custom_object_scale,
             DGD_GROUP,
-            DGD_VERSION,
+            await self.resolve_version(),
             self.namespace,
             DGDSA_PLURAL,
             adapter_name,
@@ -258,21 +348,23 @@ class DgdApi:
             _content_type="application/merge-patch+json",
         )
 
-    async def patch_dgd(self, body: Mapping[str, Any], *, what: str | None = None) -> Any:
-        """One JSON merge patch of the DGD; ``what`` names the change in errors; returns the
-        patched object."""
+    async def patch_dgd(
+        self, body: Any, *, what: str | None = None, content_type: str = MERGE_PATCH
+    ) -> Any:
+        """One patch of the DGD (a JSON merge patch unless ``content_type`` says otherwise);
+        ``what`` names the change in errors; returns the patched object."""
         return await self.call(
             f"patch DynamoGraphDeployment {self.ref}" + (f" ({what})" if what else ""),
             "patch",
             DGD_PLURAL,
             self._custom.patch_namespaced_custom_object,
             DGD_GROUP,
-            DGD_VERSION,
+            await self.resolve_version(),
             self.namespace,
             DGD_PLURAL,
             self.dgd_name,
             body,
-            _content_type="application/merge-patch+json",
+            _content_type=content_type,
         )
 
     async def call(

@@ -54,10 +54,12 @@ class WatchedResource:
         *,
         namespace: str,
         plural: str,
+        version: str = DGD_VERSION,
         request_timeout_s: float = 60.0,
     ) -> None:
         self.namespace = namespace
         self.plural = plural
+        self.version = version
         self._custom = k8s_client.CustomObjectsApi(api_client)
         self._serialize = api_client.sanitize_for_serialization
         self._request_timeout_s = request_timeout_s
@@ -105,7 +107,7 @@ class WatchedResource:
         return unsubscribe
 
     def _follow(self) -> None:
-        args = (DGD_GROUP, DGD_VERSION, self.namespace, self.plural)
+        args = (DGD_GROUP, self.version, self.namespace, self.plural)
         fn = self._custom.list_namespaced_custom_object
         while not self._stop.is_set():
             try:
@@ -182,20 +184,23 @@ class WatchedResource:
 
 
 class WatchCaches:
-    """The process's watch caches, one per (namespace, resource), started on first use and
-    stopped when their last user releases them."""
+    """The process's watch caches, one per (namespace, resource, version), started on first
+    use and stopped when their last user releases them."""
 
     def __init__(self, api_client: k8s_client.ApiClient) -> None:
         self._api_client = api_client
         self._lock = threading.Lock()
-        self._caches: dict[tuple[str, str], WatchedResource] = {}
+        self._caches: dict[tuple[str, str, str], WatchedResource] = {}
 
-    def acquire(self, namespace: str, plural: str) -> WatchedResource:
+    def acquire(self, namespace: str, plural: str, version: str = DGD_VERSION) -> WatchedResource:
         with self._lock:
-            cache = self._caches.get((namespace, plural))
+            key = (namespace, plural, version)
+            cache = self._caches.get(key)
             if cache is None:
-                cache = WatchedResource(self._api_client, namespace=namespace, plural=plural)
-                self._caches[(namespace, plural)] = cache
+                cache = WatchedResource(
+                    self._api_client, namespace=namespace, plural=plural, version=version
+                )
+                self._caches[key] = cache
                 cache.start()
             cache.users += 1
             return cache
@@ -204,7 +209,7 @@ class WatchCaches:
         with self._lock:
             cache.users -= 1
             if cache.users <= 0:
-                self._caches.pop((cache.namespace, cache.plural), None)
+                self._caches.pop((cache.namespace, cache.plural, cache.version), None)
                 cache.stop()
 
     def close(self) -> None:

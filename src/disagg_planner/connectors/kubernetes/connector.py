@@ -44,7 +44,7 @@ from disagg_planner.connectors.kubernetes.reads import Reads
 from disagg_planner.connectors.kubernetes.resume import Resume
 from disagg_planner.connectors.kubernetes.writes import Writes, _PendingDrain
 from disagg_planner.core.types import DeploymentStatus, RoleStatus
-from disagg_planner.errors import DeploymentError
+from disagg_planner.errors import ConnectorError, DeploymentError
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,9 @@ class KubernetesConnector(Reads, Writes, Resume):
         # Watch caches of the DGDs and adapters (module cache.py); None: every read is a GET.
         self._caches = caches
         self._watched: dict[str, WatchedResource] = {}
+        self._waiting_subscribers: list[tuple[Callable[[], None], list[Callable[[], None]]]] = []
+        self._resolving: asyncio.Task[None] | None = None
+        self._claim_gpus: dict[str, int] = {}
         # Per object (plural/name) this connector wrote: the cache serves it again only once
         # it shows that write (module cache.py).
         self._written: dict[str, _OwnWrite] = {}
@@ -257,11 +260,44 @@ class KubernetesConnector(Reads, Writes, Resume):
         the unsubscribe. Without watch caches: never called."""
         if self._caches is None:
             return lambda: None
-        return self._watch(DGD_PLURAL).subscribe(self.dgd_name, callback)
+        if self._api.version is not None:
+            return self._watch(DGD_PLURAL).subscribe(self.dgd_name, callback)
+        # The watch follows the DGD's version: subscribe once discovery has told it (the
+        # DGD may not exist yet; its appearance is what the callback is for).
+        waiting: list[Callable[[], None]] = []
+        self._waiting_subscribers.append((callback, waiting))
+        self._resolving = asyncio.get_running_loop().create_task(self._resolve_then_subscribe())
+
+        def unsubscribe() -> None:
+            for entry in list(self._waiting_subscribers):
+                if entry[0] is callback:
+                    self._waiting_subscribers.remove(entry)
+            for done in waiting:
+                done()
+
+        return unsubscribe
+
+    async def _resolve_then_subscribe(self) -> None:
+        try:
+            await self._api.resolve_version()
+        except (ConnectorError, DeploymentError) as exc:
+            # The first read resolves it again and subscribes then.
+            log.warning("DGD %s: the served versions are unknown yet (%s)", self._ref, exc)
+            return
+        self._subscribe_waiting()
+
+    def _subscribe_waiting(self) -> None:
+        """Subscribe the callbacks that asked before the DGD's version was known."""
+        waiting, self._waiting_subscribers = self._waiting_subscribers, []
+        for callback, unsubscribes in waiting:
+            if self._caches is not None:
+                unsubscribes.append(self._watch(DGD_PLURAL).subscribe(self.dgd_name, callback))
 
     async def close(self) -> None:
         if self._pending_drain is not None:
             self._pending_drain.task.cancel()
+        if self._resolving is not None:
+            self._resolving.cancel()
         for cache in self._watched.values():
             assert self._caches is not None
             self._caches.release(cache)

@@ -136,8 +136,13 @@ class ConnectorParts:
     _caches: WatchCaches | None
     _watched: dict[str, WatchedResource]
     _written: dict[str, _OwnWrite]
+    _claim_gpus: dict[str, int]  # ResourceClaimTemplate -> GPUs of one claim
+    _waiting_subscribers: list[tuple[Callable[[], None], list[Callable[[], None]]]]
 
     async def _observe(self) -> _Observation:
+        raise NotImplementedError
+
+    def _subscribe_waiting(self) -> None:
         raise NotImplementedError
 
     def _active_holds(self) -> dict[str, Hold]:

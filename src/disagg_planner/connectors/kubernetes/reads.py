@@ -17,13 +17,19 @@ from disagg_planner.connectors.base import (
 )
 from disagg_planner.connectors.dgd_shape import (
     ROLE_SUB_COMPONENT,
+    V1ALPHA1,
     ResolvedService,
+    claim_template_gpus,
     dgd_services,
+    dgd_version,
+    gpu_claim_templates,
+    pods_per_replica,
     ready_count,
     replicas_of,
     resolve_service,
     service_gpus,
     service_model_name,
+    service_path,
     services_stable,
 )
 from disagg_planner.connectors.kubernetes.api import (
@@ -52,9 +58,11 @@ class Reads(ConnectorParts):
     # --- reading --------------------------------------------------------------------------
 
     def _watch(self, plural: str) -> WatchedResource:
-        assert self._caches is not None
+        """The watch cache of ``plural`` in the DGD's version (resolved before the first
+        read: :meth:`_dgd`)."""
+        assert self._caches is not None and self._api.version is not None
         if plural not in self._watched:
-            self._watched[plural] = self._caches.acquire(self.namespace, plural)
+            self._watched[plural] = self._caches.acquire(self.namespace, plural, self._api.version)
         return self._watched[plural]
 
     def _cached(self, plural: str, name: str) -> tuple[bool, Mapping[str, Any] | None]:
@@ -82,6 +90,9 @@ class Reads(ConnectorParts):
             self._written[f"{plural}/{name}"] = _OwnWrite(version, shows, self._clock())
 
     async def _dgd(self) -> Mapping[str, Any]:
+        if self._api.version is None:
+            await self._api.resolve_version()
+            self._subscribe_waiting()
         usable, dgd = self._cached(DGD_PLURAL, self.dgd_name)
         if usable and dgd is not None:
             return dgd
@@ -119,6 +130,7 @@ class Reads(ConnectorParts):
             self._restored = True
             self._restore(dgd)
         services = dgd_services(dgd, self._ref)
+        version = dgd_version(dgd)
         resolved: dict[str, ResolvedService] = {}
         adapters: dict[str, str | None] = {}
         desired: dict[str, int] = {}
@@ -128,13 +140,18 @@ class Reads(ConnectorParts):
             name, matched_by = resolve_service(services, sub, self._settings.backend, self._ref)
             service = services[name]
             configured = self._settings.gpus_per_replica.get(role)
-            gpus = configured or service_gpus(service, name, self._ref)
+            gpus = configured or await self._deployment_gpus(service, name)
             if gpus is None:
                 flag = "prefill_engine_num_gpu" if role == "prefill" else "decode_engine_num_gpu"
+                where = (
+                    "resources.limits.gpu or resources.requests.gpu"
+                    if version == V1ALPHA1
+                    else "nvidia.com/gpu in podTemplate's main container resources"
+                )
+                where += " and no DRA claim of a GPU device class"
                 raise DeploymentError(
                     f"DynamoGraphDeployment {self._ref}: GPUs per replica of role {role} are "
-                    f"unknown: service '{name}' has no resources.limits.gpu or "
-                    f"resources.requests.gpu; set {flag}"
+                    f"unknown: service '{name}' has no {where}; set {flag}"
                 )
             resolved[role] = ResolvedService(
                 role=role,
@@ -156,13 +173,28 @@ class Reads(ConnectorParts):
                 adapters[role] = None
                 desired[role] = replicas_of(
                     service.get("replicas"),
-                    f"DynamoGraphDeployment {self._ref} spec.services.{name}.replicas",
+                    f"DynamoGraphDeployment {self._ref} {service_path(dgd, name)}.replicas",
                 )
             ready[role] = ready_count(dgd, name)
         self._role_services = {role: svc.service for role, svc in resolved.items()}
         return _Observation(
             dgd=dgd, services=resolved, adapters=adapters, desired=desired, ready=ready
         )
+
+    async def _deployment_gpus(self, service: Mapping[str, Any], name: str) -> int | None:
+        """GPUs per replica as the DGD declares them: per pod from the main container's
+        resources, else from its DRA claims' templates; times the pods of a multinode
+        replica. None when it declares none."""
+        per_pod = service_gpus(service, name, self._ref)
+        if per_pod is None:
+            templates = gpu_claim_templates(service, name, self._ref)
+            for template in templates:
+                if template not in self._claim_gpus:
+                    # A template's spec is immutable: read once per connector.
+                    read = await self._api.get_claim_template(template)
+                    self._claim_gpus[template] = claim_template_gpus(read, template)
+            per_pod = sum(self._claim_gpus[t] for t in templates) or None
+        return per_pod * pods_per_replica(service) if per_pod is not None else None
 
     def _is_ready(self, obs: _Observation) -> bool:
         if not services_stable(obs.dgd, self._ref):
@@ -188,7 +220,7 @@ class Reads(ConnectorParts):
             expected=self._expected,
             pending=self._pending,
             targets={
-                role: obs.adapters[role] or f"spec.services.{obs.services[role].service}"
+                role: obs.adapters[role] or service_path(obs.dgd, obs.services[role].service)
                 for role in self._roles
             },
             policy=self._settings.manual_override,
@@ -251,7 +283,7 @@ class Reads(ConnectorParts):
                 name=f"{self.dgd_name}.{secrets.token_hex(8)}", namespace=self.namespace
             ),
             involved_object=k8s_client.V1ObjectReference(
-                api_version=f"{DGD_GROUP}/{DGD_VERSION}",
+                api_version=f"{DGD_GROUP}/{self._api.version or DGD_VERSION}",
                 kind=DGD_KIND,
                 name=self.dgd_name,
                 namespace=self.namespace,

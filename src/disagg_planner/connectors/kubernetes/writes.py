@@ -15,7 +15,9 @@ from disagg_planner.connectors.base import (
     HoldReason,
 )
 from disagg_planner.connectors.dgd_shape import (
+    replicas_patch,
     running_count,
+    service_path,
 )
 from disagg_planner.connectors.kubernetes.api import (
     DGD_PLURAL,
@@ -254,10 +256,12 @@ class Writes(ConnectorParts):
         return excess
 
     async def _write_roles(self, obs: _Observation, writes: Mapping[str, int]) -> None:
-        """Write ``writes``: /scale per adapter, one merge patch for the rest. The state
-        annotation travels in that merge patch; with adapters it is written first (a write
-        recorded as pending and never made is not mistaken for a manual edit)."""
-        patch_services: dict[str, dict[str, int]] = {}
+        """Write ``writes``: /scale per adapter, one patch of the DGD for the rest (a merge
+        patch of v1alpha1's services map, a JSON patch of v1beta1's components list:
+        :func:`replicas_patch`). The state annotation travels in that patch; with adapters it
+        is written first (a write recorded as pending and never made is not mistaken for a
+        manual edit)."""
+        patch_services: dict[str, int] = {}
         for role, count in writes.items():
             self._pending[role] = count
         if any(obs.adapters[role] is not None for role in writes):
@@ -265,7 +269,7 @@ class Writes(ConnectorParts):
         for role, count in writes.items():
             adapter = obs.adapters[role]
             if adapter is None:
-                patch_services[obs.services[role].service] = {"replicas": count}
+                patch_services[obs.services[role].service] = count
                 continue
             answer = await self._api.patch_adapter_scale(adapter, count)
             self._note_write(
@@ -277,16 +281,14 @@ class Writes(ConnectorParts):
             self._settle(role, count, f"adapter {adapter}")
         if patch_services:
             state = self._state_json()
-            answer = await self._api.patch_dgd(
-                {
-                    "metadata": {"annotations": {STATE_ANNOTATION: state}},
-                    "spec": {"services": patch_services},
-                }
+            content_type, body = replicas_patch(
+                obs.dgd, patch_services, {STATE_ANNOTATION: state}, self._ref
             )
+            answer = await self._api.patch_dgd(body, content_type=content_type)
             self._note_write(DGD_PLURAL, self.dgd_name, answer, _shows_state(state))
             for role, count in writes.items():
                 if obs.adapters[role] is None:
-                    self._settle(role, count, f"spec.services.{obs.services[role].service}")
+                    self._settle(role, count, service_path(obs.dgd, obs.services[role].service))
 
     def _settle(self, role: str, count: int, target: str) -> None:
         self._pending.pop(role, None)

@@ -1,0 +1,129 @@
+"""What of the forecast load costs engine capacity: the prefix-cache discount of prefill and
+the speculative-decoding gain of decode, as named rules.
+
+Model (tokens per second of work the sizing divides by the profiled throughput per GPU):
+
+- **KV prefix hits** (:func:`kv_hit_rate`, :func:`discount_prefill`): a prompt token whose
+  KV blocks an engine already holds is not computed again (Dynamo's router counts
+  ``new prefill tokens = input tokens - overlap blocks x block size``), so prefill work is
+  ``num_req x isl x (1 - h)`` with ``h`` the share of prompt tokens served from cache. The
+  profile's throughput is still read at the full ISL (attention over the cached prefix
+  costs as before), which makes the discount conservative.
+- **Speculative decoding** (:func:`accept_length`, :func:`discount_decode`): with ``n``
+  draft tokens per step (MTP ``nextn``, EAGLE steps) a sequence emits on average ``A``
+  tokens per engine iteration, ``1 <= A <= n + 1`` (every step emits at least the verified
+  token, at most all drafts plus it). The profile's decode throughput counts iterations x
+  sequences, so the output-token demand is ``num_req x osl / A`` in those units.
+
+Both act on the forecast by scaling the request count the role sees
+(:func:`prefill_requests`, :func:`decode_requests`), leaving the lengths (and so the profile
+points, the KV context, the TTFT of one prompt) as they are.
+
+No I/O, no clock: every input is an argument.
+
+>>> prefill_requests(100.0, kv_hit_rate(configured=0.5, observed=None))
+50.0
+>>> decode_requests(100.0, accept_length(configured=2.0, observed=None, num_speculative_tokens=3))
+50.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.rules import RuleValue
+from disagg_planner.core.types import TrafficObservation
+
+# A hit rate this close to 1 would size prefill to nothing; a cache that serves every prompt
+# token still leaves the last token of each prompt to compute.
+MAX_KV_HIT_RATE = 0.99
+
+
+def kv_hit_rate(*, configured: float | None, observed: float | None) -> RuleValue:
+    """Rule ``kv_hit_discount``: the share of prompt tokens served from the prefix cache.
+
+    The configured value wins (an operator who knows the workload, or a replay that models
+    it); else the router's observed mean (``dynamo_component_router_kv_hit_rate``); else 0,
+    no discount. Values are clamped to ``[0, MAX_KV_HIT_RATE]``.
+    """
+    for value, source in ((configured, "configured"), (observed, "observed by the router")):
+        if value is not None and math.isfinite(value):
+            h = min(max(value, 0.0), MAX_KV_HIT_RATE)
+            return RuleValue(
+                h, f"kv_hit_discount: prefill work x {1 - h:.2f} ({source} hit {h:.0%})"
+            )
+    return RuleValue(0.0, "kv_hit_discount: none (no KV hit rate configured or observed)")
+
+
+def accept_length(
+    *, configured: float | None, observed: float | None, num_speculative_tokens: int | None
+) -> RuleValue:
+    """Rule ``spec_decode_accept``: output tokens per sequence per decode iteration.
+
+    1 (no speculative decoding) unless ``num_speculative_tokens`` (``nextn``) is set; then
+    the configured accept length, else the observed one, else 1; clamped to
+    ``[1, nextn + 1]`` (an accept length above it is a misread metric, below 1 impossible).
+    """
+    if not num_speculative_tokens:
+        return RuleValue(1.0, "spec_decode_accept: none (no speculative tokens configured)")
+    upper = float(num_speculative_tokens + 1)
+    for value, source in ((configured, "configured"), (observed, "observed")):
+        if value is not None and math.isfinite(value):
+            a = min(max(value, 1.0), upper)
+            clamp = "" if a == value else f", clamped to [1, {upper:g}]"
+            return RuleValue(
+                a, f"spec_decode_accept: decode work / {a:.2f} ({source} accept length{clamp})"
+            )
+    return RuleValue(1.0, "spec_decode_accept: none (accept length neither configured nor seen)")
+
+
+def prefill_requests(num_req: float, hit: RuleValue) -> float:
+    """Prompts' worth of prefill work in ``num_req`` requests (or tokens of whole prompts,
+    such as a backlog counted from the queues): ``num_req x (1 - h)``."""
+    return num_req * (1.0 - hit.value)
+
+
+def decode_requests(num_req: float, accept: RuleValue) -> float:
+    """Sequences' worth of decode iterations in ``num_req`` requests: ``num_req / A``."""
+    return num_req / max(accept.value, 1.0)
+
+
+@dataclass(frozen=True)
+class DemandRules:
+    """The two rules of one sizing; the sentences of those that act join the decision's reason."""
+
+    kv_hit: RuleValue
+    accept: RuleValue
+
+    def acting(self) -> list[str]:
+        """The reasons of the rules that change the demand (none at 0 % hits, accept 1)."""
+        acting = [self.kv_hit.reason] if self.kv_hit.value > 0 else []
+        return acting + ([self.accept.reason] if self.accept.value > 1 else [])
+
+
+class DemandSignals:
+    """The last KV hit rate and accept length observed (a window without them keeps the
+    previous value: an idle router reports no hit rate, which says nothing about the cache)."""
+
+    def __init__(self) -> None:
+        self.kv_hit_rate: float | None = None
+        self.accept_length: float | None = None
+
+    def observe(self, obs: TrafficObservation) -> None:
+        if obs.kv_hit_rate is not None:
+            self.kv_hit_rate = obs.kv_hit_rate
+        if obs.accept_length is not None:
+            self.accept_length = obs.accept_length
+
+    def rules(self, config: PlannerConfig) -> DemandRules:
+        """Both rules for the next sizing, configured values first."""
+        return DemandRules(
+            kv_hit=kv_hit_rate(configured=config.kv_hit_rate, observed=self.kv_hit_rate),
+            accept=accept_length(
+                configured=config.speculative_accept_length,
+                observed=self.accept_length,
+                num_speculative_tokens=config.num_speculative_tokens,
+            ),
+        )

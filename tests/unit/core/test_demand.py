@@ -1,0 +1,175 @@
+"""Issue 35: the prefix-cache discount of prefill and the speculative-decoding gain of decode
+(core/demand.py), as table rows and through the throughput loop's sizing."""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg_planner.config import PlannerConfig
+from disagg_planner.core.demand import (
+    MAX_KV_HIT_RATE,
+    accept_length,
+    decode_requests,
+    kv_hit_rate,
+    prefill_requests,
+)
+from disagg_planner.profiles import Profile
+from tests.unit.core.test_throughput import planner, status, traffic
+
+KV_ROWS = [
+    # (name, configured, observed, expected hit rate, words in the reason)
+    ("no signal: no discount", None, None, 0.0, "none"),
+    ("observed by the router", None, 0.4, 0.4, "observed by the router hit 40%"),
+    ("configured wins over observed", 0.5, 0.2, 0.5, "configured hit 50%"),
+    ("a negative reading is no hit", None, -0.1, 0.0, "observed"),
+    ("a full cache still computes a token", None, 1.0, MAX_KV_HIT_RATE, "observed"),
+    ("NaN is no signal", None, float("nan"), 0.0, "none"),
+]
+
+
+@pytest.mark.parametrize(
+    ("configured", "observed", "expected", "words"),
+    [row[1:] for row in KV_ROWS],
+    ids=[row[0] for row in KV_ROWS],
+)
+def test_kv_hit_rate(configured, observed, expected, words) -> None:
+    rule = kv_hit_rate(configured=configured, observed=observed)
+    assert rule.value == pytest.approx(expected)
+    assert rule.reason.startswith("kv_hit_discount")
+    assert words in rule.reason
+
+
+ACCEPT_ROWS = [
+    # (name, configured, observed, nextn, expected accept length, words in the reason)
+    ("no speculative decoding: 1", 2.5, 2.5, None, 1.0, "no speculative tokens"),
+    ("configured", 2.0, 3.0, 3, 2.0, "configured accept length"),
+    ("observed when not configured", None, 2.6, 3, 2.6, "observed"),
+    ("not seen yet: 1", None, None, 2, 1.0, "neither configured nor seen"),
+    ("clamped to nextn + 1", None, 5.0, 1, 2.0, "clamped to [1, 2]"),
+    ("clamped to 1", None, 0.5, 1, 1.0, "clamped"),
+]
+
+
+@pytest.mark.parametrize(
+    ("configured", "observed", "nextn", "expected", "words"),
+    [row[1:] for row in ACCEPT_ROWS],
+    ids=[row[0] for row in ACCEPT_ROWS],
+)
+def test_accept_length(configured, observed, nextn, expected, words) -> None:
+    rule = accept_length(configured=configured, observed=observed, num_speculative_tokens=nextn)
+    assert rule.value == pytest.approx(expected)
+    assert rule.reason.startswith("spec_decode_accept")
+    assert words in rule.reason
+
+
+def test_the_requests_each_role_sees() -> None:
+    half = kv_hit_rate(configured=0.5, observed=None)
+    assert prefill_requests(120.0, half) == 60.0
+    two = accept_length(configured=2.0, observed=None, num_speculative_tokens=3)
+    assert decode_requests(120.0, two) == 60.0
+
+
+def _sizing(profile: Profile, **cfg):
+    p = planner(profile, **cfg)
+    decision = p.tick(60.0, traffic(60.0, 9000, isl=3000, osl=300), status(4, 4))
+    return decision.diagnostics.sizing, decision.message
+
+
+def test_a_kv_hit_rate_of_half_halves_prefill_demand(h200_like_profile: Profile) -> None:
+    base, plain = _sizing(h200_like_profile)
+    half, message = _sizing(h200_like_profile, kv_hit_rate=0.5)
+    assert half["prefill"].demand_tokens_per_s == pytest.approx(
+        base["prefill"].demand_tokens_per_s / 2
+    )
+    assert half["prefill"].replicas < base["prefill"].replicas
+    assert half["decode"] == base["decode"]  # decode still decodes every token
+    assert "kv_hit_discount: prefill work x 0.50 (configured hit 50%)" in message
+    assert "kv_hit_discount" not in plain and "spec_decode_accept" not in plain
+
+
+def test_accept_length_two_halves_decode_demand(h200_like_profile: Profile) -> None:
+    base, _ = _sizing(h200_like_profile)
+    spec, message = _sizing(
+        h200_like_profile, num_speculative_tokens=3, speculative_accept_length=2.0
+    )
+    assert spec["decode"].demand_tokens_per_s == pytest.approx(
+        base["decode"].demand_tokens_per_s / 2
+    )
+    assert spec["decode"].replicas < base["decode"].replicas
+    assert spec["prefill"] == base["prefill"]
+    assert "spec_decode_accept: decode work / 2.00 (configured accept length)" in message
+
+
+def test_the_observed_hit_rate_is_used_and_kept_through_idle_windows(
+    h200_like_profile: Profile,
+) -> None:
+    p = planner(h200_like_profile)
+    p.tick(60.0, traffic(60.0, 9000, kv_hit_rate=0.5), status(4, 4))
+    later = p.tick(120.0, traffic(120.0, 9000), status(4, 4))  # no reading this window
+    assert "observed by the router hit 50%" in later.message
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "words"),
+    [
+        ({"speculative_accept_length": 2.0}, "speculative_accept_length", "needs num_spec"),
+        (
+            {"speculative_accept_length": 4.0, "num_speculative_tokens": 2},
+            "speculative_accept_length",
+            "must be <= num_speculative_tokens + 1 (3)",
+        ),
+        ({"kv_hit_rate": 1.0}, "kv_hit_rate", "less than 1"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(values, field, words) -> None:
+    with pytest.raises(ValueError, match=field) as info:
+        PlannerConfig(**values)
+    assert words in str(info.value)
+
+
+def test_the_aliases_are_accepted() -> None:
+    cfg = PlannerConfig(nextn=3, accept_length=2.5, prefix_hit_rate=0.3)
+    assert (cfg.num_speculative_tokens, cfg.speculative_accept_length, cfg.kv_hit_rate) == (
+        3,
+        2.5,
+        0.3,
+    )
+
+
+def _load_decode_itl(**cfg) -> tuple[float, str]:
+    """The load loop's ITL estimate of one decode engine through the planner core."""
+    from disagg_planner.core.planner import Observation, PlannerCore
+    from disagg_planner.core.types import DeploymentStatus, RoleStatus
+    from tests.unit.core.test_load_scaling import config, decode_engines, decode_model
+
+    core = PlannerCore(
+        config=config(enable_throughput_scaling=False, mode="decode", **cfg), start_s=0.0
+    )
+    core.load_models["decode"] = decode_model()  # fitted on the exact decode law
+    status = DeploymentStatus({"decode": RoleStatus(2, 2, 1)})
+    engines = decode_engines((64, 128_000), (64, 128_000))  # one per ready replica
+    decision = core._decide_load(
+        100.0, Observation(status=status, engines={"decode": engines}), status
+    )["decode"]
+    itl = decision.max_itl_ms
+    assert itl is not None
+    return itl, decision.message
+
+
+def test_the_load_loop_divides_its_itl_estimate_by_the_accept_length() -> None:
+    plain, plain_message = _load_decode_itl()
+    spec, message = _load_decode_itl(num_speculative_tokens=3, speculative_accept_length=2.0)
+    assert spec == pytest.approx(plain / 2)
+    assert "spec_decode_accept" in message and "spec_decode_accept" not in plain_message
+
+
+def test_the_waiting_prompts_are_discounted_too(h200_like_profile: Profile) -> None:
+    # the queues count whole prompts: only their uncached share is prefill work
+    def prefill_demand(queued: float, **cfg) -> float:
+        p = planner(h200_like_profile, **cfg)
+        tick = p.tick(60.0, traffic(60.0, 600), status(4, 4), queued_prefill_tokens=queued)
+        return tick.diagnostics.sizing["prefill"].demand_tokens_per_s
+
+    base = prefill_demand(3_000_000, kv_hit_rate=0.0)
+    assert base > prefill_demand(0.0, kv_hit_rate=0.0)  # the backlog is part of the demand
+    assert prefill_demand(3_000_000, kv_hit_rate=0.5) == pytest.approx(base / 2)
