@@ -103,6 +103,7 @@ def make_recorder(
         max_bytes=config.report_max_bytes,
         disk_root=config.report_output_dir,
         stagger_key=str(ref),
+        render_in_child=True,  # a live process keeps no render's modules or peak heap
     )
 
 
