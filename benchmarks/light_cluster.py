@@ -31,6 +31,7 @@ import contextlib
 import json
 import re
 import signal
+import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -79,7 +80,9 @@ class Cluster:
 
     def _count(self, request: web.Request, plural: str, sub: str = "") -> None:
         watch = request.query.get("watch") in ("true", "1")
-        self.stats[f"{request.method} {plural}{'/' + sub if sub else ''}{' watch' if watch else ''}"] += 1
+        self.stats[
+            f"{request.method} {plural}{'/' + sub if sub else ''}{' watch' if watch else ''}"
+        ] += 1
 
     def _emit(self, key: tuple[str, str, str], kind: str, obj: Mapping[str, Any]) -> None:
         line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
@@ -177,17 +180,29 @@ class Cluster:
 
     async def query(self, request: web.Request) -> web.Response:
         self.stats["prometheus query"] += 1
-        params = dict(request.query)
+        params: dict[str, Any] = dict(request.query)
         if request.method == "POST":
-            params.update(await request.post())  # type: ignore[arg-type]
-        found = _WINDOW.search(str(params.get("query", "")))
+            params.update(await request.post())
+        promql = str(params.get("query", ""))
+        found = _WINDOW.search(promql)
         window_s = int(found.group(1)) / 1000 if found else 60.0
-        result = [
-            {"metric": {"planner_part": part}, "value": [0, str(value)]}
-            for part, value in traffic(self.rate, window_s).items()
-        ]
+        at = float(params.get("time") or time.time())
+        if "increase(" in promql:  # the parts' increases: an instant vector
+            result: list[dict[str, Any]] = [
+                {"metric": {"planner_part": part}, "value": [at, str(value)]}
+                for part, value in traffic(self.rate, window_s).items()
+            ]
+            kind = "vector"
+        else:  # a counter's raw samples in the window (one frontend scraped every 5 s)
+            steps = max(1, int(window_s // 5))
+            values = [
+                [at - window_s + k * window_s / steps, str(1e6 + self.rate * k * window_s / steps)]
+                for k in range(steps + 1)
+            ]
+            result = [{"metric": {"instance": "frontend"}, "values": values}]
+            kind = "matrix"
         return web.json_response(
-            {"status": "success", "data": {"resultType": "vector", "result": result}}
+            {"status": "success", "data": {"resultType": kind, "result": result}}
         )
 
     async def stats_view(self, request: web.Request) -> web.Response:
@@ -219,8 +234,9 @@ async def serve(port: int, rate: float) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
+    # the watches never end by themselves: close without waiting for them
     with contextlib.suppress(Exception):
-        await runner.cleanup()
+        await asyncio.wait_for(runner.cleanup(), timeout=2.0)
 
 
 def main() -> None:

@@ -19,9 +19,18 @@ per N: API requests per DGD per tick and per minute at the 15 s fast-check caden
 CPU seconds per tick and DGD, RSS after the rounds, and the wall time of a round (all N
 reads: the lag from "due" to "read" for the last of them).
 
-What this is not: the whole operator (kopf, Prometheus, the core's decisions and the status
-patches, rate-limited by ``--status-interval``, are left out); the simulated Dynamo operator
-is not run (no pods, nothing scales: the reads are the steady state). Output: printed, and
+``--policies 10 100 1000`` measures the whole planner loops instead, each count in its own
+process (``benchmarks/operator_policies.py``), against the light cluster
+(``benchmarks/light_cluster.py``: an API server, the Dynamo operator's convergence and
+Prometheus, counting requests instead of keeping them: kmock saturates near 100 DGDs): due
+-> decided lag of every tick against its interval, CPU per tick, API calls per DGD per
+minute in the steady part (the status writes included), RSS and memory per policy (the slope
+between consecutive counts: the first policy also pays the modules the loops import), and
+what stopping every loop leaves behind (threads, watch caches, metric series, tasks).
+
+What the read rounds are not: the whole operator (kopf, Prometheus, the core's decisions and
+the status patches are left out); the simulated Dynamo operator is not run (no pods, nothing
+scales: the reads are the steady state). Output: printed, and
 (unless ``--no-write``) the block ``operator-scale`` of ``benchmarks/RESULTS.md``.
 """
 
@@ -29,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -185,17 +195,117 @@ async def run(
     return rows
 
 
+def run_policies(counts: Sequence[int], duration_s: float, status_interval_s: float) -> list[Any]:
+    """One process per count (benchmarks/operator_policies.py); their JSON results."""
+    results = []
+    for n in counts:
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / "operator_policies.py"),
+                str(n),
+                "--duration-s",
+                str(duration_s),
+                "--status-interval",
+                str(status_interval_s),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{n} policies failed:\n{done.stderr[-3000:]}")
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        f"`python benchmarks/operator_scale.py --policies "
+        f"{' '.join(str(r['n']) for r in results)} --duration-s {args.duration_s:g} "
+        f"--status-interval {args.status_interval:g}`: the whole planner loops (throughput "
+        "interval 60 s, fast check 15 s, reports on, the operator's status writer), each "
+        "count in its own process, against benchmarks/light_cluster.py (kmock saturates near "
+        "100 DGDs); kopf itself is not run. Steady: from one throughput interval and one fast "
+        "check after the start to the end. A loaded 2-core machine.",
+        "",
+        "| policies | ticks | decided within 10% of interval | lag p50 / p99 / max s "
+        "| CPU ms / tick | cores | API calls / DGD / min | RSS MiB | MiB / policy |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    previous: dict[str, Any] | None = None
+    for r in results:
+        slope = (
+            (r["rss_mib"] - previous["rss_mib"]) / (r["n"] - previous["n"])
+            if previous is not None
+            else None
+        )
+        lines.append(
+            f"| {r['n']} | {r['ticks']} | {100 * r['within_10pct']:.1f}% | "
+            f"{r['lag_p50_s']:.2f} / {r['lag_p99_s']:.2f} / {r['lag_max_s']:.2f} | "
+            f"{r['cpu_ms_per_tick']:.1f} | {r['cpu_cores']:.2f} | {r['api_per_dgd_min']:.2f} | "
+            f"{r['rss_mib']:.0f} | "
+            + (
+                f"{slope:.2f} (slope from {previous['n']})"
+                if slope is not None and previous
+                else f"{r['mib_per_policy']:.2f} (with the loops' imports)"
+            )
+            + " |"
+        )
+        previous = r
+    lines.append("")
+    for r in results:
+        calls = ", ".join(f"{k} {v}" for k, v in sorted(r["api_calls"].items())) or "none"
+        down = r["shutdown"]
+        lines.append(
+            f"- {r['n']} policies: steady API calls {calls} in {r['steady_s']:.0f} s; "
+            f"Prometheus {r['prometheus_per_dgd_min']:.1f} queries / DGD / min. All loops "
+            f"stopped in {down['stop_s']:.2f} s, leaving {len(down['threads_left'])} "
+            f"thread(s) {down['threads_left'] or ''}, {down['watch_caches_left']} watch "
+            f"cache(s), {down['metric_series_left']} metric series, {down['tasks_left']} "
+            f"task(s); RSS {down['rss_mib']:.0f} MiB after the stop (the allocator keeps "
+            "freed pages)."
+        )
+    big = results[-1]
+    slope = (
+        (big["rss_mib"] - results[-2]["rss_mib"]) / (big["n"] - results[-2]["n"])
+        if len(results) > 1
+        else big["mib_per_policy"]
+    )
+    lines += [
+        "",
+        "Targets at the largest count:",
+        "",
+        f"- every due tick decided within 10% of its interval: "
+        f"{100 * big['within_10pct']:.1f}% of {big['ticks']} "
+        f"({'met' if big['within_10pct'] >= 1.0 else 'MISSED'}).",
+        f"- RSS under 2 GB: {big['rss_mib']:.0f} MiB "
+        f"({'met' if big['rss_mib'] * 2**20 < 2e9 else 'MISSED'}).",
+        f"- under 2 API calls per DGD per minute: {big['api_per_dgd_min']:.2f} "
+        f"({'met' if big['api_per_dgd_min'] < 2 else 'MISSED'}).",
+        f"- at most 1.5 MB per policy: {slope * 2**20 / 1e6:.2f} MB "
+        f"({'met' if slope * 2**20 <= 1.5e6 else 'MISSED'}).",
+    ]
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", nargs="+", type=int, default=[10, 100, 1000])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--poll-max", type=int, default=100)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--policies", nargs="*", type=int, default=[])
+    parser.add_argument("--duration-s", type=float, default=150.0)
+    parser.add_argument("--status-interval", type=float, default=30.0)
     args = parser.parse_args(argv)
+    policies = run_policies(args.policies, args.duration_s, args.status_interval)
     rows = asyncio.run(run(args.counts, args.rounds, args.poll_max))
     lines = [
         BEGIN,
-        "## Operator scale: API calls per DGD, watch caches against polling (issue 36)",
+        "## Operator scale: watch caches against polling; whole policies up to 1,000 (issue 36)",
         "",
         f"`python benchmarks/operator_scale.py --counts {' '.join(map(str, args.counts))} "
         f"--rounds {args.rounds} --poll-max {args.poll_max}` (kmock stand-alone, every DGD "
@@ -230,6 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{watch['cpu_ms_per_tick'] / poll['cpu_ms_per_tick']:.2f}; API calls per DGD per "
             f"minute {poll['calls_per_min']:.2f} -> {watch['calls_per_min']:.2f} (target < 2)."
         )
+    if policies:
+        lines += policies_block(args, policies)
     lines.append(END)
     block = "\n".join(lines)
     print(block)
