@@ -17,9 +17,9 @@ once it serves and stops on SIGTERM. It serves, for any group/version/plural and
   makes that service's ``status.services.*.replicas``/``readyReplicas`` follow (the steady
   state: every scale converges at the next read);
 - core ``events`` (created, counted, not kept) and ``pods`` (an empty list);
-- Prometheus' ``/api/v1/query``: every planner part at ``--rate`` requests/s (ISL 3000,
-  OSL 150, TTFT 80 ms, ITL 20 ms) over the query's own window (its ``[...ms]`` range), so
-  that every window reads the same steady load;
+- Prometheus' ``/api/v1/query``: every planner part at ``--rate`` requests/s (the tests'
+  window: ISL 3000, OSL 150, TTFT 80 ms, ITL 20 ms) over the query's own window (its
+  ``[...ms]`` range), so that every window reads the same steady load;
 - ``GET /_stats``: the requests counted by ``METHOD plural[/subresource][ watch]``.
 """
 
@@ -31,12 +31,20 @@ import contextlib
 import json
 import re
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from tests.unit.runtime.conftest import traffic_parts  # noqa: E402  (the tests' window)
 
 _WINDOW = re.compile(r"\[(\d+)ms\]")
 
@@ -50,24 +58,6 @@ def merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
             merge(target[key], value)
         else:
             target[key] = json.loads(json.dumps(value))
-
-
-def traffic(rate: float, window_s: float) -> dict[str, float]:
-    n = rate * window_s
-    return {
-        "requests_started": n,
-        "requests_finished": n,
-        "ttft_sum": 0.08 * n,
-        "ttft_count": n,
-        "itl_sum": 0.02 * 149 * n,
-        "itl_count": 149 * n,
-        "isl_sum": 3000 * n,
-        "isl_count": n,
-        "osl_sum": 150 * n,
-        "osl_count": n,
-        "request_duration_sum": 3.0 * n,
-        "request_duration_count": n,
-    }
 
 
 class Cluster:
@@ -190,7 +180,7 @@ class Cluster:
         if "increase(" in promql:  # the parts' increases: an instant vector
             result: list[dict[str, Any]] = [
                 {"metric": {"planner_part": part}, "value": [at, str(value)]}
-                for part, value in traffic(self.rate, window_s).items()
+                for part, value in traffic_parts(self.rate, window_s).items()
             ]
             kind = "vector"
         else:  # a counter's raw samples in the window (one frontend scraped every 5 s)

@@ -31,7 +31,6 @@ import concurrent.futures
 import gc
 import json
 import logging
-import os
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ for path in (REPO / "src", REPO / "benchmarks"):
         sys.path.insert(0, str(path))
 
 from kubernetes import client as k8s_client  # noqa: E402
+from operator_scale import NS, dgd, rss_bytes  # noqa: E402
 
 from disagg_planner.config.schema import PlannerConfig  # noqa: E402
 from disagg_planner.connectors.kubernetes import (  # noqa: E402
@@ -67,7 +67,6 @@ from disagg_planner.runtime.service import (  # noqa: E402
     make_recorder,
 )
 
-NS = "default"
 PROFILE = "h200_sxm/vllm/llama-3.3-70b-fp8/tp4"
 THROUGHPUT_INTERVAL_S = 60.0
 FAST_CHECK_S = 15.0
@@ -83,34 +82,7 @@ def own_threads() -> list[str]:
 
 
 def rss_mib() -> float:
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def dgd(name: str) -> dict[str, Any]:
-    def worker(sub: str) -> dict[str, Any]:
-        return {
-            "componentType": "worker",
-            "subComponentType": sub,
-            "replicas": 1,
-            "resources": {"limits": {"gpu": "4"}},
-        }
-
-    services = {"Frontend": {"componentType": "frontend", "replicas": 1}}
-    services |= {"prefill": worker("prefill"), "decode": worker("decode")}
-    return {
-        "apiVersion": "nvidia.com/v1alpha1",
-        "kind": "DynamoGraphDeployment",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
-        "spec": {"backendFramework": "vllm", "services": services},
-        "status": {
-            "state": "successful",
-            "services": {
-                s: {"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1}
-                for s in ("Frontend", "prefill", "decode")
-            },
-        },
-    }
+    return rss_bytes() / 2**20
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> None:
