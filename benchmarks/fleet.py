@@ -158,9 +158,11 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             f"- {fleet}: high-priority attainment shared {hi_shared:.2%} >= static "
             f"{hi_static:.2%}: {_met(hi_shared >= hi_static)}"
         )
+        ok = shared["gpu_hours"] <= static["gpu_hours"]
         out.append(
             f"- {fleet}: pool GPU-h shared {shared['gpu_hours']:.2f} <= static "
-            f"{static['gpu_hours']:.2f}: {_met(shared['gpu_hours'] <= static['gpu_hours'])}"
+            f"{static['gpu_hours']:.2f}: {_met(ok)}"
+            + ("" if ok else _gpu_hours_cause(shared, static))
         )
         saving = 1 - shared["gpu_hours"] / peak["gpu_hours"]
         out.append(
@@ -176,6 +178,24 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
                 f"draining counted) <= ceiling {r['pool']['max_total_gpus']}: {_met(ok)}"
             )
     return out
+
+
+def _gpu_hours_cause(shared: dict[str, Any], static: dict[str, Any]) -> str:
+    """Where the shared pool's extra GPU-hours went: to the members the static split kept
+    short, with what their attainment became (the cause of a missed GPU-hour target)."""
+    parts = []
+    for name, member in shared["members"].items():
+        extra = member["gpu_hours"] - static["members"][name]["gpu_hours"]
+        if extra > 0.005:
+            before = _attainment(static, name)
+            after = _attainment(shared, name)
+            parts.append(f"{name} +{extra:.2f} GPU-h, attainment {before:.2%} -> {after:.2%}")
+    if not parts:
+        return ""
+    return (
+        " (cause: the static split saves GPU-hours by holding members below their need; the "
+        "pool lent them the idle share: " + "; ".join(parts) + ")"
+    )
 
 
 def _met(ok: bool) -> str:

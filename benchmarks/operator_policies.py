@@ -10,7 +10,10 @@ threads, and runs every loop for S seconds of wall time. It prints one JSON line
 
 - ``lag``: due -> decided for every tick (the tick's own deadline, ``next_wake_s``, to the
   end of its outcome hook: the status write included), with the interval the tick served
-  (the fast check's, or the throughput interval's);
+  (the fast check's, or the throughput interval's): over the whole run (the start-up herd
+  of N loops started at once included) and over the steady part (``steady``);
+- ``server_cores``: the CPU the light cluster used in the steady part (a saturated stand-in
+  shows as lag that is not the planner's), and the machine's 1-minute load average;
 - ``cpu_ms_per_tick`` and ``api_per_dgd_min`` in the steady part of the run (after the
   first throughput tick of every loop and one fast-check interval more), the API calls by
   kind (the light cluster's counts; Prometheus queries apart);
@@ -31,6 +34,7 @@ import concurrent.futures
 import gc
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -99,6 +103,28 @@ def stats(url: str) -> Counter[str]:
     return Counter(json.loads(urllib.request.urlopen(url + "/_stats", timeout=30).read()))
 
 
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def within_10pct(lags: list[tuple[float, float]]) -> float:
+    """The share of ticks decided within 10% of their interval after they were due."""
+    return sum(1 for lag, interval in lags if lag <= 0.1 * interval) / max(1, len(lags))
+
+
+def lag_summary(lags: list[tuple[float, float]]) -> dict[str, float | int | None]:
+    ordered = sorted(lag for lag, _ in lags)
+    return {
+        "ticks": len(lags),
+        "within_10pct": within_10pct(lags),
+        "lag_p50_s": ordered[len(ordered) // 2] if ordered else None,
+        "lag_p99_s": ordered[int(len(ordered) * 0.99)] if ordered else None,
+        "lag_max_s": ordered[-1] if ordered else None,
+    }
+
+
 class TimedLoop(DeploymentLoop):
     """A loop that notes, for every tick, how long after its deadline it was decided."""
 
@@ -115,7 +141,12 @@ class TimedLoop(DeploymentLoop):
 
 
 async def run(
-    n: int, duration_s: float, url: str, reports: Path, status_interval_s: float
+    n: int,
+    duration_s: float,
+    url: str,
+    reports: Path,
+    status_interval_s: float,
+    server_pid: int,
 ) -> dict[str, Any]:
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(
@@ -172,10 +203,13 @@ async def run(
     steady_at = started + THROUGHPUT_INTERVAL_S + FAST_CHECK_S
     await asyncio.sleep(max(0.0, steady_at - time.monotonic()))
     first_stats, first_cpu = stats(url), time.process_time()
+    first_server_cpu = cpu_of(server_pid)
+    steady_clock = WallClock().now()
     first_ticks = sum(len(loop.lags) for loop in loops)
     steady_start = time.monotonic()
     await asyncio.sleep(max(0.0, started + duration_s - steady_start))
     last_stats, last_cpu = stats(url), time.process_time()
+    server_cores = (cpu_of(server_pid) - first_server_cpu) / (time.monotonic() - steady_start)
     steady_s = time.monotonic() - steady_start
     ticks = sum(len(loop.lags) for loop in loops) - first_ticks
     rss_end = rss_mib()
@@ -191,6 +225,9 @@ async def run(
     for loop in loops:
         metrics.forget(loop.ref.namespace, loop.ref.name)
     lags = [(lag, interval) for loop in loops for _, lag, interval in loop.lags]
+    steady = [
+        (lag, interval) for loop in loops for t, lag, interval in loop.lags if t >= steady_clock
+    ]
     series = sum(
         1
         for family in metrics.registry.collect()
@@ -210,7 +247,6 @@ async def run(
     }
     caches.close()
     await asyncio.to_thread(api.close)
-    within = sum(1 for lag, interval in lags if lag <= 0.1 * interval)
     ordered = sorted(lag for lag, _ in lags)
     return {
         "n": n,
@@ -218,10 +254,13 @@ async def run(
         "status_interval_s": status_interval_s,
         "steady_s": steady_s,
         "ticks": len(lags),
-        "within_10pct": within / max(1, len(lags)),
+        "within_10pct": within_10pct(lags),
         "lag_p50_s": ordered[len(ordered) // 2] if ordered else None,
         "lag_p99_s": ordered[int(len(ordered) * 0.99)] if ordered else None,
         "lag_max_s": ordered[-1] if ordered else None,
+        "steady": lag_summary(steady),
+        "server_cores": server_cores,
+        "loadavg_1m": os.getloadavg()[0],
         "cpu_ms_per_tick": 1000.0 * (last_cpu - first_cpu) / max(1, ticks),
         "cpu_cores": (last_cpu - first_cpu) / steady_s,
         "api_per_dgd_min": api_calls / n / (steady_s / 60.0),
@@ -269,7 +308,14 @@ def main() -> int:
                     },
                 )
             result = asyncio.run(
-                run(args.n, args.duration_s, url, Path(folder), args.status_interval)
+                run(
+                    args.n,
+                    args.duration_s,
+                    url,
+                    Path(folder),
+                    args.status_interval,
+                    server.pid,
+                )
             )
         finally:
             server.terminate()

@@ -220,6 +220,12 @@ def run_policies(counts: Sequence[int], duration_s: float, status_interval_s: fl
     return results
 
 
+def status_per_min(r: dict[str, Any]) -> float:
+    """The policy status writes per DGD per minute in the steady part."""
+    writes = r["api_calls"].get("PATCH plannerpolicies/status", 0)
+    return float(writes) / r["n"] / (r["steady_s"] / 60.0)
+
+
 def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) -> list[str]:
     lines = [
         "",
@@ -231,28 +237,26 @@ def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) 
         "100 DGDs); kopf itself is not run. Steady: from one throughput interval and one fast "
         "check after the start to the end. A loaded 2-core machine.",
         "",
-        "| policies | ticks | decided within 10% of interval | lag p50 / p99 / max s "
-        "| CPU ms / tick | cores | API calls / DGD / min | RSS MiB | MiB / policy |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| policies | steady ticks | decided within 10% of interval (steady / whole run) "
+        "| steady lag p50 / p99 / max s | CPU ms / tick | planner cores | stand-in cores "
+        "| load avg | API calls / DGD / min (status writes) | RSS MiB | MiB / policy |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     previous: dict[str, Any] | None = None
     for r in results:
-        slope = (
-            (r["rss_mib"] - previous["rss_mib"]) / (r["n"] - previous["n"])
-            if previous is not None
-            else None
-        )
+        steady = r["steady"]
+        if previous is not None:
+            slope = (r["rss_mib"] - previous["rss_mib"]) / (r["n"] - previous["n"])
+            per_policy = f"{slope:.2f} (slope from {previous['n']})"
+        else:
+            per_policy = f"{r['mib_per_policy']:.2f} (with the loops' imports)"
         lines.append(
-            f"| {r['n']} | {r['ticks']} | {100 * r['within_10pct']:.1f}% | "
-            f"{r['lag_p50_s']:.2f} / {r['lag_p99_s']:.2f} / {r['lag_max_s']:.2f} | "
-            f"{r['cpu_ms_per_tick']:.1f} | {r['cpu_cores']:.2f} | {r['api_per_dgd_min']:.2f} | "
-            f"{r['rss_mib']:.0f} | "
-            + (
-                f"{slope:.2f} (slope from {previous['n']})"
-                if slope is not None and previous
-                else f"{r['mib_per_policy']:.2f} (with the loops' imports)"
-            )
-            + " |"
+            f"| {r['n']} | {steady['ticks']} | {100 * steady['within_10pct']:.1f}% / "
+            f"{100 * r['within_10pct']:.1f}% | {steady['lag_p50_s']:.2f} / "
+            f"{steady['lag_p99_s']:.2f} / {steady['lag_max_s']:.2f} | "
+            f"{r['cpu_ms_per_tick']:.1f} | {r['cpu_cores']:.2f} | {r['server_cores']:.2f} | "
+            f"{r['loadavg_1m']:.1f} | {r['api_per_dgd_min']:.2f} ({status_per_min(r):.2f}) | "
+            f"{r['rss_mib']:.0f} | {per_policy} |"
         )
         previous = r
     lines.append("")
@@ -263,7 +267,8 @@ def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) 
             f"- {r['n']} policies: steady API calls {calls} in {r['steady_s']:.0f} s; "
             f"Prometheus {r['prometheus_per_dgd_min']:.1f} queries / DGD / min. All loops "
             f"stopped in {down['stop_s']:.2f} s, leaving {len(down['threads_left'])} "
-            f"thread(s) {down['threads_left'] or ''}, {down['watch_caches_left']} watch "
+            f"thread(s){' ' + str(down['threads_left']) if down['threads_left'] else ''}, "
+            f"{down['watch_caches_left']} watch "
             f"cache(s), {down['metric_series_left']} metric series, {down['tasks_left']} "
             f"task(s); RSS {down['rss_mib']:.0f} MiB after the stop (the allocator keeps "
             "freed pages)."
@@ -278,13 +283,16 @@ def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) 
         "",
         "Targets at the largest count:",
         "",
-        f"- every due tick decided within 10% of its interval: "
-        f"{100 * big['within_10pct']:.1f}% of {big['ticks']} "
-        f"({'met' if big['within_10pct'] >= 1.0 else 'MISSED'}).",
+        f"- every due tick decided within 10% of its interval (steady): "
+        f"{100 * big['steady']['within_10pct']:.1f}% of {big['steady']['ticks']} "
+        f"({'met' if big['steady']['within_10pct'] >= 1.0 else 'MISSED'}; the whole run, "
+        f"start-up herd included: {100 * big['within_10pct']:.1f}%).",
         f"- RSS under 2 GB: {big['rss_mib']:.0f} MiB "
         f"({'met' if big['rss_mib'] * 2**20 < 2e9 else 'MISSED'}).",
         f"- under 2 API calls per DGD per minute: {big['api_per_dgd_min']:.2f} "
-        f"({'met' if big['api_per_dgd_min'] < 2 else 'MISSED'}).",
+        f"({'met' if big['api_per_dgd_min'] < 2 else 'MISSED'}; of which the policy status "
+        f"{status_per_min(big):.2f}: written when it changes and, while only measurements "
+        f"move, at most every --status-interval {args.status_interval:g} s).",
         f"- at most 1.5 MB per policy: {slope * 2**20 / 1e6:.2f} MB "
         f"({'met' if slope * 2**20 <= 1.5e6 else 'MISSED'}).",
     ]
