@@ -3,7 +3,8 @@ with the DGD/adapter watch caches against the per-tick GETs they replace.
 
 Usage::
 
-    python benchmarks/operator_scale.py [--counts 10 100 1000] [--rounds 5] [--no-write]
+    python benchmarks/operator_scale.py [--counts 10 100 1000] [--rounds 5] [--poll-max 100]
+        [--policies 10 100 1000 [--duration-s 150] [--status-interval 30]] [--no-write]
 
 Starts kmock as a stand-alone API server (``tests/e2e/kmock_server.py``, its request log
 counts every request), creates N DGDs (a frontend, a prefill and a decode worker each, no
