@@ -181,20 +181,26 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _gpu_hours_cause(shared: dict[str, Any], static: dict[str, Any]) -> str:
-    """Where the shared pool's extra GPU-hours went: to the members the static split kept
-    short, with what their attainment became (the cause of a missed GPU-hour target)."""
+    """Where the shared pool's extra GPU-hours went (the cause of a missed GPU-hour target):
+    the static split caps each member at its share, the pool gives a member its planner's
+    need; per member, the extra GPU-hours and whether they bought attainment."""
     parts = []
     for name, member in shared["members"].items():
         extra = member["gpu_hours"] - static["members"][name]["gpu_hours"]
-        if extra > 0.005:
-            before = _attainment(static, name)
-            after = _attainment(shared, name)
-            parts.append(f"{name} +{extra:.2f} GPU-h, attainment {before:.2%} -> {after:.2%}")
+        if extra <= 0.005:
+            continue
+        before, after = _attainment(static, name), _attainment(shared, name)
+        gain = (
+            f"attainment {before:.2%} -> {after:.2%}"
+            if after > before + 1e-4
+            else f"no attainment gain ({after:.2%}): capacity its planner asked for"
+        )
+        parts.append(f"{name} +{extra:.2f} GPU-h, {gain}")
     if not parts:
         return ""
     return (
-        " (cause: the static split saves GPU-hours by holding members below their need; the "
-        "pool lent them the idle share: " + "; ".join(parts) + ")"
+        " (cause: the static split caps each member at its share; the pool gives each its "
+        "planner's need: " + "; ".join(parts) + ")"
     )
 
 
