@@ -158,9 +158,11 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
             f"- {fleet}: high-priority attainment shared {hi_shared:.2%} >= static "
             f"{hi_static:.2%}: {_met(hi_shared >= hi_static)}"
         )
+        ok = shared["gpu_hours"] <= static["gpu_hours"]
         out.append(
             f"- {fleet}: pool GPU-h shared {shared['gpu_hours']:.2f} <= static "
-            f"{static['gpu_hours']:.2f}: {_met(shared['gpu_hours'] <= static['gpu_hours'])}"
+            f"{static['gpu_hours']:.2f}: {_met(ok)}"
+            + ("" if ok else _gpu_hours_cause(shared, static))
         )
         saving = 1 - shared["gpu_hours"] / peak["gpu_hours"]
         out.append(
@@ -176,6 +178,30 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
                 f"draining counted) <= ceiling {r['pool']['max_total_gpus']}: {_met(ok)}"
             )
     return out
+
+
+def _gpu_hours_cause(shared: dict[str, Any], static: dict[str, Any]) -> str:
+    """Where the shared pool's extra GPU-hours went (the cause of a missed GPU-hour target):
+    the static split caps each member at its share, the pool gives a member its planner's
+    need; per member, the extra GPU-hours and whether they bought attainment."""
+    parts = []
+    for name, member in shared["members"].items():
+        extra = member["gpu_hours"] - static["members"][name]["gpu_hours"]
+        if extra <= 0.005:
+            continue
+        before, after = _attainment(static, name), _attainment(shared, name)
+        gain = (
+            f"attainment {before:.2%} -> {after:.2%}"
+            if after > before + 1e-4
+            else f"no attainment gain ({after:.2%}): capacity its planner asked for"
+        )
+        parts.append(f"{name} +{extra:.2f} GPU-h, {gain}")
+    if not parts:
+        return ""
+    return (
+        " (cause: the static split caps each member at its share; the pool gives each its "
+        "planner's need: " + "; ".join(parts) + ")"
+    )
 
 
 def _met(ok: bool) -> str:

@@ -3,7 +3,8 @@ with the DGD/adapter watch caches against the per-tick GETs they replace.
 
 Usage::
 
-    python benchmarks/operator_scale.py [--counts 10 100 1000] [--rounds 5] [--no-write]
+    python benchmarks/operator_scale.py [--counts 10 100 1000] [--rounds 5] [--poll-max 100]
+        [--policies 10 100 1000 [--duration-s 150] [--status-interval 30]] [--no-write]
 
 Starts kmock as a stand-alone API server (``tests/e2e/kmock_server.py``, its request log
 counts every request), creates N DGDs (a frontend, a prefill and a decode worker each, no
@@ -19,9 +20,18 @@ per N: API requests per DGD per tick and per minute at the 15 s fast-check caden
 CPU seconds per tick and DGD, RSS after the rounds, and the wall time of a round (all N
 reads: the lag from "due" to "read" for the last of them).
 
-What this is not: the whole operator (kopf, Prometheus, the core's decisions and the status
-patches, rate-limited by ``--status-interval``, are left out); the simulated Dynamo operator
-is not run (no pods, nothing scales: the reads are the steady state). Output: printed, and
+``--policies 10 100 1000`` measures the whole planner loops instead, each count in its own
+process (``benchmarks/operator_policies.py``), against the light cluster
+(``benchmarks/light_cluster.py``: an API server, the Dynamo operator's convergence and
+Prometheus, counting requests instead of keeping them: kmock saturates near 100 DGDs): due
+-> decided lag of every tick against its interval, CPU per tick, API calls per DGD per
+minute in the steady part (the status writes included), RSS and memory per policy (the slope
+between consecutive counts: the first policy also pays the modules the loops import), and
+what stopping every loop leaves behind (threads, watch caches, metric series, tasks).
+
+What the read rounds are not: the whole operator (kopf, Prometheus, the core's decisions and
+the status patches are left out); the simulated Dynamo operator is not run (no pods, nothing
+scales: the reads are the steady state). Output: printed, and
 (unless ``--no-write``) the block ``operator-scale`` of ``benchmarks/RESULTS.md``.
 """
 
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -185,17 +196,125 @@ async def run(
     return rows
 
 
+def run_policies(counts: Sequence[int], duration_s: float, status_interval_s: float) -> list[Any]:
+    """One process per count (benchmarks/operator_policies.py); their JSON results."""
+    results = []
+    for n in counts:
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / "operator_policies.py"),
+                str(n),
+                "--duration-s",
+                str(duration_s),
+                "--status-interval",
+                str(status_interval_s),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{n} policies failed:\n{done.stderr[-3000:]}")
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def status_per_min(r: dict[str, Any]) -> float:
+    """The policy status writes per DGD per minute in the steady part."""
+    writes = r["api_calls"].get("PATCH plannerpolicies/status", 0)
+    return float(writes) / r["n"] / (r["steady_s"] / 60.0)
+
+
+def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        f"`python benchmarks/operator_scale.py --policies "
+        f"{' '.join(str(r['n']) for r in results)} --duration-s {args.duration_s:g} "
+        f"--status-interval {args.status_interval:g}`: the whole planner loops (throughput "
+        "interval 60 s, fast check 15 s, reports on, the operator's status writer), each "
+        "count in its own process, against benchmarks/light_cluster.py (kmock saturates near "
+        "100 DGDs); kopf itself is not run. Steady: from one throughput interval and one fast "
+        "check after the start to the end. A loaded 2-core machine.",
+        "",
+        "| policies | steady ticks | decided within 10% of interval (steady / whole run) "
+        "| steady lag p50 / p99 / max s | CPU ms / tick | planner cores | stand-in cores "
+        "| load avg | API calls / DGD / min (status writes) | RSS MiB | MiB / policy |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    previous: dict[str, Any] | None = None
+    for r in results:
+        steady = r["steady"]
+        if previous is not None:
+            slope = (r["rss_mib"] - previous["rss_mib"]) / (r["n"] - previous["n"])
+            per_policy = f"{slope:.2f} (slope from {previous['n']})"
+        else:
+            per_policy = f"{r['mib_per_policy']:.2f} (with the loops' imports)"
+        lines.append(
+            f"| {r['n']} | {steady['ticks']} | {100 * steady['within_10pct']:.1f}% / "
+            f"{100 * r['within_10pct']:.1f}% | {steady['lag_p50_s']:.2f} / "
+            f"{steady['lag_p99_s']:.2f} / {steady['lag_max_s']:.2f} | "
+            f"{r['cpu_ms_per_tick']:.1f} | {r['cpu_cores']:.2f} | {r['server_cores']:.2f} | "
+            f"{r['loadavg_1m']:.1f} | {r['api_per_dgd_min']:.2f} ({status_per_min(r):.2f}) | "
+            f"{r['rss_mib']:.0f} | {per_policy} |"
+        )
+        previous = r
+    lines.append("")
+    for r in results:
+        calls = ", ".join(f"{k} {v}" for k, v in sorted(r["api_calls"].items())) or "none"
+        down = r["shutdown"]
+        lines.append(
+            f"- {r['n']} policies: steady API calls {calls} in {r['steady_s']:.0f} s; "
+            f"Prometheus {r['prometheus_per_dgd_min']:.1f} queries / DGD / min. All loops "
+            f"stopped in {down['stop_s']:.2f} s, leaving {len(down['threads_left'])} "
+            f"thread(s){' ' + str(down['threads_left']) if down['threads_left'] else ''}, "
+            f"{down['watch_caches_left']} watch "
+            f"cache(s), {down['metric_series_left']} metric series, {down['tasks_left']} "
+            f"task(s); RSS {down['rss_mib']:.0f} MiB after the stop (the allocator keeps "
+            "freed pages)."
+        )
+    big = results[-1]
+    slope = (
+        (big["rss_mib"] - results[-2]["rss_mib"]) / (big["n"] - results[-2]["n"])
+        if len(results) > 1
+        else big["mib_per_policy"]
+    )
+    lines += [
+        "",
+        "Targets at the largest count:",
+        "",
+        f"- every due tick decided within 10% of its interval (steady): "
+        f"{100 * big['steady']['within_10pct']:.1f}% of {big['steady']['ticks']} "
+        f"({'met' if big['steady']['within_10pct'] >= 1.0 else 'MISSED'}; the whole run, "
+        f"start-up herd included: {100 * big['within_10pct']:.1f}%).",
+        f"- RSS under 2 GB: {big['rss_mib']:.0f} MiB "
+        f"({'met' if big['rss_mib'] * 2**20 < 2e9 else 'MISSED'}).",
+        f"- under 2 API calls per DGD per minute: {big['api_per_dgd_min']:.2f} "
+        f"({'met' if big['api_per_dgd_min'] < 2 else 'MISSED'}; of which the policy status "
+        f"{status_per_min(big):.2f}: written when it changes and, while only measurements "
+        f"move, at most every --status-interval {args.status_interval:g} s).",
+        f"- at most 1.5 MB per policy: {slope * 2**20 / 1e6:.2f} MB "
+        f"({'met' if slope * 2**20 <= 1.5e6 else 'MISSED'}).",
+    ]
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", nargs="+", type=int, default=[10, 100, 1000])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--poll-max", type=int, default=100)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--policies", nargs="*", type=int, default=[])
+    parser.add_argument("--duration-s", type=float, default=150.0)
+    parser.add_argument("--status-interval", type=float, default=30.0)
     args = parser.parse_args(argv)
+    policies = run_policies(args.policies, args.duration_s, args.status_interval)
     rows = asyncio.run(run(args.counts, args.rounds, args.poll_max))
     lines = [
         BEGIN,
-        "## Operator scale: API calls per DGD, watch caches against polling (issue 36)",
+        "## Operator scale: watch caches against polling; whole policies up to 1,000 (issue 36)",
         "",
         f"`python benchmarks/operator_scale.py --counts {' '.join(map(str, args.counts))} "
         f"--rounds {args.rounds} --poll-max {args.poll_max}` (kmock stand-alone, every DGD "
@@ -230,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{watch['cpu_ms_per_tick'] / poll['cpu_ms_per_tick']:.2f}; API calls per DGD per "
             f"minute {poll['calls_per_min']:.2f} -> {watch['calls_per_min']:.2f} (target < 2)."
         )
+    if policies:
+        lines += policies_block(args, policies)
     lines.append(END)
     block = "\n".join(lines)
     print(block)

@@ -12,7 +12,8 @@ or on its schedule (every ``report_interval_hours``, the first one at a phase of
 deployment, so that policies created together do not render together). A scheduled report
 replaces nothing but adds a file; the oldest are deleted so that a deployment keeps at most
 ``report_keep_files`` and the whole report folder at most ``report_max_bytes``. Nothing is
-rendered when a loop stops.
+rendered when a loop stops. A live process renders in a child process
+(:mod:`disagg_planner.report.child`), so that no render's modules or peak heap stay in it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from disagg_planner.report.child import render_in_child
 from disagg_planner.signals.fpm import ForwardPassMetrics
 
 log = logging.getLogger(__name__)
@@ -161,9 +163,9 @@ class TickWindow:
             self._sealed_ticks -= count
 
     def _lines(self) -> Iterator[bytes]:
-        for _, _, blob in list(self._blocks):
-            yield from zlib.decompress(blob).split(b"\n")
-        yield from list(self._open)
+        # The lists are copied now (the caller may hold a lock), decompressed when iterated.
+        blobs = [blob for _, _, blob in self._blocks]
+        return _decoded(blobs, list(self._open))
 
     def snapshots(self) -> list[TickSnapshot]:
         """The ticks kept, oldest first."""
@@ -172,6 +174,12 @@ class TickWindow:
     def json_lines(self) -> Iterator[bytes]:
         """Each tick's JSON (what the gzip log holds)."""
         return self._lines()
+
+
+def _decoded(blobs: list[bytes], open_lines: list[bytes]) -> Iterator[bytes]:
+    for blob in blobs:
+        yield from zlib.decompress(blob).split(b"\n")
+    yield from open_lines
 
 
 def stagger_fraction(key: str) -> float:
@@ -228,7 +236,8 @@ class DiagnosticsRecorder:
 
     ``window_hours`` None keeps up to :data:`MAX_SNAPSHOTS` ticks (replay). ``keep_files``,
     ``max_bytes`` and ``disk_root`` bound the scheduled reports on disk (module doc);
-    ``stagger_key`` (the deployment) sets the phase of the schedule.
+    ``stagger_key`` (the deployment) sets the phase of the schedule. ``render_in_child``
+    renders the reports without sections in a child process (:mod:`disagg_planner.report.child`).
     """
 
     def __init__(
@@ -246,6 +255,7 @@ class DiagnosticsRecorder:
         max_bytes: int | None = None,
         disk_root: str | Path | None = None,
         stagger_key: str | None = None,
+        render_in_child: bool = False,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.report_interval_s = (
@@ -265,6 +275,9 @@ class DiagnosticsRecorder:
         self._phase = 1.0 if stagger_key is None else 0.5 + stagger_fraction(stagger_key) / 2
         self._next_report_s: float | None = None
         self._lock = threading.Lock()  # ticks arrive from the loop, renders from HTTP too
+        # A live process renders in a child (report/child.py: the render's modules and peak
+        # heap would otherwise stay in the operator for good); replay renders in place.
+        self.render_in_child = render_in_child
 
     def __len__(self) -> int:
         return len(self.ticks)
@@ -293,35 +306,55 @@ class DiagnosticsRecorder:
         """The HTML report of the ticks in the window (None before any); ``sections`` are
         what the caller adds to it (keyword arguments of
         :func:`disagg_planner.report.html.render_report`: replay's score, latency, load)."""
+        return self._render(None, sections)
+
+    def _render(self, out: Path | None, sections: dict[str, Any]) -> str | None:
+        """The report's HTML, or None once written to ``out`` (None too with no ticks)."""
+        if self.render_in_child and not sections:
+            if len(self.ticks) == 0:
+                return None
+            with self._lock:
+                lines = self.ticks.json_lines()  # the window now, decoded while streamed
+            return render_in_child(
+                lines,
+                title=self.title,
+                ttft_slo_ms=self.ttft_slo_ms,
+                itl_slo_ms=self.itl_slo_ms,
+                out=out,
+            )
         from disagg_planner.report.html import render_report
 
         snapshots = self.snapshots
         if not snapshots:
             return None
-        return render_report(
+        html = render_report(
             snapshots,
             title=self.title,
             ttft_slo_ms=self.ttft_slo_ms,
             itl_slo_ms=self.itl_slo_ms,
             **sections,
         )
+        if out is None:
+            return html
+        out.write_text(html, encoding="utf-8")
+        return None
 
     def write_report(self, **sections: Any) -> Path | None:
         """Write the HTML report (and the gzip log) of the ticks in the window, then delete
         the oldest reports beyond the limits."""
-        html = self.render_html(**sections)
-        if html is None:
+        if len(self.ticks) == 0:
             return None
         self.output_dir.mkdir(parents=True, exist_ok=True)
         last_t = self.ticks.last_t or 0.0
         base = (self.filename or f"planner-report-{int(last_t)}s").removesuffix(".html")
         path = self.output_dir / f"{base}.html"
-        path.write_text(html, encoding="utf-8")
+        self._render(path, sections)
         if self.write_gzip_log:
             with self._lock:
-                lines = list(self.ticks.json_lines())
+                lines = self.ticks.json_lines()
             with gzip.open(self.output_dir / f"{base}.log.jsonl.gz", "wb") as handle:
-                handle.write(b"\n".join(lines) + b"\n")
+                for line in lines:  # a line at a time: the window is never held decoded
+                    handle.write(line + b"\n")
         deleted = prune_reports(
             self.output_dir, keep=self.keep_files, root=self.disk_root, max_bytes=self.max_bytes
         )

@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from disagg_planner.connectors.kubernetes import KubernetesConnector
 from disagg_planner.connectors.kubernetes.cache import WatchCaches
 from disagg_planner.connectors.virtual import VirtualConnector
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
-from disagg_planner.profiles import Profile
+from disagg_planner.profiles import Profile, resolve_profile
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.runtime.clock import Clock, WallClock
 from disagg_planner.runtime.connector_settings import (
@@ -103,12 +105,41 @@ def make_recorder(
         max_bytes=config.report_max_bytes,
         disk_root=config.report_output_dir,
         stagger_key=str(ref),
+        render_in_child=True,  # a live process keeps no render's modules or peak heap
     )
 
 
+# The profiles in use, shared by every loop of the process that names the same directory in
+# the same state (key: the resolved directory and each file's size and mtime). A profile is
+# read-only once built and holds ~3.7 MB (its interpolators' grids): one copy per policy was
+# most of an operator's memory per policy (issue 36). Weak values: a profile no loop holds
+# any more is freed; an edited profile directory is a new key, read again.
+_PROFILES: weakref.WeakValueDictionary[tuple[object, ...], Profile] = weakref.WeakValueDictionary()
+_PROFILES_LOCK = threading.Lock()  # loads run in worker threads; one load per key
+
+
+def _profile_key(directory: Path) -> tuple[object, ...]:
+    files = sorted(
+        (str(p.relative_to(directory)), p.stat().st_size, p.stat().st_mtime_ns)
+        for p in directory.rglob("*")
+        if p.is_file()
+    )
+    return (str(directory.resolve()), *files)
+
+
 def load_profile_for(config: PlannerConfig) -> Profile | None:
-    """The throughput loop's profile, or None when that loop is off."""
-    return profile_for(config) if config.throughput_scaling_active else None
+    """The throughput loop's profile, or None when that loop is off; one shared copy per
+    profile directory (unchanged on disk) in the process."""
+    if not config.throughput_scaling_active:
+        return None
+    directory = resolve_profile(config.profile or config.profile_results_dir)
+    key = _profile_key(directory)
+    with _PROFILES_LOCK:
+        profile = _PROFILES.get(key)
+        if profile is None:
+            profile = profile_for(config)
+            _PROFILES[key] = profile
+        return profile
 
 
 async def serve(

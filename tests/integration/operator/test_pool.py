@@ -6,12 +6,20 @@ the totals, and the arbiter's memory on the pool object survives the operator's 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
+
+import pytest
 
 from disagg_planner.operator.crd import GROUP, VERSION
 from disagg_planner.operator.pool import POOL_KIND, POOL_PLURAL
 from tests.integration.connectors.conftest import NS
-from tests.integration.operator.conftest import POOL, OperatorCluster, eventually
+from tests.integration.operator.conftest import INTERVAL_S, POOL, OperatorCluster, eventually
+from tests.kube_dynamo import DGD_PLURAL
+from tests.kube_dynamo import GROUP as DGD_GROUP
+from tests.kube_dynamo import VERSION as DGD_VERSION
+from tests.unit.observe.canned_prometheus import CannedPrometheus, vector_reply
+from tests.unit.runtime.conftest import traffic_parts
 
 MAX_TOTAL = 5
 
@@ -128,3 +136,110 @@ async def test_a_sharded_operator_serves_only_the_policies_and_pools_of_its_shar
 
 
 SHARD = "planner.autoscaling.dev/shard"
+
+
+class PoolDynamo:
+    """The Dynamo operator of several DGDs, in real time: a rise of a service's replicas
+    creates its pods at once (they hold their GPUs from that moment, the worst case for a
+    budget); a fall marks the extra pods terminating, and they hold their GPUs for
+    ``grace_s`` more. The DGD's status counts the pods not terminating, as Dynamo's does,
+    written through the API (the operator's watch caches see it)."""
+
+    def __init__(self, cluster: OperatorCluster, names: tuple[str, ...], grace_s: float) -> None:
+        self.cluster = cluster
+        self.names = names
+        self.grace_s = grace_s
+        self.running: dict[tuple[str, str], int] = {}
+        self.leaving: list[tuple[float, str, str]] = []  # (gone at, dgd, service)
+
+    def gpus_held(self) -> int:
+        """GPUs held now (one per replica in these graphs), terminating pods included."""
+        return sum(self.running.values()) + len(self.leaving)
+
+    async def reconcile(self) -> None:
+        now = time.monotonic()
+        self.leaving = [p for p in self.leaving if p[0] > now]
+        for name in self.names:
+            services = self.cluster.dgd(name)["spec"]["services"]
+            status = {}
+            for service in ("prefill", "decode"):
+                wanted = int(services[service]["replicas"])
+                had = self.running.get((name, service), wanted)
+                self.leaving += [(now + self.grace_s, name, service)] * max(0, had - wanted)
+                self.running[name, service] = wanted
+                status[service] = {"replicas": wanted, "readyReplicas": wanted}
+            if status != (self.cluster.dgd(name).get("status") or {}).get("services"):
+                await asyncio.to_thread(
+                    self.cluster.api.patch_namespaced_custom_object_status,
+                    DGD_GROUP,
+                    DGD_VERSION,
+                    NS,
+                    DGD_PLURAL,
+                    name,
+                    {"status": {"state": "successful", "services": status}},
+                )
+
+
+@pytest.mark.slow
+async def test_the_pool_never_holds_more_than_its_ceiling_through_a_scripted_day(
+    operator_cluster: OperatorCluster, start_operator: Any
+) -> None:
+    """Issue 30: the pool's GPUs in use, polled every 0.2 s through a day of traffic
+    compressed into phases (the low priority bursts and borrows the idle floor; the high
+    priority bursts and reclaims it; both burst; both calm), never exceed maxTotalGpus,
+    counting the pods that start and those that terminate after a reclaim."""
+    cluster = operator_cluster
+    ceiling, grace_s = 6, 1.5
+    prometheus = {name: CannedPrometheus() for name in ("alpha", "beta")}
+    try:
+        for name, replies in prometheus.items():
+            cluster.add_graph(name)
+            replies.reply = vector_reply(traffic_parts(LOW, INTERVAL_S))
+        dynamo = PoolDynamo(cluster, ("alpha", "beta"), grace_s)
+        await add_pool(cluster, "gpus", {"maxTotalGpus": ceiling, "stabilizationSeconds": 2})
+        await start_operator(pool_period_s=0.5)
+        for name, priority in (("alpha", 10), ("beta", 0)):
+            spec = {
+                "targetRef": {"name": name},
+                "pool": "gpus",
+                "pool_priority": priority,
+                "pool_floor_gpus": 2,
+                "metric_pulling_prometheus_endpoint": prometheus[name].url,
+            }
+            await cluster.add_policy(name, spec)
+        held: list[tuple[str, int, dict[str, int]]] = []
+
+        async def phase(label: str, alpha: float, beta: float, seconds: float) -> None:
+            for name, rate in (("alpha", alpha), ("beta", beta)):
+                prometheus[name].reply = vector_reply(traffic_parts(rate, INTERVAL_S))
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                await dynamo.reconcile()
+                held.append(
+                    (label, dynamo.gpus_held(), {n: gpus(cluster, n) for n in ("alpha", "beta")})
+                )
+                await asyncio.sleep(0.2)
+
+        await phase("calm", LOW, LOW, 4)
+        await phase("low priority bursts", LOW, HIGH, 10)
+        await phase("high priority bursts", HIGH, HIGH, 12)
+        await phase("low priority alone again", LOW, HIGH, 10)
+        await phase("calm again", LOW, LOW, 6)
+    finally:
+        for replies in prometheus.values():
+            replies.close()
+
+    over = [(label, n, desired) for label, n, desired in held if n > ceiling]
+    assert not over, over[:5]
+    peak = {
+        label: {n: max(d[n] for lbl, _, d in held if lbl == label) for n in ("alpha", "beta")}
+        for label, _, _ in held
+    }
+    # the day did what it says: beta borrowed alpha's idle floor, alpha reclaimed it
+    assert peak["low priority bursts"]["beta"] > 2, peak
+    assert peak["high priority bursts"]["alpha"] > 2, peak
+    final_burst = [d for label, _, d in held if label == "high priority bursts"][-1]
+    assert final_burst["beta"] < peak["low priority bursts"]["beta"], (final_burst, peak)
+
+
+LOW, HIGH = 1.0, 30.0

@@ -222,3 +222,38 @@ def test_the_report_endpoint_renders_a_deployment_on_demand(tmp_path: Path) -> N
     finally:
         server.stop()
     assert list(tmp_path.iterdir()) == []  # rendered on demand, nothing written
+
+
+def test_a_live_recorder_renders_in_a_child_and_keeps_no_render_modules(tmp_path: Path) -> None:
+    """Issue 36 (the soak): a render left plotly and its peak heap in the operator for good
+    (RSS 1.89x day 1 after the first scheduled report). In a fresh interpreter, a recorder as
+    the operator builds it writes its scheduled report and renders on demand, and neither
+    the report code nor plotly is imported in that process."""
+    script = f"""
+import sys
+from pathlib import Path
+from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
+rec = DiagnosticsRecorder(output_dir=Path({str(tmp_path)!r}), report_interval_hours=1 / 60,
+                          filename="run", render_in_child=True, ttft_slo_ms=500)
+written = [rec.record(TickSnapshot(t_s=float(t), desired={{"decode": 2}}, ready={{"decode": 2}},
+                                   gpus_in_use=2, gpu_hours=0.0)) for t in range(0, 70, 10)]
+html = rec.render_html()
+assert [p.name for p in written if p] == ["run.html"], written
+assert "Replicas per role" in html, html[:200]
+leaked = sorted(m for m in sys.modules if m.startswith(("plotly", "disagg_planner.report.html")))
+assert leaked == [], leaked
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Replicas per role" in (tmp_path / "run.html").read_text()
+    assert (tmp_path / "run.log.jsonl.gz").exists()
+
+
+def test_a_child_that_cannot_render_is_a_clear_error(tmp_path: Path) -> None:
+    from disagg_planner.report.child import ReportRenderError, render_in_child
+
+    with pytest.raises(ReportRenderError, match=r"(?s)exited 1:.*JSONDecodeError"):
+        render_in_child([b"not json"], title="t", ttft_slo_ms=None, itl_slo_ms=None)
