@@ -136,7 +136,7 @@ def fast_check(
 
     interval = cfg.throughput_adjustment_interval_seconds
     trend = rising_trend(
-        tp.after_opening(memory.rate_samples),
+        memory.after_opening(memory.rate_samples, interval),
         now_s=now_s,
         span_s=interval,
         reach_s=tp.deployment_time_to_ready().value + recent.duration_s,
@@ -171,7 +171,7 @@ def fast_check(
     rules = (
         risk.reason,
         lengths_reason,
-        tp.opening_rule(now_s),
+        memory.opening_rule(now_s, interval),
         trend.reason,
         burst.reason,
         backlog.reason,
@@ -193,7 +193,7 @@ def fast_check(
     explain += f" (drained over {drain_s:.0f} s); " + tp.sizer.explain(observed, sizing, target)
     notes = (
         lengths_reason,
-        tp.opening_rule(now_s),
+        memory.opening_rule(now_s, interval),
         trend.reason,
         *capped,
         *watching,

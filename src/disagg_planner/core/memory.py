@@ -13,11 +13,16 @@ The feedback rules' memory is :class:`disagg_planner.core.feedback.FeedbackMemor
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from disagg_planner.core.rules import LengthSample, RateSample
-from disagg_planner.core.types import DeploymentStatus, Histogram, TrafficObservation
+from disagg_planner.core.types import (
+    DeploymentStatus,
+    Histogram,
+    MissingObservation,
+    TrafficObservation,
+)
 
 # Short-window (fast-check) arrival rates kept for the burst factor: an hour at 15 s.
 BURST_HISTORY = 240
@@ -101,6 +106,24 @@ class TrafficMemory:
         """When the opening (the first interval of traffic) ends; None before any."""
         return self.first_seen_s + interval_s if self.first_seen_s is not None else None
 
+    def after_opening(self, samples: Iterable[RateSample], interval_s: float) -> list[RateSample]:
+        """The short windows after the opening interval of traffic (the run, or the planner,
+        starting: its ramp is no trend to extrapolate and no burst to remember)."""
+        end = self.since_opening(interval_s)
+        if end is None:
+            return []
+        return [s for s in samples if s.end_s - s.duration_s >= end - 1e-9]
+
+    def opening_rule(self, now_s: float, interval_s: float) -> str:
+        """The opening ramp rule's sentence while its windows are in the trend's span."""
+        end = self.since_opening(interval_s)
+        if end is None or now_s >= end + interval_s:
+            return ""
+        return (
+            f"opening ramp: traffic since {self.first_seen_s:.0f} s, the windows before "
+            f"{end:.0f} s are the run starting (no trend, no burst)"
+        )
+
 
 def pool_windows(windows: list[TrafficObservation]) -> TrafficObservation | None:
     """Consecutive short windows as one: counts and durations summed, averages weighted by
@@ -136,4 +159,13 @@ def pool_windows(windows: list[TrafficObservation]) -> TrafficObservation | None
         osl_histogram=summed("osl_histogram"),
         ttft_histogram=summed("ttft_histogram"),
         in_flight=last.in_flight,
+    )
+
+
+def pooled_rule(missing: MissingObservation, pooled: TrafficObservation, n: int) -> str:
+    """The sentence of a tick planned from ``n`` pooled fast windows (a first tick that sees)."""
+    return (
+        f"first tick that sees: the interval's window is missing ({missing.reason}); "
+        f"planned from the {n} fast windows since the last tick ({pooled.duration_s:.0f} s, "
+        f"{pooled.num_req:.0f} requests)"
     )

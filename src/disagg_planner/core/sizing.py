@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from disagg_planner.core.rules import histogram_points
-from disagg_planner.core.types import Histogram, TrafficObservation
+from disagg_planner.core.types import DeploymentStatus, Histogram, TrafficObservation
 from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
 
 # Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
@@ -142,6 +142,31 @@ def decode_correction(
     kv_usage = min(1.0, concurrency * context / max_kv_tokens)
     expected = decode.itl_ms(kv_usage, context)
     return obs.itl_ms / expected if expected > 0 else None
+
+
+def latency_ratios(
+    obs: TrafficObservation,
+    profile: CapacityProfile,
+    status: DeploymentStatus,
+    previous: CorrectionFactors,
+) -> CorrectionFactors:
+    """``previous`` with Dynamo's latency ratios of ``obs`` where measurable
+    (:func:`prefill_correction`, :func:`decode_correction` over the ready decode engines)."""
+    p_corr = prefill_correction(obs, profile.prefill)
+    d_corr = None
+    decode_role = "decode" if "decode" in status.roles else "agg"
+    if decode_role in status.roles:
+        d_corr = decode_correction(
+            obs,
+            profile.decode,
+            max_kv_tokens=profile.max_kv_tokens,
+            decode_replicas=status.ready(decode_role),
+        )
+    return replace(
+        previous,
+        prefill=p_corr if p_corr is not None else previous.prefill,
+        decode=d_corr if d_corr is not None else previous.decode,
+    )
 
 
 def size_prefill(

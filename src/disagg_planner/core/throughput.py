@@ -49,6 +49,7 @@ from disagg_planner.core.memory import (
     StabilisationMemory,
     TrafficMemory,
     pool_windows,
+    pooled_rule,
 )
 from disagg_planner.core.rules import (
     LengthSample,
@@ -68,9 +69,8 @@ from disagg_planner.core.sizing import (
     CorrectionFactors,
     LoadForecast,
     RoleSizing,
-    decode_correction,
     histogram_scv,
-    prefill_correction,
+    latency_ratios,
 )
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -163,23 +163,6 @@ class ThroughputPlanner:
         values = [self.time_to_ready(r) for r in self.config.roles]
         return max(values, key=lambda v: v.value)
 
-    def after_opening(self, samples: Sequence[RateSample]) -> list[RateSample]:
-        """The short windows after the opening interval of traffic (the run, or the planner,
-        starting: its ramp is no trend to extrapolate and no burst to remember)."""
-        end = self.traffic.since_opening(self.config.throughput_adjustment_interval_seconds)
-        if end is None:
-            return []
-        return [s for s in samples if s.end_s - s.duration_s >= end - 1e-9]
-
-    def opening_rule(self, now_s: float) -> str:
-        end = self.traffic.since_opening(self.config.throughput_adjustment_interval_seconds)
-        if end is None or now_s >= end + self.config.throughput_adjustment_interval_seconds:
-            return ""
-        return (
-            f"opening ramp: traffic since {self.traffic.first_seen_s:.0f} s, the windows before "
-            f"{end:.0f} s are the run starting (no trend, no burst)"
-        )
-
     def limits(self, gpus: Mapping[str, int], *, step_cap: bool) -> GuardLimits:
         cfg = self.config
         return GuardLimits(
@@ -250,13 +233,9 @@ class ThroughputPlanner:
         )
 
     def hold(
-        self,
-        now_s: float,
-        reason: ThroughputReason,
-        message: str,
-        diagnostics: ThroughputDiagnostics,
+        self, now_s: float, reason: ThroughputReason, message: str, diag: ThroughputDiagnostics
     ) -> ThroughputDecision:
-        return ThroughputDecision(now_s, None, reason, message, diagnostics)
+        return ThroughputDecision(now_s, None, reason, message, diag)
 
     def hold_if_infeasible(
         self, now_s: float, sizing: Mapping[str, RoleSizing], diagnostics: ThroughputDiagnostics
@@ -292,7 +271,7 @@ class ThroughputPlanner:
         forecast, learnt = self._learn(fresh, status, busy)
         sized_for, rules = self._size_for_arrival(fresh, forecast)
         if isinstance(traffic, MissingObservation):
-            rules.insert(0, self._pooled_rule(traffic, fresh, pooled_from))
+            rules.insert(0, pooled_rule(traffic, fresh, pooled_from))
         burst = within_envelope(
             burst_factor(self.traffic.burst_ratios, self.config.burst_quantile),
             forecast_req=forecast.num_req,
@@ -379,14 +358,6 @@ class ThroughputPlanner:
             )
         return traffic_or_pooled
 
-    @staticmethod
-    def _pooled_rule(missing: MissingObservation, pooled: TrafficObservation, n: int) -> str:
-        return (
-            f"first tick that sees: the interval's window is missing ({missing.reason}); "
-            f"planned from the {n} fast windows since the last tick ({pooled.duration_s:.0f} s, "
-            f"{pooled.num_req:.0f} requests)"
-        )
-
     def _learn(
         self,
         traffic: TrafficObservation,
@@ -399,7 +370,7 @@ class ThroughputPlanner:
         self._observe(traffic)
         learnt: list[str] = []
         if not self.config.no_correction:
-            self._update_corrections(traffic, status)
+            self.latency = latency_ratios(traffic, self.profile, status, self.latency)
             for role in self.config.roles:
                 ratio = self.tails(traffic).ratio(role)
                 calm = ratio is not None and scale_down_margin(role, ratio=ratio).value > 0
@@ -455,23 +426,6 @@ class ThroughputPlanner:
             fallback=any(f.fallback for f in parts.values()),
         )
 
-    def _update_corrections(self, obs: TrafficObservation, status: DeploymentStatus) -> None:
-        p_corr = prefill_correction(obs, self.profile.prefill)
-        d_corr = None
-        decode_role = "decode" if "decode" in status.roles else "agg"
-        if decode_role in status.roles:
-            d_corr = decode_correction(
-                obs,
-                self.profile.decode,
-                max_kv_tokens=self.profile.max_kv_tokens,
-                decode_replicas=status.ready(decode_role),
-            )
-        self.latency = replace(
-            self.latency,
-            prefill=p_corr if p_corr is not None else self.latency.prefill,
-            decode=d_corr if d_corr is not None else self.latency.decode,
-        )
-
     def _size_for_arrival(
         self, traffic: TrafficObservation, forecast: LoadForecast
     ) -> tuple[LoadForecast, list[str]]:
@@ -500,15 +454,15 @@ class ThroughputPlanner:
         (sized as the forecast is, without the burst factor, which the short-window peak
         already is, and without a backlog); no floor when it remembers none or the profile
         cannot size it."""
+        interval = self.config.throughput_adjustment_interval_seconds
         memory = burst_memory(
-            self.after_opening(self.traffic.rate_samples),
+            self.traffic.after_opening(self.traffic.rate_samples, interval),
             now_s=now_s,
             time_to_ready_s=self.deployment_time_to_ready().value,
             memory_s=self.config.burst_memory_seconds,
         )
         if memory.value <= 0:
             return memory, {}
-        interval = self.config.throughput_adjustment_interval_seconds
         peak = replace(sized_for, num_req=memory.value * interval)
         sizing = self.sizer.size(peak, gpus, length_mix=length_mix)
         if any(not s.feasible for s in sizing.values()):
