@@ -24,22 +24,27 @@ No I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from disagg_planner.core.feedback import (
     breach_replicas,
+    breach_responds,
     observed_breach,
+    unfixable_tail,
 )
 from disagg_planner.core.guards import guard_chain
 from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
     RuleValue,
+    histogram_quantile,
     pooled_lengths,
     rising_trend,
     slo_at_risk,
 )
 from disagg_planner.core.sizing import LoadForecast, RoleSizing
 from disagg_planner.core.throughput import (
+    DEFAULT_FAST_TTFT_QUANTILE,
     ThroughputDecision,
     ThroughputDiagnostics,
     ThroughputPlanner,
@@ -85,7 +90,10 @@ def fast_check(
         isl, osl = memory.last_lengths or (0.0, 0.0)
         lengths_reason = "no lengths in the recent windows: the last ones seen"
 
-    tails = tp.tails(recent)
+    tails = seen = tp.tails(recent)
+    unfixable = _unfixable(tp, recent)
+    if unfixable.value:  # the prompts' own prefill: no replica count shortens that tail
+        tails = replace(seen, ttft_ms=None)
     # A breach is counted from the role's convergence on: while ordered replicas start, the
     # tail holds the requests that queued before they served.
     streaks = {
@@ -100,7 +108,7 @@ def fast_check(
     queued_isl = recent.isl if recent.num_req > 0 and recent.isl is not None else isl
     backlog = tp.backlog(recent, queued_isl, queued_prefill_tokens)
     risk = slo_at_risk(
-        ttft_tail_ms=tails.ttft_ms,
+        ttft_tail_ms=seen.ttft_ms,
         ttft_target_ms=cfg.ttft_ms,
         itl_ms=recent.itl_ms,
         itl_target_ms=cfg.itl_ms,
@@ -122,6 +130,7 @@ def fast_check(
         for r in cfg.roles
     }
     watching = [b.reason for b in breaches.values() if b.reason and not b.value]
+    watching += [unfixable.reason] if unfixable.value else []
     diagnostics = ThroughputDiagnostics(
         observed=recent, rules=(risk.reason, backlog.reason, *watching, *learnt)
     )
@@ -238,6 +247,18 @@ def _breach_targets(
         if not breach.value:
             continue
         tp.feedback.streak[role] = 0  # the next breach is confirmed afresh
+        responds = breach_responds(
+            role,
+            now_s=now_s,
+            previous=tp.feedback.last_breach.get(role),
+            ratio=breach.value,
+            window_s=window,
+        )
+        if not responds.value and not cut_recently[role]:
+            notes += [breach.reason, responds.reason]
+            notes += tp.feedback.learn(role, calm=True)
+            continue
+        tp.feedback.last_breach[role] = (now_s, breach.value)
         sized = steady[role].replicas
         rule = breach_replicas(
             role,
@@ -273,3 +294,17 @@ def _busy_window_rate(tp: ThroughputPlanner, now_s: float, span_s: float = 60.0)
     recent = [s for s in tp.traffic.rate_samples if s.end_s > now_s - span_s]
     total = sum(s.duration_s for s in recent)
     return sum(s.rate * s.duration_s for s in recent) / total if total > 0 else 0.0
+
+
+def _unfixable(tp: ThroughputPlanner, recent: TrafficObservation) -> RuleValue:
+    """:func:`disagg_planner.core.feedback.unfixable_tail` at the prompt length of the
+    attainment quantile (the window's ISL histogram, else the last interval's)."""
+    histogram = recent.isl_histogram or tp.traffic.isl_histogram
+    if histogram is None or ("prefill" not in tp.config.roles and tp.config.mode != "agg"):
+        return RuleValue(0.0, "")
+    quantile = tp.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE
+    isl = histogram_quantile(histogram, quantile)
+    if isl is None or isl <= 0:
+        return RuleValue(0.0, "")
+    own = tp.profile.prefill.ttft_ms(isl)
+    return unfixable_tail(own_ms=own, target_ms=tp.config.ttft_ms, isl=isl)

@@ -40,6 +40,10 @@ BREACH_CONFIRMATIONS = 2
 # A breach scales a role at most this many times its ready replicas at once (a tail many
 # times the SLO is a queue, which the backlog rule sizes; the next breach can ask again).
 MAX_BREACH_GROWTH = 2.0
+# A breach after a breach scale-up must have fallen to this share of the tail ratio that
+# ordered it, or more replicas are not what it lacks (prompts whose own prefill takes most of
+# the SLO: no replica count fixes their tail).
+BREACH_RESPONSE = 0.9
 # The busy fraction an engine is planned at (the HPA's usual target utilisation).
 BUSY_TARGET = 0.8
 # A role goes down only while its observed tail is under this share of its SLO.
@@ -118,6 +122,8 @@ class FeedbackMemory:
     cut: dict[str, tuple[float, int]] = field(default_factory=dict)
     cut_need: dict[str, tuple[float, int]] = field(default_factory=dict)
     busy_estimate: dict[str, float] = field(default_factory=dict)  # the last, per role
+    # (when, tail ratio) of the last breach scale-up, per role
+    last_breach: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def see(self, role: str, ratio: float | None) -> int:
         """Count a check's tail for ``role``; returns the fast checks in a row over SLO."""
@@ -173,6 +179,38 @@ def observed_breach(
         return RuleValue(0.0, f"{role}: over its SLO ({tails.text}), {streak} of {needed} checks")
     why = "after a cut of it" if recently_cut else f"for {streak} fast checks"
     return RuleValue(ratio, f"{role}: observed tail over its SLO {why} ({tails.text})")
+
+
+def breach_responds(
+    role: str, *, now_s: float, previous: tuple[float, float] | None, ratio: float, window_s: float
+) -> RuleValue:
+    """1 when a confirmed breach of ``role`` may scale it: the first within ``window_s`` (the
+    stabilisation window) of the last breach scale-up, or one whose tail ratio fell below
+    :data:`BREACH_RESPONSE` of the one that ordered it (the replicas helped, more may help
+    more); 0 when more replicas did not lower the tail: what it lacks is not capacity."""
+    if previous is None or now_s - previous[0] > window_s:
+        return RuleValue(1.0, "")
+    if ratio < BREACH_RESPONSE * previous[1]:
+        return RuleValue(1.0, "")
+    previous_ratio = previous[1]
+    return RuleValue(
+        0.0,
+        f"{role}: more replicas did not lower the tail (x{previous_ratio:.2f} -> x{ratio:.2f} "
+        f"the SLO since {previous[0]:.0f} s): not a capacity breach, the model stands",
+    )
+
+
+def unfixable_tail(*, own_ms: float, target_ms: float, isl: float) -> RuleValue:
+    """1 when the prompt at the attainment quantile alone takes the TTFT SLO or more of
+    prefill (``own_ms``, the profile's TTFT at its length): its tail is the prompt's, which
+    no replica count shortens, so it is no breach of capacity; 0 otherwise."""
+    if own_ms < target_ms:
+        return RuleValue(0.0, "")
+    return RuleValue(
+        1.0,
+        f"prefill: the tail's own prompts ({isl:.0f} tokens) take {own_ms:.0f} ms of prefill "
+        f"alone, over the {target_ms:.0f} ms SLO: no breach of capacity",
+    )
 
 
 def breach_replicas(

@@ -5,7 +5,7 @@ reason and the sentence of the rule that decided, in one assert."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -50,6 +50,14 @@ def window(
         osl=osl,
         itl_ms=itl_ms,
         ttft_histogram=ttft(ttft_p99_s),
+    )
+
+
+def long_prompts(end_s: float) -> TrafficObservation:
+    """A window whose p99 prompt (16,220 tokens) alone takes longer than the 500 ms SLO."""
+    return replace(
+        window(end_s, 10, ttft_p99_s=0.95),
+        isl_histogram=Histogram(bounds=(16384.0,), counts=(100.0,)),
     )
 
 
@@ -114,6 +122,30 @@ ROWS = [
         {"prefill": 6, "decode": 2},
         R.SCALE,
         "prefill 5 ready x1.20 (busy 96% over 80%) -> 6",
+    ),
+    Row(
+        "observed breach: more replicas that did not lower the tail are not asked for again",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),
+            fast(90, window(90, 10, ttft_p99_s=0.95), FIVE),
+            fast(105, window(105, 10, ttft_p99_s=0.95), status(10, 2)),
+            fast(120, window(120, 10, ttft_p99_s=0.95), status(10, 2)),
+        ),
+        None,
+        R.NO_CHANGE,
+        "prefill: more replicas did not lower the tail (x1.90 -> x1.90 the SLO since 90 s): "
+        "not a capacity breach, the model stands",
+    ),
+    Row(
+        "observed breach: a tail the prompts' own prefill makes is no breach of capacity",
+        (
+            fast(75, long_prompts(75), FIVE),
+            fast(90, long_prompts(90), FIVE),
+        ),
+        None,
+        R.NO_CHANGE,
+        "prefill: the tail's own prompts (16220 tokens) take 582 ms of prefill alone, over the "
+        "500 ms SLO: no breach of capacity",
     ),
     Row(
         "observed breach: counted from convergence on: nothing more while the last order starts",
