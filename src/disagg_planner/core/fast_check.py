@@ -144,8 +144,12 @@ def fast_check(
         )
 
     interval = cfg.throughput_adjustment_interval_seconds
+    # The opening ramp is the run starting, no trend, unless the TTFT tail already breaches
+    # the SLO on it (a run started at full load on a deployment too small for it).
+    breached = seen.ttft_ms is not None and seen.ttft_ms > cfg.ttft_ms
+    opening = "" if breached else memory.opening_rule(now_s, interval)
     trend = rising_trend(
-        memory.after_opening(memory.rate_samples, interval),
+        memory.rate_samples if breached else memory.after_opening(memory.rate_samples, interval),
         now_s=now_s,
         span_s=interval,
         reach_s=tp.deployment_time_to_ready().value + recent.duration_s,
@@ -180,7 +184,7 @@ def fast_check(
     rules = (
         risk.reason,
         lengths_reason,
-        memory.opening_rule(now_s, interval),
+        opening,
         trend.reason,
         burst.reason,
         backlog.reason,
@@ -202,7 +206,7 @@ def fast_check(
     explain += f" (drained over {drain_s:.0f} s); " + tp.sizer.explain(observed, sizing, target)
     notes = (
         lengths_reason,
-        memory.opening_rule(now_s, interval),
+        opening,
         trend.reason,
         *capped,
         *watching,

@@ -222,8 +222,23 @@ ROWS = [
         "traffic unavailable (not_collected: no scrape at or before 0 s)",
     ),
     Row(
-        "opening ramp: a rise in the first interval of traffic is not extrapolated (sized at "
-        "the last window's 24 req/s)",
+        "opening ramp: a rise in the first interval of traffic is not extrapolated (requests "
+        "waiting, the tail under the SLO: sized at the last window's 24 req/s)",
+        tuple(
+            fast(
+                15.0 * k,
+                replace(window(15.0 * k, 2.0 * k), in_flight=500.0 if k == 12 else None),
+                status(1, 1),
+            )
+            for k in range(1, 13)
+        ),
+        {"prefill": 3, "decode": 3},
+        R.SCALE,
+        "opening ramp: traffic since 0 s, the windows before 180 s are the run starting",
+        (("throughput_adjustment_interval_seconds", 180.0),),
+    ),
+    Row(
+        "opening ramp: a ramp whose TTFT tail already breaches the SLO is a trend",
         tuple(
             fast(
                 15.0 * k,
@@ -232,9 +247,9 @@ ROWS = [
             )
             for k in range(1, 13)
         ),
-        {"prefill": 3, "decode": 3},
+        {"prefill": 4, "decode": 4},
         R.SCALE,
-        "opening ramp: traffic since 0 s, the windows before 180 s are the run starting",
+        "rate rising +8.00 req/s per minute over the last 12 short windows: sized for 42.00 req/s",
         (("throughput_adjustment_interval_seconds", 180.0),),
     ),
     Row(
