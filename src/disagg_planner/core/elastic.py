@@ -84,7 +84,7 @@ from enum import StrEnum
 from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
 from disagg_planner.core.budget import BudgetResult, apply_gpu_budget
 from disagg_planner.core.rules import RuleValue, backlog_tokens, fit_line, slo_request_seconds
-from disagg_planner.core.throughput import CapacityProfile, LoadForecast, size_decode, size_prefill
+from disagg_planner.core.sizing import CapacityProfile, LoadForecast, size_decode, size_prefill
 from disagg_planner.core.types import MissingObservation, TrafficObservation
 from disagg_planner.profiles import elastic_resize
 from disagg_planner.profiles.elastic_resize import ElasticEpMode, ResizeTiming

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.budget import BudgetResult, apply_gpu_budget
 from disagg_planner.core.demand import DemandSignals
+from disagg_planner.core.fast_check import fast_check
+from disagg_planner.core.feedback import mean_busy
 from disagg_planner.core.load_scaling import (
     EngineKey,
     EngineLimits,
@@ -185,14 +187,15 @@ class PlannerCore:
 
         throughput_decision: ThroughputDecision | None = None
         queued = queued_prefill_tokens(observation)
+        busy = role_busy(observation)
         if due.run_throughput and self.throughput is not None:
             traffic = observation.traffic or MissingObservation("not_collected")
-            throughput_decision = self.throughput.tick(now_s, traffic, status, queued)
+            throughput_decision = self.throughput.tick(now_s, traffic, status, queued, busy)
             if throughput_decision.replicas is not None:
                 self.throughput_floor = dict(throughput_decision.replicas)
         elif due.run_fast and self.throughput is not None:
             recent = observation.recent or MissingObservation("not_collected")
-            throughput_decision = self.throughput.fast_tick(now_s, recent, status, queued)
+            throughput_decision = fast_check(self.throughput, now_s, recent, status, queued, busy)
             if throughput_decision.replicas is not None:
                 self.throughput_floor = {
                     r: max(n, self.throughput_floor.get(r, 0))
@@ -324,6 +327,14 @@ def queued_prefill_tokens(
     if not reports:
         return None
     return float(sum(fpm.queued_requests.sum_prefill_tokens for fpm in reports))
+
+
+def role_busy(observation: Observation) -> dict[str, float] | None:
+    """The mean busy fraction of each role's engines, where the shell measured them."""
+    fractions = observation.engine_busy_fraction or {}
+    out = {role: mean_busy(per) for role, per in fractions.items()}
+    known = {role: v for role, v in out.items() if v is not None}
+    return known or None
 
 
 def _as_role(role: str) -> Role:

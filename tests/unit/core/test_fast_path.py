@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from disagg_planner.config import PlannerConfig
+from disagg_planner.core.fast_check import fast_check
 from disagg_planner.core.throughput import ThroughputPlanner
 from disagg_planner.core.types import (
     Histogram,
@@ -104,7 +105,7 @@ FAST_ROWS = [
 @pytest.mark.parametrize("row", FAST_ROWS, ids=[r.name for r in FAST_ROWS])
 def test_fast_path(h200_like_profile: Profile, row: FastRow) -> None:
     tp = planner(h200_like_profile)
-    decision = tp.fast_tick(75.0, row.observed, status(*row.current))
+    decision = fast_check(tp, 75.0, row.observed, status(*row.current))
     assert decision.reason == row.reason, decision.message
     assert row.says in decision.message
     if row.prefill is None:
@@ -118,7 +119,7 @@ def test_fast_path(h200_like_profile: Profile, row: FastRow) -> None:
 
 def test_the_fast_path_never_scales_down(h200_like_profile: Profile) -> None:
     tp = planner(h200_like_profile)
-    decision = tp.fast_tick(75.0, recent(80.0, SLOW_TTFT), status(20, 20))
+    decision = fast_check(tp, 75.0, recent(80.0, SLOW_TTFT), status(20, 20))
     assert decision.replicas is None
 
 
@@ -126,14 +127,14 @@ def test_time_to_ready_is_measured_from_the_planners_own_scale_up(
     h200_like_profile: Profile,
 ) -> None:
     tp = planner(h200_like_profile, replica_startup_seconds=300)
-    up = tp.fast_tick(75.0, recent(80.0, SLOW_TTFT), status(1, 1))
+    up = fast_check(tp, 75.0, recent(80.0, SLOW_TTFT), status(1, 1))
     assert up.replicas is not None
     p, d = up.replicas["prefill"], up.replicas["decode"]
     # still starting: the configured start-up stands
-    tp.fast_tick(90.0, recent(80.0, FAST_TTFT), status(p, d, ready_p=1, ready_d=1))
+    fast_check(tp, 90.0, recent(80.0, FAST_TTFT), status(p, d, ready_p=1, ready_d=1))
     assert "300 s (configured" in tp.time_to_ready("prefill").reason
     # ready at 120 s: 45 s measured, and the next decisions size with it
-    tp.fast_tick(120.0, recent(80.0, FAST_TTFT), status(p, d))
+    fast_check(tp, 120.0, recent(80.0, FAST_TTFT), status(p, d))
     assert tp.time_to_ready("prefill").value == 45.0
     later = tp.tick(180.0, traffic(180, 4800), status(p, d))
     assert "time-to-ready 45 s (measured)" in later.message
@@ -174,7 +175,7 @@ def test_fast_windows_give_the_burst_factor(h200_like_profile: Profile) -> None:
     for tick in range(1, 4):
         for k, rate in enumerate((0.5, 0.5, 0.5, 2.5)):
             end = tick * 60 - 45 + 15 * k
-            tp.fast_tick(end, recent(rate * 10, FAST_TTFT), status(4, 4))
+            fast_check(tp, end, recent(rate * 10, FAST_TTFT), status(4, 4))
         decision = tp.tick(tick * 60, traffic(tick * 60, 600), status(4, 4))
     assert "burst factor 2.50" in decision.message
 
@@ -204,7 +205,7 @@ def replay_rates(tp: ThroughputPlanner, rates: list[float], *, start_s: float = 
     decision = None
     for k, rate in enumerate(rates, start=1):
         end = start_s + 15.0 * k
-        tp.fast_tick(end, short_window(end, rate), status(*current.values()))
+        fast_check(tp, end, short_window(end, rate), status(*current.values()))
         window.append(rate)
         if k % 4 == 0:
             decision = tp.tick(end, traffic(end, sum(window) * 15), status(*current.values()))
@@ -252,8 +253,8 @@ def test_the_fast_path_sizes_arrivals_at_the_lengths_pooled_since_the_last_tick(
     window = recent(20.0, SLOW_TTFT, isl=30000)  # 300 requests
     seen = planner(h200_like_profile)
     seen.tick(60.0, traffic(60, 1200, isl=3000), status(2, 2))
-    pooled = seen.fast_tick(75.0, window, status(2, 2))
-    alone = planner(h200_like_profile).fast_tick(75.0, window, status(2, 2))
+    pooled = fast_check(seen, 75.0, window, status(2, 2))
+    alone = fast_check(planner(h200_like_profile), 75.0, window, status(2, 2))
     assert pooled.replicas is not None and alone.replicas is not None
     # (1200 x 3000 + 300 x 30000) / 1500
     assert "lengths ISL 8400 / OSL 300 pooled over 1500 requests of the last 2" in pooled.message
@@ -266,15 +267,17 @@ def test_the_fast_check_sizes_a_steady_rise_for_when_its_order_serves(
 ) -> None:
     """SLO at risk while the short windows rise steadily: the fast check sizes for the rate a
     line through them reaches when its order serves (time-to-ready plus one check), not the
-    window's own rate; on a flat stream at the same last rate it sizes for that rate."""
+    window's own rate; on a flat stream at the same last rate it sizes for that rate. (After
+    an opening interval at the first rate: the opening ramp is no trend.)"""
 
     def check(rates: list[float]) -> tuple[int, str]:
         tp = planner(h200_like_profile, throughput_adjustment_interval_seconds=180)
+        rates = [rates[0]] * 12 + rates
         for k, rate in enumerate(rates[:-1], start=1):
-            tp.fast_tick(15.0 * k, short_window(15.0 * k, rate), status(1, 1))
+            fast_check(tp, 15.0 * k, short_window(15.0 * k, rate), status(1, 1))
         end = 15.0 * len(rates)
         window = replace(short_window(end, rates[-1]), ttft_histogram=SLOW_TTFT)
-        decision = tp.fast_tick(end, window, status(1, 1))
+        decision = fast_check(tp, end, window, status(1, 1))
         assert decision.replicas is not None, decision.message
         return decision.replicas["prefill"], decision.message
 

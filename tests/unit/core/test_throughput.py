@@ -13,13 +13,8 @@ from hypothesis import strategies as st
 
 from disagg_planner.config import PlannerConfig
 from disagg_planner.core.budget import gpus_of
-from disagg_planner.core.throughput import (
-    CorrectionFactors,
-    LoadForecast,
-    ThroughputPlanner,
-    size_decode,
-    size_prefill,
-)
+from disagg_planner.core.sizing import CorrectionFactors, LoadForecast, size_decode, size_prefill
+from disagg_planner.core.throughput import ThroughputPlanner
 from disagg_planner.core.types import (
     DeploymentStatus,
     MissingObservation,
@@ -91,7 +86,9 @@ def test_prefill_formula_scales_with_demand_and_engine_size(h200_like_profile: P
     assert two_gpu.replicas == math.ceil(240000 / one_gpu.thpt_per_gpu / 2)
 
 
-def test_prefill_correction_only_lowers_demand(h200_like_profile: Profile) -> None:
+def test_prefill_capacity_correction_works_both_ways(h200_like_profile: Profile) -> None:
+    """Issue 29: the learned correction raises the demand where the engines are slower than
+    profiled (Dynamo's ``min(1, p_corr)`` could only lower it) and lowers it where faster."""
     forecast = LoadForecast(num_req=4800, isl=3000, osl=150)
     base = size_prefill(
         forecast, h200_like_profile.prefill, interval_s=60, correction=1.0, gpus_per_replica=1
@@ -102,8 +99,10 @@ def test_prefill_correction_only_lowers_demand(h200_like_profile: Profile) -> No
     fast = size_prefill(
         forecast, h200_like_profile.prefill, interval_s=60, correction=0.5, gpus_per_replica=1
     )
-    assert slow.replicas == base.replicas
-    assert fast.replicas == math.ceil(base.demand_tokens_per_s * 0.5 / base.thpt_per_gpu)
+    assert (slow.replicas, fast.replicas) == (
+        math.ceil(base.demand_tokens_per_s * 3.0 / base.thpt_per_gpu),
+        math.ceil(base.demand_tokens_per_s * 0.5 / base.thpt_per_gpu),
+    )
 
 
 def test_decode_formula_uses_best_throughput_under_corrected_itl(h200_like_profile: Profile):

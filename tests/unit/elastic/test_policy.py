@@ -19,7 +19,7 @@ from disagg_planner.core.elastic import (
     mode_timing,
     request_gpu_seconds,
 )
-from disagg_planner.core.throughput import LoadForecast, size_agg, size_decode, size_prefill
+from disagg_planner.core.sizing import LoadForecast, size_agg, size_decode, size_prefill
 from disagg_planner.core.types import MissingObservation, TrafficObservation
 from disagg_planner.profiles import load_profile
 from disagg_planner.profiles.registry import resolve_profile

@@ -1,0 +1,314 @@
+"""The fast check between throughput ticks, from the frontend alone (every
+``fast_check_interval_seconds``). Its stages, in order:
+
+1. hold when the short window is missing; else record its rate (burst factor, burst memory,
+   rising trend), its lengths and the window itself (the tick's window when that is missing);
+2. the observed tails over their SLOs per role (TTFT tail at the attainment quantile for
+   prefill, ITL for decode, both for an aggregated engine), counted towards a breach; the
+   prefill capacity correction from the engines' busy fraction;
+3. :func:`disagg_planner.core.rules.slo_at_risk` and
+   :func:`disagg_planner.core.feedback.observed_breach`: nothing changes unless one fires;
+4. the sizing of the observed demand (the rising trend after the opening interval, the
+   backlog, the length mix);
+5. observed breach beats the model (:func:`disagg_planner.core.feedback.breach_replicas`):
+   a confirmed breach where the sizing says the replicas suffice scales the role by what
+   the observation asks for, and the capacity correction learns by how much the model
+   was off; a breach right after a cut of the role restores the cut replicas at once and
+   keeps them for a stabilisation window;
+6. the guard chain (:func:`disagg_planner.core.guards.guard_chain`), up only: a fast check
+   never removes what the tick planned.
+
+No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from disagg_planner.core.feedback import (
+    breach_replicas,
+    breach_responds,
+    observed_breach,
+    unfixable_tail,
+)
+from disagg_planner.core.guards import guard_chain
+from disagg_planner.core.rules import (
+    LengthSample,
+    RateSample,
+    RuleValue,
+    histogram_quantile,
+    pooled_lengths,
+    rising_trend,
+    slo_at_risk,
+)
+from disagg_planner.core.sizing import LoadForecast, RoleSizing
+from disagg_planner.core.throughput import (
+    DEFAULT_FAST_TTFT_QUANTILE,
+    ThroughputDecision,
+    ThroughputDiagnostics,
+    ThroughputPlanner,
+)
+from disagg_planner.core.types import (
+    DeploymentStatus,
+    MissingObservation,
+    ThroughputReason,
+    TrafficObservation,
+)
+
+
+def fast_check(
+    tp: ThroughputPlanner,
+    now_s: float,
+    recent: TrafficObservation | MissingObservation,
+    status: DeploymentStatus,
+    queued_prefill_tokens: float | None = None,
+    busy: Mapping[str, float] | None = None,
+) -> ThroughputDecision:
+    """One fast check of ``tp``'s deployment (the module doc lists its stages)."""
+    cfg = tp.config
+    tp.convergence.track(now_s, status)
+    if isinstance(recent, MissingObservation):
+        detail = f": {recent.detail}" if recent.detail else ""
+        return tp.hold(
+            now_s,
+            ThroughputReason.NO_TRAFFIC_DATA,
+            f"fast check: traffic unavailable ({recent.reason}{detail}); holding",
+            ThroughputDiagnostics(),
+        )
+    memory = tp.traffic
+    memory.see_traffic(recent)
+    memory.short_rates.append(recent.request_rate)
+    memory.rate_samples.append(RateSample(recent.end_s, recent.request_rate, recent.duration_s))
+    memory.fast_windows.append(recent)
+    if recent.num_req > 0 and recent.isl is not None and recent.osl is not None:
+        memory.length_windows.append(LengthSample(recent.num_req, recent.isl, recent.osl))
+    pooled = pooled_lengths(memory.length_windows)
+    if pooled is not None:
+        isl, osl, lengths_reason = pooled
+    else:
+        isl, osl = memory.last_lengths or (0.0, 0.0)
+        lengths_reason = "no lengths in the recent windows: the last ones seen"
+
+    tails = seen = tp.tails(recent)
+    unfixable = _unfixable(tp, recent)
+    if unfixable.value:  # the prompts' own prefill: no replica count shortens that tail
+        tails = replace(seen, ttft_ms=None)
+    # A breach is counted from the role's convergence on: while ordered replicas start, the
+    # tail holds the requests that queued before they served.
+    streaks = {
+        r: tp.feedback.see(r, tails.ratio(r) if status.ready(r) >= status.desired(r) else None)
+        for r in cfg.roles
+    }
+    learnt = tp.learn_from_busy(status, busy, rate=_busy_window_rate(tp, now_s), isl=isl)
+
+    # The waiting requests are counted at the short window's own mean prompt (those
+    # reaching their first token now come out of the queue, long prompts among the last);
+    # the arrivals' need at the pooled lengths.
+    queued_isl = recent.isl if recent.num_req > 0 and recent.isl is not None else isl
+    backlog = tp.backlog(recent, queued_isl, queued_prefill_tokens)
+    risk = slo_at_risk(
+        ttft_tail_ms=seen.ttft_ms,
+        ttft_target_ms=cfg.ttft_ms,
+        itl_ms=recent.itl_ms,
+        itl_target_ms=cfg.itl_ms,
+        excess_in_flight=backlog.value / queued_isl if queued_isl > 0 else 0.0,
+    )
+    window = cfg.scale_down_stabilization_seconds
+    cut_recently = {
+        r: r in tp.feedback.cut and now_s - tp.feedback.cut[r][0] <= window for r in cfg.roles
+    }
+    breaches = {
+        r: observed_breach(
+            r,
+            ratio=tails.ratio(r),
+            streak=streaks[r],
+            recently_cut=cut_recently[r],
+            tails=tails,
+            starting=max(0, status.desired(r) - status.ready(r)),
+        )
+        for r in cfg.roles
+    }
+    watching = [b.reason for b in breaches.values() if b.reason and not b.value]
+    watching += [unfixable.reason] if unfixable.value else []
+    diagnostics = ThroughputDiagnostics(
+        observed=recent, rules=(risk.reason, backlog.reason, *watching, *learnt)
+    )
+    if not risk.value and not any(b.value for b in breaches.values()):
+        return ThroughputDecision(
+            now_s,
+            None,
+            ThroughputReason.NO_CHANGE,
+            f"fast check: {risk.reason}",
+            diagnostics,
+        )
+
+    interval = cfg.throughput_adjustment_interval_seconds
+    # The opening ramp is the run starting, no trend, unless the TTFT tail already breaches
+    # the SLO on it (a run started at full load on a deployment too small for it).
+    breached = seen.ttft_ms is not None and seen.ttft_ms > cfg.ttft_ms
+    opening = "" if breached else memory.opening_rule(now_s, interval)
+    trend = rising_trend(
+        memory.rate_samples if breached else memory.after_opening(memory.rate_samples, interval),
+        now_s=now_s,
+        span_s=interval,
+        reach_s=tp.deployment_time_to_ready().value + recent.duration_s,
+    )
+    rate = max(recent.request_rate, trend.value)
+    observed = LoadForecast(num_req=rate * interval, isl=isl, osl=osl)
+    gpus = {r: status.roles[r].gpus_per_replica for r in cfg.roles}
+    # the window is itself a short one: its rate is a burst's, no factor on top
+    burst = RuleValue(1.0, "burst factor 1 (the fast check's window is a short window)")
+    mix = tp.sizer.length_mix()
+    sizing, steady, capped = tp.sizer.size_with_backlog(
+        observed, gpus, status, burst=burst.value, backlog=backlog, length_mix=mix.value
+    )
+    if any(not s.feasible for s in sizing.values()):
+        return tp.hold_if_infeasible(now_s, sizing, diagnostics) or tp.hold(
+            now_s, ThroughputReason.PROFILE_INFEASIBLE, "infeasible", diagnostics
+        )
+    desired = {r: status.desired(r) for r in cfg.roles}
+    wanted, breach_notes = _breach_targets(
+        tp, now_s, status, breaches, steady, busy, desired, cut_recently
+    )
+    proposed = {r: max(sizing[r].replicas, wanted.get(r, 0)) for r in cfg.roles}
+    guarded = guard_chain(
+        proposed,
+        current=desired,
+        limits=tp.limits(gpus, step_cap=False),
+        kept={"cut_need": tp.cut_floors(now_s)},
+        up_only=True,
+    )
+    target = guarded.stages["budget"]
+    budget = guarded.budget
+    rules = (
+        risk.reason,
+        lengths_reason,
+        opening,
+        trend.reason,
+        burst.reason,
+        backlog.reason,
+        mix.reason,
+        *capped,
+        *learnt,
+        *breach_notes,
+        *guarded.notes,
+    )
+    diagnostics = ThroughputDiagnostics(
+        observed=recent,
+        sizing=sizing,
+        stages=guarded.stages,
+        rules=tuple(r for r in rules if r),
+        corrections=tp.corrections,
+    )
+    drain_s = cfg.backlog_drain_seconds
+    explain = "fast check: " + "; ".join((risk.reason, backlog.reason))
+    explain += f" (drained over {drain_s:.0f} s); " + tp.sizer.explain(observed, sizing, target)
+    notes = (
+        lengths_reason,
+        opening,
+        trend.reason,
+        *capped,
+        *watching,
+        *breach_notes,
+    )
+    explain += "".join(f"; {note}" for note in (*notes, *guarded.notes) if note)
+    if budget.limited_by:
+        explain += f"; limited by {budget.limited_by}: {budget.message}"
+    if target == desired:
+        return ThroughputDecision(
+            now_s,
+            None,
+            ThroughputReason.NO_CHANGE,
+            explain + "; the current replicas cover the observed demand",
+            diagnostics,
+        )
+    tp.convergence.note_scale(now_s, target, desired)
+    # remembered for the stabilisation: the need of the observed rate, not the replicas
+    # ordered to drain the backlog (a breach's is in the corrected sizing of the next ticks)
+    floors = tp.limits(gpus, step_cap=False).floors
+    tp.remember_need(now_s, {r: max(floors[r], steady[r].replicas) for r in cfg.roles})
+    return ThroughputDecision(now_s, target, ThroughputReason.SCALE, explain, diagnostics)
+
+
+def _breach_targets(
+    tp: ThroughputPlanner,
+    now_s: float,
+    status: DeploymentStatus,
+    breaches: Mapping[str, RuleValue],
+    steady: Mapping[str, RoleSizing],
+    busy: Mapping[str, float] | None,
+    desired: Mapping[str, int],
+    cut_recently: Mapping[str, bool],
+) -> tuple[dict[str, int], list[str]]:
+    """What each confirmed breach asks for
+    (:func:`disagg_planner.core.feedback.breach_replicas`), the capacity correction it
+    teaches, and a breached cut restored and remembered."""
+    window = tp.config.scale_down_stabilization_seconds
+    wanted: dict[str, int] = {}
+    notes: list[str] = []
+    for role, breach in breaches.items():
+        if not breach.value:
+            continue
+        tp.feedback.streak[role] = 0  # the next breach is confirmed afresh
+        responds = breach_responds(
+            role,
+            now_s=now_s,
+            previous=tp.feedback.last_breach.get(role),
+            ratio=breach.value,
+            window_s=window,
+        )
+        if not responds.value and not cut_recently[role]:
+            notes += [breach.reason, responds.reason]
+            notes += tp.feedback.learn(role, calm=True)
+            continue
+        tp.feedback.last_breach[role] = (now_s, breach.value)
+        sized = steady[role].replicas
+        rule = breach_replicas(
+            role,
+            ready=status.ready(role),
+            desired=desired[role],
+            sized=sized,
+            tail_ratio=breach.value,
+            busy=(busy or {}).get(role),
+        )
+        want = observed = int(rule.value)
+        if cut_recently[role]:
+            cut_s, before = tp.feedback.cut[role]
+            if before > want:
+                want = before
+            tp.feedback.cut_need[role] = (cut_s + window, before)
+            notes.append(
+                f"{role}: breached after the cut at {cut_s:.0f} s: back to at least {before}, "
+                f"kept until {cut_s + window:.0f} s"
+            )
+        if want <= 0:
+            continue
+        wanted[role] = want
+        notes += [breach.reason, rule.reason]
+        if sized > 0 and observed > sized:
+            # the model's error is what the observation asks over what it said
+            notes += tp.feedback.learn(role, breach=observed / sized)
+    return wanted, notes
+
+
+def _busy_window_rate(tp: ThroughputPlanner, now_s: float, span_s: float = 60.0) -> float:
+    """The arrival rate over the last ``span_s`` of short windows (the busy fraction's own
+    span), pooled."""
+    recent = [s for s in tp.traffic.rate_samples if s.end_s > now_s - span_s]
+    total = sum(s.duration_s for s in recent)
+    return sum(s.rate * s.duration_s for s in recent) / total if total > 0 else 0.0
+
+
+def _unfixable(tp: ThroughputPlanner, recent: TrafficObservation) -> RuleValue:
+    """:func:`disagg_planner.core.feedback.unfixable_tail` at the prompt length of the
+    attainment quantile (the window's ISL histogram, else the last interval's)."""
+    histogram = recent.isl_histogram or tp.traffic.isl_histogram
+    if histogram is None or ("prefill" not in tp.config.roles and tp.config.mode != "agg"):
+        return RuleValue(0.0, "")
+    quantile = tp.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE
+    isl = histogram_quantile(histogram, quantile)
+    if isl is None or isl <= 0:
+        return RuleValue(0.0, "")
+    own = tp.profile.prefill.ttft_ms(isl)
+    return unfixable_tail(own_ms=own, target_ms=tp.config.ttft_ms, isl=isl)

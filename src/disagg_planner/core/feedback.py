@@ -1,0 +1,335 @@
+"""Feedback: the rules that let what is observed overrule the profile.
+
+The profile and the forecast are the feed-forward part of a decision; these rules close the
+loop on the quantities the user set targets for (the TTFT tail at the attainment quantile,
+the ITL), each a pure function returning its value and the sentence the reason carries:
+
+- :func:`observed_breach`: a role's observed tail over its SLO for
+  :data:`BREACH_CONFIRMATIONS` fast checks in a row (one, within a stabilisation window of
+  a cut of that role) is a breach the model did not foresee;
+- :func:`breach_replicas`: what the observation asks for then: the ready replicas times the
+  larger of the tail over the SLO and the observed busy fraction over
+  :data:`BUSY_TARGET`, at most :data:`MAX_BREACH_GROWTH` times, never +1 at a time;
+- :func:`learn_capacity`: a per-role capacity correction (work per token relative to the
+  profile: above 1 the engines are slower than profiled), learned both ways, from the
+  observed busy fraction against the offered load and from breaches, and decaying back
+  towards what the busy fraction says (1 without one) while the tail is under the SLO by
+  :data:`SCALE_DOWN_MARGIN`;
+- :func:`scale_down_margin`: a role goes down only when its observed tail is under
+  :data:`SCALE_DOWN_MARGIN` of its SLO;
+- :func:`cut_floor`: after a scale-down that breached, the replicas that were cut count as
+  a need until one stabilisation window after the cut.
+
+Which tail belongs to which role: prefill answers for the TTFT, decode for the ITL, an
+aggregated engine for both (:data:`ROLE_TAILS`). No I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from disagg_planner.core.rules import RuleValue, histogram_quantile
+from disagg_planner.core.types import TrafficObservation
+
+# Fast checks in a row whose tail is over the SLO before a breach overrules the model: one
+# window can be a single slow request; two at 15 s are half a minute of it.
+BREACH_CONFIRMATIONS = 2
+# A breach scales a role at most this many times its ready replicas at once (a tail many
+# times the SLO is a queue, which the backlog rule sizes; the next breach can ask again).
+MAX_BREACH_GROWTH = 2.0
+# A breach after a breach scale-up must have fallen to this share of the tail ratio that
+# ordered it, or more replicas are not what it lacks (prompts whose own prefill takes most of
+# the SLO: no replica count fixes their tail).
+BREACH_RESPONSE = 0.9
+# The busy fraction an engine is planned at (the HPA's usual target utilisation).
+BUSY_TARGET = 0.8
+# A role goes down only while its observed tail is under this share of its SLO.
+SCALE_DOWN_MARGIN = 0.8
+# The capacity correction stays within these bounds (a profile off by more is a wrong
+# profile, which the decision's reason should show rather than learn).
+CORRECTION_BOUNDS = (0.5, 4.0)
+# Weight of a new busy-fraction estimate in the correction (an exponential average).
+CORRECTION_GAIN = 0.2
+# Share of the correction's distance from its estimate kept per throughput tick while the
+# tail is comfortably under its SLO.
+CORRECTION_DECAY = 0.5
+# Below this predicted utilisation a busy fraction says too little to learn from.
+MIN_LEARN_UTILISATION = 0.2
+
+# The observed tails each role answers for.
+ROLE_TAILS: dict[str, tuple[str, ...]] = {
+    "prefill": ("ttft",),
+    "decode": ("itl",),
+    "agg": ("ttft", "itl"),
+}
+
+
+@dataclass(frozen=True)
+class Tails:
+    """Observed latencies of one window and their SLOs (None: not observed)."""
+
+    ttft_ms: float | None  # TTFT at the attainment quantile (the mean without a histogram)
+    itl_ms: float | None  # mean ITL (the frontend's histogram gives no per-request tail)
+    ttft_target_ms: float
+    itl_target_ms: float
+    quantile: float
+
+    @property
+    def text(self) -> str:
+        parts = []
+        if self.ttft_ms is not None:
+            parts.append(
+                f"TTFT p{self.quantile * 100:g} {self.ttft_ms:.0f} ms / "
+                f"{self.ttft_target_ms:.0f} ms"
+            )
+        if self.itl_ms is not None:
+            parts.append(f"ITL {self.itl_ms:.1f} ms / {self.itl_target_ms:.1f} ms")
+        return ", ".join(parts) or "no latency observed"
+
+    def ratio(self, role: str) -> float | None:
+        """The worst observed latency over its SLO among those ``role`` answers for."""
+        seen = []
+        if "ttft" in ROLE_TAILS.get(role, ()) and self.ttft_ms is not None:
+            seen.append(self.ttft_ms / self.ttft_target_ms)
+        if "itl" in ROLE_TAILS.get(role, ()) and self.itl_ms is not None:
+            seen.append(self.itl_ms / self.itl_target_ms)
+        return max(seen) if seen else None
+
+
+def observed_tails(
+    obs: TrafficObservation, *, ttft_target_ms: float, itl_target_ms: float, quantile: float
+) -> Tails:
+    """A window's TTFT at ``quantile`` (its histogram's, the mean TTFT without one) and its
+    mean ITL, with their SLOs. An idle window has none."""
+    tail_s = (
+        histogram_quantile(obs.ttft_histogram, quantile) if obs.ttft_histogram is not None else None
+    )
+    ttft = tail_s * 1000.0 if tail_s is not None else obs.ttft_ms
+    return Tails(ttft, obs.itl_ms, ttft_target_ms, itl_target_ms, quantile)
+
+
+@dataclass
+class FeedbackMemory:
+    """What the feedback rules remember between checks, per role: the fast checks in a row
+    over the SLO, the learned capacity correction, the last scale-down (when, from how
+    many) and the need it cut that a breach brought back (until when)."""
+
+    streak: dict[str, int] = field(default_factory=dict)
+    capacity: dict[str, float] = field(default_factory=dict)
+    cut: dict[str, tuple[float, int]] = field(default_factory=dict)
+    cut_need: dict[str, tuple[float, int]] = field(default_factory=dict)
+    busy_estimate: dict[str, float] = field(default_factory=dict)  # the last, per role
+    # (when, tail ratio) of the last breach scale-up, per role
+    last_breach: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def see(self, role: str, ratio: float | None) -> int:
+        """Count a check's tail for ``role``; returns the fast checks in a row over SLO."""
+        n = self.streak.get(role, 0) + 1 if ratio is not None and ratio > 1.0 else 0
+        self.streak[role] = n
+        return n
+
+    def correction(self, role: str) -> float:
+        return self.capacity.get(role, 1.0)
+
+    def learn(
+        self,
+        role: str,
+        *,
+        busy_estimate: float | None = None,
+        breach: float | None = None,
+        calm: bool = False,
+    ) -> list[str]:
+        """Update ``role``'s capacity correction (:func:`learn_capacity`); its sentence."""
+        rule = learn_capacity(
+            role, self.correction(role), busy_estimate=busy_estimate, breach=breach, calm=calm
+        )
+        self.capacity[role] = rule.value
+        if busy_estimate is not None:
+            self.busy_estimate[role] = busy_estimate
+        return [rule.reason] if rule.reason else []
+
+
+def observed_breach(
+    role: str,
+    *,
+    ratio: float | None,
+    streak: int,
+    recently_cut: bool,
+    tails: Tails,
+    starting: int = 0,
+) -> RuleValue:
+    """The tail ratio when ``role``'s observed tail has been over its SLO for
+    :data:`BREACH_CONFIRMATIONS` fast checks in a row (one when the role was cut within the
+    stabilisation window: that cut is the likely cause), counted from its convergence on
+    (while ``starting`` ordered replicas start, the tail holds requests that queued before
+    they served); 0 otherwise."""
+    needed = 1 if recently_cut else BREACH_CONFIRMATIONS
+    if ratio is None or ratio <= 1.0:
+        return RuleValue(0.0, "")
+    if starting > 0:
+        return RuleValue(
+            0.0,
+            f"{role}: over its SLO ({tails.text}) while {starting} ordered replica(s) start: "
+            "not counted",
+        )
+    if streak < needed:
+        return RuleValue(0.0, f"{role}: over its SLO ({tails.text}), {streak} of {needed} checks")
+    why = "after a cut of it" if recently_cut else f"for {streak} fast checks"
+    return RuleValue(ratio, f"{role}: observed tail over its SLO {why} ({tails.text})")
+
+
+def breach_responds(
+    role: str, *, now_s: float, previous: tuple[float, float] | None, ratio: float, window_s: float
+) -> RuleValue:
+    """1 when a confirmed breach of ``role`` may scale it: the first within ``window_s`` (the
+    stabilisation window) of the last breach scale-up, or one whose tail ratio fell below
+    :data:`BREACH_RESPONSE` of the one that ordered it (the replicas helped, more may help
+    more); 0 when more replicas did not lower the tail: what it lacks is not capacity."""
+    if previous is None or now_s - previous[0] > window_s:
+        return RuleValue(1.0, "")
+    if ratio < BREACH_RESPONSE * previous[1]:
+        return RuleValue(1.0, "")
+    previous_ratio = previous[1]
+    return RuleValue(
+        0.0,
+        f"{role}: more replicas did not lower the tail (x{previous_ratio:.2f} -> x{ratio:.2f} "
+        f"the SLO since {previous[0]:.0f} s): not a capacity breach, the model stands",
+    )
+
+
+def unfixable_tail(*, own_ms: float, target_ms: float, isl: float) -> RuleValue:
+    """1 when the prompt at the attainment quantile alone takes the TTFT SLO or more of
+    prefill (``own_ms``, the profile's TTFT at its length): its tail is the prompt's, which
+    no replica count shortens, so it is no breach of capacity; 0 otherwise."""
+    if own_ms < target_ms:
+        return RuleValue(0.0, "")
+    return RuleValue(
+        1.0,
+        f"prefill: the tail's own prompts ({isl:.0f} tokens) take {own_ms:.0f} ms of prefill "
+        f"alone, over the {target_ms:.0f} ms SLO: no breach of capacity",
+    )
+
+
+def breach_replicas(
+    role: str,
+    *,
+    ready: int,
+    desired: int,
+    sized: int,
+    tail_ratio: float,
+    busy: float | None,
+) -> RuleValue:
+    """Observed breach beats the model: with the sizing saying ``sized`` replicas suffice
+    (no more than ``desired``), ``ceil(ready x g)`` with ``g`` the larger of the tail over
+    its SLO and the busy fraction over :data:`BUSY_TARGET`, within ``[1,``
+    :data:`MAX_BREACH_GROWTH` ``]``; at least one more than ready, never below ``desired``.
+    Based on the ready replicas, so that a breach that lasts while the ordered ones start
+    orders nothing more; 0 (no rule) when the sizing already asks for more than desired."""
+    if sized > desired:
+        return RuleValue(0.0, "")
+    by_busy = busy / BUSY_TARGET if busy is not None else 0.0
+    growth = min(MAX_BREACH_GROWTH, max(1.0, tail_ratio, by_busy))
+    base = max(1, ready)
+    want = max(desired, base + 1, math.ceil(base * growth - 1e-9))
+    basis = (
+        f"the tail over the SLO x{tail_ratio:.2f}"
+        if tail_ratio >= by_busy
+        else f"busy {busy:.0%} over {BUSY_TARGET:.0%}"
+    )
+    return RuleValue(
+        float(want),
+        f"observed breach beats the model: the sizing says {sized} suffice, the observation "
+        f"asks {role} {ready} ready x{growth:.2f} ({basis}) -> {want}",
+    )
+
+
+def learn_capacity(
+    role: str,
+    previous: float,
+    *,
+    busy_estimate: float | None = None,
+    breach: float | None = None,
+    calm: bool = False,
+) -> RuleValue:
+    """The role's capacity correction (work per token over the profile's), both ways:
+
+    - a busy-fraction estimate ``busy / predicted busy`` moves it by
+      :data:`CORRECTION_GAIN` towards the estimate: ``c' = c + gain x (e - c)``;
+    - a breach the sizing did not foresee raises it to at least ``c x breach`` (the model
+      needed that much more than it said);
+    - ``calm`` (the tail under :data:`SCALE_DOWN_MARGIN` of its SLO over a whole interval)
+      decays it towards the estimate, 1 without one: ``c' = t + decay x (c - t)``.
+
+    Bounded by :data:`CORRECTION_BOUNDS`."""
+    lo, hi = CORRECTION_BOUNDS
+    value, why = previous, ""
+    if busy_estimate is not None and math.isfinite(busy_estimate) and busy_estimate > 0:
+        value = value + CORRECTION_GAIN * (busy_estimate - value)
+        why = f"busy fraction says x{busy_estimate:.2f}"
+    if breach is not None and breach > 1.0:
+        value = max(value, previous * breach)
+        why = f"a breach the sizing did not foresee x{breach:.2f}"
+    elif calm:
+        toward = busy_estimate if busy_estimate is not None and busy_estimate > 0 else 1.0
+        value = toward + CORRECTION_DECAY * (value - toward)
+        why = why or "the tail under the SLO's margin: decaying to the profile"
+    value = min(hi, max(lo, value))
+    if abs(value - previous) < 0.005:  # no sentence for a change the sizing cannot show
+        return RuleValue(value, "")
+    return RuleValue(value, f"{role} capacity correction {previous:.2f} -> {value:.2f} ({why})")
+
+
+def busy_capacity_estimate(
+    *, busy: float | None, offered_engines: float, ready: int
+) -> float | None:
+    """``max(1, busy / (offered / ready))``: how much more of its time an engine spends
+    than the profile says the offered load takes (``offered`` in engines' worth of profiled
+    work); None without a busy fraction, below :data:`MIN_LEARN_UTILISATION` predicted, or
+    saturated (busy then says only "at least").
+
+    Only upward: an engine that batches more prompts per iteration than the profile's
+    measurement did is busy for less of its time than the profile says (0.6 to 0.9 of it on
+    the default replay), yet its queue still grows once its share of the time is taken:
+    sizing on that estimate under-provisioned and breached the TTFT SLO."""
+    if busy is None or ready <= 0 or offered_engines <= 0:
+        return None
+    predicted = offered_engines / ready
+    if predicted < MIN_LEARN_UTILISATION or busy >= 0.999:
+        return None
+    return max(1.0, busy / predicted)
+
+
+def scale_down_margin(role: str, *, ratio: float | None) -> RuleValue:
+    """1 when ``role`` may go down: its observed tail over the interval under
+    :data:`SCALE_DOWN_MARGIN` of its SLO (or none observed: no traffic to serve); 0 with the
+    sentence saying why not."""
+    if ratio is None or ratio <= SCALE_DOWN_MARGIN:
+        return RuleValue(1.0, "")
+    return RuleValue(
+        0.0,
+        f"{role}: no scale-down: its observed tail is at {ratio:.0%} of its SLO "
+        f"(a scale-down needs it under {SCALE_DOWN_MARGIN:.0%})",
+    )
+
+
+def cut_floor(role: str, *, now_s: float, cut_need: tuple[float, int] | None) -> RuleValue:
+    """The replicas a breached cut of ``role`` took away, kept as a floor until the time
+    remembered with them; 0 (no floor) after it or without one."""
+    if cut_need is None or now_s >= cut_need[0]:
+        return RuleValue(0.0, "")
+    until, need = cut_need
+    return RuleValue(
+        float(need),
+        f"{role}: kept at {need} until {until:.0f} s: a cut to fewer breached its SLO",
+    )
+
+
+def mean_busy(fractions: Mapping[Any, float] | None) -> float | None:
+    """The mean of the engines' busy fractions; None when none is known."""
+    if not fractions:
+        return None
+    values = [v for v in fractions.values() if math.isfinite(v)]
+    return sum(values) / len(values) if values else None

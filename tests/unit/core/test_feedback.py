@@ -1,0 +1,329 @@
+"""Issue 29's feedback rules as a table: what is observed overrules the profile. Each row
+drives a planner through fast checks and ticks and checks the last decision's replicas,
+reason and the sentence of the rule that decided, in one assert."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import pytest
+
+from disagg_planner.core.fast_check import fast_check
+from disagg_planner.core.feedback import learn_capacity
+from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
+from disagg_planner.core.types import (
+    DeploymentStatus,
+    Histogram,
+    MissingObservation,
+    RoleStatus,
+    ThroughputReason,
+    TrafficObservation,
+)
+from disagg_planner.profiles import Profile
+from tests.unit.core.test_throughput import planner, status, traffic
+
+R = ThroughputReason
+
+
+def ttft(p99_s: float) -> Histogram:
+    """A TTFT histogram (bounds in seconds) whose p99 is ``p99_s``: all requests in one
+    bucket ``(0, 2 x p99 / 1.98]`` interpolates to ``p99`` at rank 99."""
+    return Histogram(bounds=(p99_s / 0.99,), counts=(100.0,))
+
+
+def window(
+    end_s: float,
+    rate: float,
+    *,
+    ttft_p99_s: float = 0.1,
+    itl_ms: float = 10.0,
+    isl: float = 3000,
+    osl: float = 300,
+) -> TrafficObservation:
+    """A 15 s fast-check window."""
+    return TrafficObservation(
+        end_s=end_s,
+        duration_s=15.0,
+        num_req=rate * 15,
+        isl=isl,
+        osl=osl,
+        itl_ms=itl_ms,
+        ttft_histogram=ttft(ttft_p99_s),
+    )
+
+
+def long_prompts(end_s: float) -> TrafficObservation:
+    """A window whose p99 prompt (16,220 tokens) alone takes longer than the 500 ms SLO."""
+    return replace(
+        window(end_s, 10, ttft_p99_s=0.95),
+        isl_histogram=Histogram(bounds=(16384.0,), counts=(100.0,)),
+    )
+
+
+Step = Callable[[ThroughputPlanner], ThroughputDecision]
+
+
+def fast(
+    end_s: float, obs: TrafficObservation, st: DeploymentStatus, busy: dict | None = None
+) -> Step:
+    return lambda tp: fast_check(tp, end_s, obs, st, None, busy)
+
+
+def tick(end_s: float, obs: TrafficObservation | MissingObservation, st: DeploymentStatus) -> Step:
+    return lambda tp: tp.tick(end_s, obs, st)
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    steps: tuple[Step, ...]
+    replicas: dict[str, int] | None
+    reason: ThroughputReason
+    says: str
+    settings: tuple[tuple[str, object], ...] = ()
+
+
+FIVE = status(5, 2)
+CUT_SETTINGS = (("scale_down_stabilization_seconds", 120.0),)
+# the tick at 240 s cuts decode 3 -> 1 (the found replicas no longer count after 120 s)
+CUT = (
+    tick(60, traffic(60, 600), status(2, 3)),
+    tick(240, traffic(240, 600), status(2, 3)),
+)
+AGG = DeploymentStatus({"agg": RoleStatus(2, 2, 1)})
+
+ROWS = [
+    Row(
+        "observed breach: a TTFT tail over the SLO with the profile saying enough scales "
+        "prefill up by the observed ratio (5 ready x 1.9 -> 10, not +1)",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),
+            fast(90, window(90, 10, ttft_p99_s=0.95), FIVE),
+        ),
+        {"prefill": 10, "decode": 2},
+        R.SCALE,
+        "observed breach beats the model: the sizing says 2 suffice, the observation asks "
+        "prefill 5 ready x1.90 (the tail over the SLO x1.90) -> 10",
+    ),
+    Row(
+        "observed breach: one window over the SLO is not yet a breach",
+        (fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),),
+        None,
+        R.NO_CHANGE,
+        "prefill: over its SLO (TTFT p99 950 ms / 500 ms, ITL 10.0 ms / 30.0 ms), 1 of 2 checks",
+    ),
+    Row(
+        "observed breach: the busy fraction over its target asks more than the tail",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.55), FIVE, {"prefill": 0.96}),
+            fast(90, window(90, 10, ttft_p99_s=0.55), FIVE, {"prefill": 0.96}),
+        ),
+        {"prefill": 6, "decode": 2},
+        R.SCALE,
+        "prefill 5 ready x1.20 (busy 96% over 80%) -> 6",
+    ),
+    Row(
+        "observed breach: more replicas that did not lower the tail are not asked for again",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),
+            fast(90, window(90, 10, ttft_p99_s=0.95), FIVE),
+            fast(105, window(105, 10, ttft_p99_s=0.95), status(10, 2)),
+            fast(120, window(120, 10, ttft_p99_s=0.95), status(10, 2)),
+        ),
+        None,
+        R.NO_CHANGE,
+        "prefill: more replicas did not lower the tail (x1.90 -> x1.90 the SLO since 90 s): "
+        "not a capacity breach, the model stands",
+    ),
+    Row(
+        "observed breach: a tail the prompts' own prefill makes is no breach of capacity",
+        (
+            fast(75, long_prompts(75), FIVE),
+            fast(90, long_prompts(90), FIVE),
+        ),
+        None,
+        R.NO_CHANGE,
+        "prefill: the tail's own prompts (16220 tokens) take 582 ms of prefill alone, over the "
+        "500 ms SLO: no breach of capacity",
+    ),
+    Row(
+        "observed breach: counted from convergence on: nothing more while the last order starts",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.95), status(10, 2, ready_p=5)),
+            fast(90, window(90, 10, ttft_p99_s=0.95), status(10, 2, ready_p=5)),
+        ),
+        None,
+        R.NO_CHANGE,
+        "prefill: over its SLO (TTFT p99 950 ms / 500 ms, ITL 10.0 ms / 30.0 ms) while 5 "
+        "ordered replica(s) start: not counted",
+    ),
+    Row(
+        "cut breached: a sustained ITL breach after a cut scales decode back up at once",
+        (*CUT, fast(255, window(255, 10, itl_ms=45.0), status(2, 1))),
+        {"prefill": 2, "decode": 3},
+        R.SCALE,
+        "decode: breached after the cut at 240 s: back to at least 3, kept until 360 s",
+        CUT_SETTINGS,
+    ),
+    Row(
+        "cut breached: the need that was cut is kept for the stabilisation window",
+        (
+            *CUT,
+            fast(255, window(255, 10, itl_ms=45.0), status(2, 1)),
+            tick(300, traffic(300, 600), status(2, 3)),
+        ),
+        {"prefill": 2, "decode": 3},
+        R.NO_CHANGE,
+        "decode: kept at 3 until 360 s: a cut to fewer breached its SLO",
+        CUT_SETTINGS,
+    ),
+    Row(
+        "observed margin: no scale-down while the observed tail is near the SLO",
+        (tick(60, traffic(60, 600, ttft_histogram=ttft(0.46)), status(4, 1)),),
+        {"prefill": 4, "decode": 1},
+        R.NO_CHANGE,
+        "prefill: no scale-down: its observed tail is at 92% of its SLO (a scale-down needs "
+        "it under 80%)",
+        (("scale_down_stabilization_seconds", 0.0),),
+    ),
+    Row(
+        "observed margin: with the tail well under the SLO the scale-down goes ahead",
+        (tick(60, traffic(60, 600, ttft_histogram=ttft(0.1)), status(4, 1)),),
+        {"prefill": 2, "decode": 1},
+        R.SCALE,
+        "prefill: 30000 tok/s / 40000 tok/s/GPU at 38% / 1 GPU -> 2, after guards 2",
+        (("scale_down_stabilization_seconds", 0.0),),
+    ),
+    Row(
+        "first tick that sees: a missing interval window is planned from the fast windows",
+        (
+            fast(15, window(15, 10), status(1, 1)),
+            fast(30, window(30, 10), status(1, 1)),
+            fast(45, window(45, 10), status(1, 1)),
+            tick(
+                60, MissingObservation("not_collected", "no scrape at or before 0 s"), status(1, 1)
+            ),
+        ),
+        {"prefill": 2, "decode": 1},
+        R.SCALE,
+        "first tick that sees: the interval's window is missing (not_collected); planned from "
+        "the 3 fast windows since the last tick (45 s, 450 requests)",
+    ),
+    Row(
+        "first tick that sees: with no fast window either it holds",
+        (
+            tick(
+                60, MissingObservation("not_collected", "no scrape at or before 0 s"), status(1, 1)
+            ),
+        ),
+        None,
+        R.NO_TRAFFIC_DATA,
+        "traffic unavailable (not_collected: no scrape at or before 0 s)",
+    ),
+    Row(
+        "opening ramp: a rise in the first interval of traffic is not extrapolated (requests "
+        "waiting, the tail under the SLO: sized at the last window's 24 req/s)",
+        tuple(
+            fast(
+                15.0 * k,
+                replace(window(15.0 * k, 2.0 * k), in_flight=500.0 if k == 12 else None),
+                status(1, 1),
+            )
+            for k in range(1, 13)
+        ),
+        {"prefill": 3, "decode": 3},
+        R.SCALE,
+        "opening ramp: traffic since 0 s, the windows before 180 s are the run starting",
+        (("throughput_adjustment_interval_seconds", 180.0),),
+    ),
+    Row(
+        "opening ramp: a ramp whose TTFT tail already breaches the SLO is a trend",
+        tuple(
+            fast(
+                15.0 * k,
+                window(15.0 * k, 2.0 * k, ttft_p99_s=0.1 if k < 12 else 0.95),
+                status(1, 1),
+            )
+            for k in range(1, 13)
+        ),
+        {"prefill": 4, "decode": 4},
+        R.SCALE,
+        "rate rising +8.00 req/s per minute over the last 12 short windows: sized for 42.00 req/s",
+        (("throughput_adjustment_interval_seconds", 180.0),),
+    ),
+    Row(
+        "aggregated at low load: one engine serves 1 req/s (was 2: '0 tok/s/GPU')",
+        (tick(60, traffic(60, 60, isl=1000, osl=800), AGG),),
+        {"agg": 1},
+        R.SCALE,
+        "agg: 1800 tok/s / 13373 tok/s/GPU at 13% / 1 GPU -> 1, after guards 1",
+        (
+            ("mode", "agg"),
+            ("ttft_ms", 300.0),
+            ("itl_ms", 20.0),
+            ("scale_down_stabilization_seconds", 0.0),
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_feedback_rules(h200_like_profile: Profile, row: Row) -> None:
+    tp = planner(h200_like_profile, **dict(row.settings))
+    decision = None
+    for step in row.steps:
+        decision = step(tp)
+    assert decision is not None
+    assert (decision.replicas, decision.reason, row.says in decision.message) == (
+        row.replicas,
+        row.reason,
+        True,
+    ), decision.message
+
+
+@dataclass(frozen=True)
+class LearnRow:
+    name: str
+    previous: float
+    kwargs: tuple[tuple[str, object], ...]
+    value: float
+    says: str
+
+
+LEARN_ROWS = [
+    LearnRow(
+        "a breach the sizing did not foresee raises the correction by its ratio (no cap at 1)",
+        1.0,
+        (("breach", 2.0),),
+        2.0,
+        "prefill capacity correction 1.00 -> 2.00 (a breach the sizing did not foresee x2.00)",
+    ),
+    LearnRow(
+        "calm: the correction decays halfway back to the profile per tick",
+        2.0,
+        (("calm", True),),
+        1.5,
+        "prefill capacity correction 2.00 -> 1.50 (the tail under the SLO's margin: decaying",
+    ),
+    LearnRow(
+        "calm with a busy estimate: decays towards what the busy fraction says",
+        2.0,
+        (("calm", True), ("busy_estimate", 1.5)),
+        1.7,
+        "prefill capacity correction 2.00 -> 1.70 (busy fraction says x1.50)",
+    ),
+    LearnRow(
+        "bounded: never above 4x the profile",
+        3.0,
+        (("breach", 2.0),),
+        4.0,
+        "prefill capacity correction 3.00 -> 4.00",
+    ),
+]
+
+
+@pytest.mark.parametrize("row", LEARN_ROWS, ids=[r.name for r in LEARN_ROWS])
+def test_capacity_correction_is_learnt_both_ways(row: LearnRow) -> None:
+    rule = learn_capacity("prefill", row.previous, **dict(row.kwargs))  # type: ignore[arg-type]
+    assert (round(rule.value, 6), row.says in rule.reason) == (row.value, True), rule.reason
