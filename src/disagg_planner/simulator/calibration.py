@@ -542,7 +542,8 @@ def table(point_set: str, engine_models: Sequence[str] = ENGINE_MODELS) -> str:
     for i, p in enumerate(POINTS, 1):
         if p.point_set != point_set:
             continue
-        row = [str(i), p.name, p.source, p.setting, f"{_fmt(p.target)} {p.unit}"]
+        name = f"{p.name} (outlier: not fitted)" if p.outlier else p.name
+        row = [str(i), name, p.source, p.setting, f"{_fmt(p.target)} {p.unit}"]
         for e in engine_models:
             flag = " (extrapolated)" if p.extrapolated(e) else ""
             row += [
@@ -604,6 +605,11 @@ def tables(engine_models: Sequence[str] = ENGINE_MODELS) -> str:
     parts += [f"- `{key}`: {text}." for key, text in SOURCES.items()]
     notes = sorted({a for p in POINTS for a in p.assumptions})
     parts += [f"- Assumed: {a}." for a in notes]
+    parts += [
+        f"- Outlier, point {i} ({p.name}): reported, not fitted: {p.outlier}."
+        for i, p in enumerate(POINTS, 1)
+        if p.outlier
+    ]
     return "\n".join(parts)
 
 
