@@ -122,6 +122,9 @@ def report(table_rows: Sequence[Row], models: Sequence[str]) -> str:
             f"{MIN_SHARE_MET:.0%} of the points met):",
             "",
             metric_table(table_rows, models),
+            "",
+            "The cause of each miss: `src/disagg_planner/simulator/CALIBRATION.md`, "
+            '"Which engine model by point set".',
         ]
     )
 
