@@ -24,7 +24,14 @@ attainment): re-recorded. The step test of the trend (two levels fitting the sho
 better than a line are no trend) changed it once more (one scale-up to 2 prefill replicas,
 the same attainment, 0.66 GPU-h against 0.79): re-recorded. Issue 32: an elastic-EP shrink
 aborts the requests of the removed ranks, as vLLM does, instead of recomputing them on the
-kept ranks: the ``moe_resize`` digest was re-recorded (the replay digests held).
+kept ranks: the ``moe_resize`` digest was re-recorded (the replay digests held). Issue 31
+fitted vLLM's FP8 prefill and prefill attention to AIConfigurator's measured vLLM tables
+(``gemm_prefill.fp8`` 0.3501 -> 0.5914, ``attention`` 0.45 -> 0.666: every vLLM prefill is
+faster) and regenerated the bundled profiles (a decode point's batch now counts the arrivals
+recomputed in its steps; a point that preempts is left out): every simulated time changed, so
+all four were re-recorded at that change. The step's high rate went from 12 to 24
+requests/s: at 12, one prefill replica of the faster engine kept up, and the load case no
+longer scaled up (what it is here to pin); at 24 it scales prefill 1 -> 2, as before.
 
 A failure here means a simulated result changed. If it comes from the replay shell
 (``replay/``, ``runtime/``) rather than the simulator, ``git log`` says who changed what.
@@ -47,63 +54,63 @@ from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.simulator.cluster import Cluster
 
-STEP = "step:rates=4/12,at=300,duration=900,isl=3000,osl=300"
+STEP = "step:rates=4/24,at=300,duration=900,isl=3000,osl=300"
 
 # summary.json figures of the recorded runs; floats compared exactly (they are computed from
 # the same simulated times, so any change of the model shows here).
 GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     "planner": {
-        "requests_csv": "f416d83113a37cb561a0b950fd72531a368f339747920d92f78f05a66f73582a",
-        "timeline": "e025a3d428015cc06d6361407f8b47177a3bb6d551fcbebf19e1d9a56c744670",
+        "requests_csv": "33bf3f140077033802c68dc472e789f513516541ac8138768280784f182af1a1",
+        "timeline": "ccf678c7dad672e93eea7fecb5a7ec0b3848ab6f7849b2babf70bbecd5500cac",
         "summary": {
-            "requests": 8302,
-            "completed": 8302,
+            "requests": 15567,
+            "completed": 15567,
             "failed": 0,
             "slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 1.0},
             "ttft_ms": {
-                "p50": 88.61724755300315,
-                "p90": 132.61305656486118,
-                "p95": 154.07662824497373,
-                "p99": 217.72564126850557,
+                "p50": 66.21067215132825,
+                "p90": 108.92101918897197,
+                "p95": 135.91067288203925,
+                "p99": 180.40642799165767,
             },
             "itl_ms": {
-                "p50": 5.115962155704275,
-                "p90": 5.52429421133842,
-                "p95": 5.659885357500089,
-                "p99": 5.8679603347042235,
+                "p50": 7.161766875308931,
+                "p90": 7.985842440784775,
+                "p95": 8.270335438108555,
+                "p99": 8.684850560719209,
             },
-            "gpu_hours": 0.7511062947780165,
-            "oracle_gpu_hours": 0.7011062947780171,
+            "gpu_hours": 0.7514093510810712,
+            "oracle_gpu_hours": 0.7014093510810712,
             "scale_actions": {"prefill": 0, "decode": 0},
             "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 901.3275537336198,
+            "duration_s": 901.6912212972856,
         },
     },
     "load": {
-        "requests_csv": "6f2a9148d3703b8791bd55a5af1eb58c086c6124d7a22df151d8a58d80617fc1",
-        "timeline": "6c026a5fd35eb9a338413af72f5c251bba08ad30a54c22bfe3ca36df0ae1b945",
+        "requests_csv": "0311fad4ce89885c16c03c98bed317444098eccbdd2555e9822b48d8b6cec4b3",
+        "timeline": "4ea65a39f4c2c3b8862366ea18f819e6d35627f779c34a4d414da22bf8acd411",
         "summary": {
-            "requests": 8302,
-            "completed": 8302,
+            "requests": 15567,
+            "completed": 15567,
             "failed": 0,
-            "slo_attainment": {"ttft": 0.942423512406649, "itl": 1.0, "both": 0.942423512406649},
+            "slo_attainment": {"ttft": 0.8807734309757821, "itl": 1.0, "both": 0.8807734309757821},
             "ttft_ms": {
-                "p50": 89.46255939576986,
-                "p90": 311.72849966936286,
-                "p95": 549.5843069265645,
-                "p99": 951.0871177466569,
+                "p50": 68.39812659222844,
+                "p90": 589.8879380065181,
+                "p95": 1266.2524869020776,
+                "p99": 1938.5948516240537,
             },
             "itl_ms": {
-                "p50": 5.132275027569547,
-                "p90": 5.429983290759825,
-                "p95": 5.560051423753918,
-                "p99": 5.841306425107402,
+                "p50": 7.079367879904366,
+                "p90": 7.9525264571512455,
+                "p95": 8.328846955823892,
+                "p99": 11.407481887138049,
             },
-            "gpu_hours": 0.6636062947780167,
-            "oracle_gpu_hours": 0.7011062947780171,
+            "gpu_hours": 0.6639093510810716,
+            "oracle_gpu_hours": 0.7014093510810712,
             "scale_actions": {"prefill": 1, "decode": 0},
             "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 901.32755373362,
+            "duration_s": 901.691221297286,
         },
     },
 }
@@ -132,8 +139,8 @@ TIMELINE_COLUMNS = (
 )
 
 GOLDEN_CLUSTER: dict[str, str] = {
-    "moe_resize": "89a19980bb346de5e14d6b59b11cd82aeab15ac7b1e3847d2b8c726f3db47b2f",
-    "tight_prefix": "17b0f86b2f7d438c711023c215c521d607a923bf01e850e2b7936a5daab9e398",
+    "moe_resize": "88a14633a320bfae42211561998f98694feac077b985389ae4475639ff07c435",
+    "tight_prefix": "61809cfc126c5d57fa380570f8f65b7adae4b7e6ea522d12b07862a9f2970d4f",
 }
 
 
