@@ -3,27 +3,19 @@ is outside its tolerance (issue 31: a validation table that can fail)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from disagg_planner.simulator.calibration import CalibrationPoint
+from tests.unit.benchmarks.scripts import load_script
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "fidelity.py"
 H200_8B = "sim:llama-3.1-8b@h200_sxm:tp1"
 
 
 @pytest.fixture(scope="module")
 def fidelity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fidelity_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fidelity")
 
 
 def _decode_point(name: str, target_ms: float, point_set: str) -> CalibrationPoint:
