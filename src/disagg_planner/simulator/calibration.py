@@ -4,9 +4,17 @@
 reproduces; ``--write`` puts them into it (``tests/unit/simulator/test_calibration_doc.py``
 fails when the two differ):
 
-- **training**: the points the roofline's efficiency factors (``catalogue.yaml``) were fitted
-  to; its errors there say how well it fits, not how well it predicts;
-- **validation**: points neither engine model was fitted to.
+- **training**: the points the roofline's efficiency factors (``engine_fit.yaml``) were
+  fitted to; its errors there say how well it fits, not how well it predicts. A training point
+  marked ``outlier`` (with the reason) is reported with its residual but not fitted: no
+  plausible factor reconciles it with the rest (``fit.py`` refuses the mark when the fit meets
+  it after all);
+- **validation**: points neither engine model was fitted to (``fit.py`` refuses them).
+
+Training points of source ``aic-vllm`` are AIConfigurator's measured vLLM kernel tables
+composed by ``aic_engine`` (the aic column of the same point): their reference values are
+recorded here as ``python -m disagg_planner.simulator.calibration --aic-references`` prints
+them, and ``tests/unit/simulator/test_calibration_doc.py`` fails when the two differ.
 
 Each point is computed with the roofline (``sim:``) and with AIConfigurator's tables
 (``aic:``, the extra ``disagg-planner[aic]``, with the backend the reference was measured on).
@@ -102,6 +110,8 @@ class CalibrationPoint:
     # None: not a fitted point.
     tolerance: float | None = None
     assumptions: tuple[str, ...] = field(default=())
+    # A training point the fit reports but does not fit to, and why (empty: fitted).
+    outlier: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in _METRIC_OF_KIND:
@@ -110,6 +120,26 @@ class CalibrationPoint:
             raise ValueError(f"calibration point {self.name!r}: set {self.point_set!r}")
         if self.source not in SOURCES:
             raise ValueError(f"calibration point {self.name!r}: unknown source {self.source!r}")
+        if not self.target > 0:
+            raise ValueError(
+                f"calibration point {self.name!r}: reference {self.target!r} {self.unit}: "
+                "expected a positive number"
+            )
+        if self.outlier and self.point_set != "training":
+            raise ValueError(
+                f"calibration point {self.name!r}: outlier is a mark of training points only "
+                f"(this one is in the {self.point_set} set, which nothing is fitted to)"
+            )
+        if self.outlier and self.tolerance is not None:
+            raise ValueError(
+                f"calibration point {self.name!r}: an outlier is not fitted, so it has no "
+                f"regression tolerance (tolerance={self.tolerance})"
+            )
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the fit fits to this point (a training point not marked outlier)."""
+        return self.point_set == "training" and not self.outlier
 
     @property
     def metric(self) -> str:
@@ -224,6 +254,17 @@ SOURCES: dict[str, str] = {
         "TP1 decode, ISL/OSL 3000/150: '40k tokens/s/gpu prefill with 80ms TTFT and 10k "
         "tokens/s/gpu decode with 10ms ITL' (ai-dynamo/dynamo tests/planner/README.md)"
     ),
+    "dynamo-raw": (
+        "the raw data of the same Dynamo profile (its prefill interpolator's example in "
+        "ai-dynamo/dynamo tests/planner): ISL 3000 -> TTFT 0.027 s, 110,893 tok/s/GPU, a lone "
+        "request"
+    ),
+    "aic-vllm": (
+        "AIConfigurator's measured vLLM 0.24.0 kernel tables (aiconfigurator-core 0.12.0, "
+        "h100_sxm/h200_sxm) composed by simulator/aic_engine.py into one lone request's "
+        "prefill, plus the simulated frontend's 6 ms: the aic column of the same point, "
+        "recorded by python -m disagg_planner.simulator.calibration --aic-references"
+    ),
     "vllm-latency": (
         "vLLM nightly performance benchmark, latency test (input 32, output 128, batch 8), "
         "buildkite vllm/performance-benchmark build 9515: mean latency / 128 steps "
@@ -308,6 +349,32 @@ def _vllm_throughput(engine: str, label: str, req_s: float) -> CalibrationPoint:
     )
 
 
+_DYNAMO_OUTLIER = (
+    "the profiler's loaded operating point, not a lone request: its own raw profile gives 27 ms "
+    "and AIConfigurator's measured vLLM tables 54 ms for the same request, and no FP8 prefill "
+    "efficiency meets 80 ms and the aic-vllm prefill points together"
+)
+_RAW_OUTLIER = (
+    "below what the FP8 dense peak allows: 3000 tokens of an 8B model are 48 TFLOP, 1.8 PFLOPS "
+    "in 27 ms (90% of the peak, before attention and the frontend); the roofline at the "
+    "largest plausible efficiency (0.95) still takes 39 ms"
+)
+
+
+def _aic_prefill(engine: str, label: str, isl: int, ms: float) -> CalibrationPoint:
+    return CalibrationPoint(
+        f"{label} prefill TTFT, ISL {isl} (AIConfigurator vLLM tables)",
+        engine,
+        "prefill_ttft",
+        ms,
+        "ms",
+        "aic-vllm",
+        setting="one request alone",
+        isl=isl,
+        tolerance=0.15,
+    )
+
+
 POINTS: tuple[CalibrationPoint, ...] = (
     # ---- training: the roofline's efficiency factors were fitted to these -------------------
     CalibrationPoint(
@@ -319,7 +386,18 @@ POINTS: tuple[CalibrationPoint, ...] = (
         "dynamo",
         setting="one request alone",
         isl=3000,
-        tolerance=0.15,
+        outlier=_DYNAMO_OUTLIER,
+    ),
+    CalibrationPoint(
+        "H200 8B-FP8 prefill TTFT, ISL 3000, raw profile",
+        _H200_8B_FP8,
+        "prefill_ttft",
+        27.0,
+        "ms",
+        "dynamo-raw",
+        setting="one request alone",
+        isl=3000,
+        outlier=_RAW_OUTLIER,
     ),
     CalibrationPoint(
         "H200 8B-FP8 prefill throughput, ISL 3000",
@@ -330,7 +408,7 @@ POINTS: tuple[CalibrationPoint, ...] = (
         "dynamo",
         setting="ISL / TTFT",
         isl=3000,
-        tolerance=0.15,
+        outlier=_DYNAMO_OUTLIER,
     ),
     CalibrationPoint(
         "H200 8B-FP8 decode throughput at ITL 10 ms, context 3075",
@@ -392,6 +470,17 @@ POINTS: tuple[CalibrationPoint, ...] = (
         context=96,
         tolerance=0.15,
     ),
+    # vLLM's FP8 prefill by AIConfigurator's measured vLLM tables: short, middle and long
+    # prompts (GEMMs against attention) on both GPUs and at TP4 (values: --aic-references).
+    _aic_prefill(_H200_8B_FP8, "H200 8B-FP8 TP1", 1024, 21.18),
+    _aic_prefill(_H200_8B_FP8, "H200 8B-FP8 TP1", 4096, 67.88),
+    _aic_prefill(_H200_8B_FP8, "H200 8B-FP8 TP1", 16384, 323.6),
+    _aic_prefill("sim:llama-3.1-8b-fp8@h100_sxm:tp1", "H100 8B-FP8 TP1", 1024, 23.29),
+    _aic_prefill("sim:llama-3.1-8b-fp8@h100_sxm:tp1", "H100 8B-FP8 TP1", 4096, 77.07),
+    _aic_prefill("sim:llama-3.1-8b-fp8@h100_sxm:tp1", "H100 8B-FP8 TP1", 16384, 353.31),
+    _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 1024, 56.79),
+    _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 4096, 196.84),
+    _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 16384, 833.11),
     # TensorRT-LLM's perf-overview rows at the shapes kept for training (the request counts
     # are the page's own); the shapes the issue names are in the validation set below.
     _trtllm("llama-3.1-8b-fp8", "8B-FP8", 500, 2000, 20770.0, 3000, "training"),
@@ -453,7 +542,8 @@ def table(point_set: str, engine_models: Sequence[str] = ENGINE_MODELS) -> str:
     for i, p in enumerate(POINTS, 1):
         if p.point_set != point_set:
             continue
-        row = [str(i), p.name, p.source, p.setting, f"{_fmt(p.target)} {p.unit}"]
+        name = f"{p.name} (outlier: not fitted)" if p.outlier else p.name
+        row = [str(i), name, p.source, p.setting, f"{_fmt(p.target)} {p.unit}"]
         for e in engine_models:
             flag = " (extrapolated)" if p.extrapolated(e) else ""
             row += [
@@ -515,6 +605,11 @@ def tables(engine_models: Sequence[str] = ENGINE_MODELS) -> str:
     parts += [f"- `{key}`: {text}." for key, text in SOURCES.items()]
     notes = sorted({a for p in POINTS for a in p.assumptions})
     parts += [f"- Assumed: {a}." for a in notes]
+    parts += [
+        f"- Outlier, point {i} ({p.name}): reported, not fitted: {p.outlier}."
+        for i, p in enumerate(POINTS, 1)
+        if p.outlier
+    ]
     return "\n".join(parts)
 
 
@@ -530,10 +625,23 @@ def doc_tables(text: str) -> str:
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
 
 
+def aic_references() -> dict[str, float]:
+    """The reference value of every ``aic-vllm`` point as the aic engine model computes it now
+    (rounded as recorded; needs the extra ``disagg-planner[aic]``)."""
+    return {p.name: round(p.model_value("aic"), 2) for p in POINTS if p.source == "aic-vllm"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--aic-references"]:
+        for name, value in aic_references().items():
+            print(f"{value:10.2f}  {name}")
+        return 0
     if args not in ([], ["--write"]):
-        print("usage: python -m disagg_planner.simulator.calibration [--write]", file=sys.stderr)
+        print(
+            "usage: python -m disagg_planner.simulator.calibration [--write | --aic-references]",
+            file=sys.stderr,
+        )
         return 2
     generated = tables()
     if not args:

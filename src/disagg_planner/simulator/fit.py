@@ -5,7 +5,8 @@ error; ``--write`` also rewrites ``engine_fit.yaml`` (the one place the engine m
 fitted factors from; each value carries a comment naming what it was fitted to). The fit is
 deterministic (scipy's trust-region least squares on log errors, fixed start, finite
 differences) and only ever reads points of the **training** set of ``calibration.POINTS``:
-the validation points judge the result and are never fitted (``stage_points`` refuses them).
+the validation points judge the result and are never fitted (``stage_points`` refuses a
+stage that selects one), and training points marked ``outlier`` are reported, not fitted.
 
 It runs in stages, one phase at a time, each stage fitting a few factors to the points that
 pin them down, with the factors of earlier stages held:
@@ -16,8 +17,14 @@ pin them down, with the factors of earlier stages held:
 2. ``trtllm-loaded``: TensorRT-LLM's published max-throughput rows at the shapes kept for
    training (H200, 8B and 70B FP8) fix TRT-LLM's prefill and decode FP8 GEMM efficiencies,
    its KV-read efficiency and its step and per-request overheads (offline simulator runs);
-3. ``vllm-anchors``: Dynamo's H200 8B-FP8 profile fixes vLLM's FP8 prefill GEMM efficiency
-   (the 80 ms TTFT at ISL 3000) and its KV-read efficiency (10k tok/s/GPU at 10 ms ITL).
+3. ``vllm-prefill``: AIConfigurator's measured vLLM kernel tables, composed into lone
+   requests' prefill at ISL 1k, 4k and 16k (8B on H100 and H200, 70B TP4 on H200), fix vLLM's
+   FP8 prefill GEMM efficiency and its prefill-attention efficiency (the long prompts separate
+   the two). Dynamo's "80 ms TTFT at ISL 3000" and the 27 ms of its raw profile are in the
+   stage as outliers: reported with their residuals, not fitted (``CalibrationPoint.outlier``
+   says why), and the fit fails if it meets a point marked outlier after all;
+4. ``vllm-kv``: Dynamo's H200 8B-FP8 profile (10k tok/s/GPU at 10 ms ITL) fixes vLLM's
+   KV-read efficiency.
 
 What no training point separates is a prior or tied (``PRIORS``, ``TIES``): BF16 and FP4
 GEMM efficiencies, SGLang (no public SGLang point here: it uses vLLM's factors), vLLM's large-
@@ -60,6 +67,11 @@ class Stage:
     why: str
 
 
+class FitError(ValueError):
+    """The training data contradicts the fit's rules (a validation point selected, an outlier
+    mark the fit does not bear out)."""
+
+
 STAGES: tuple[Stage, ...] = (
     Stage(
         "decode-latency",
@@ -68,13 +80,21 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "trtllm-loaded",
-        lambda p: p.source == "trtllm",
+        lambda p: p.source == "trtllm" and p.point_set == "training",
         "TensorRT-LLM perf-overview rows kept for training",
     ),
     Stage(
-        "vllm-anchors",
-        lambda p: p.source == "dynamo",
-        "Dynamo's H200 8B-FP8 profile (80 ms TTFT at ISL 3000; 10k tok/s/GPU at 10 ms ITL)",
+        "vllm-prefill",
+        lambda p: (
+            p.source == "aic-vllm"
+            or (p.source in ("dynamo", "dynamo-raw") and p.kind.startswith("prefill"))
+        ),
+        "AIConfigurator's measured vLLM tables, lone-request prefill at ISL 1k-16k",
+    ),
+    Stage(
+        "vllm-kv",
+        lambda p: p.source == "dynamo" and p.kind == "decode_thpt_at_itl",
+        "Dynamo's H200 8B-FP8 profile (10k tok/s/GPU at 10 ms ITL)",
     ),
 )
 
@@ -88,8 +108,9 @@ PARAMS: tuple[Param, ...] = (
     Param("backends.trtllm.kv_read", 0.75, 0.3, 0.98, "trtllm-loaded", "KV-cache reads"),
     Param("backends.trtllm.step_overhead_us", 300.0, 20.0, 3000.0, "trtllm-loaded", "per step"),
     Param("backends.trtllm.request_overhead_us", 2.0, 0.0, 20.0, "trtllm-loaded", "per request"),
-    Param("backends.vllm.gemm_prefill.fp8", 0.37, 0.15, 0.95, "vllm-anchors", "prefill GEMM"),
-    Param("backends.vllm.kv_read", 0.66, 0.3, 0.98, "vllm-anchors", "KV-cache reads"),
+    Param("backends.vllm.gemm_prefill.fp8", 0.45, 0.15, 0.95, "vllm-prefill", "prefill GEMM"),
+    Param("backends.vllm.attention", 0.45, 0.15, 0.95, "vllm-prefill", "prefill attention"),
+    Param("backends.vllm.kv_read", 0.66, 0.3, 0.98, "vllm-kv", "KV-cache reads"),
 )
 
 # Values no training point pins down: (value, where it comes from).
@@ -107,7 +128,6 @@ PRIORS: dict[str, tuple[float, str]] = {
         "prior: as gemm_prefill.bf16 (no BF16 training point decodes compute-bound batches)",
     ),
     "backends.vllm.gemm_decode.fp4": (0.30, "prior: as gemm_prefill.fp4"),
-    "backends.vllm.attention": (0.45, "prior: FlashAttention-class kernels, ~45% of BF16 peak"),
     "backends.vllm.request_overhead_us": (4.0, "prior: BLIS's fitted vLLM value, ~4 us/request"),
     "backends.trtllm.gemm_prefill.bf16": (0.62, _AS_VLLM),
     "backends.trtllm.gemm_prefill.fp4": (0.30, _AS_VLLM),
@@ -159,11 +179,40 @@ def build(values: dict[str, float]) -> dict[str, Any]:
     return tree
 
 
-def stage_points(stage: Stage) -> list[CalibrationPoint]:
-    points = [p for p in POINTS if stage.selects(p) and p.point_set == "training"]
-    if not points:
-        raise RuntimeError(f"fit stage {stage.name!r}: no training point")
-    return points
+def stage_points(
+    stage: Stage, points: Sequence[CalibrationPoint] = POINTS
+) -> list[CalibrationPoint]:
+    """The points ``stage`` fits to: those it selects, less the outliers. A stage that selects
+    a validation point is refused: the validation set judges the fit and is never in it."""
+    selected = [p for p in points if stage.selects(p)]
+    held_out = [p.name for p in selected if p.point_set != "training"]
+    if held_out:
+        raise FitError(
+            f"fit stage {stage.name!r} selects validation points {held_out}: the fit reads "
+            "training points only (move a point to the training set in calibration.py to fit it)"
+        )
+    fitted = [p for p in selected if p.fitted]
+    if not fitted:
+        raise FitError(f"fit stage {stage.name!r}: no training point to fit (outliers aside)")
+    return fitted
+
+
+def stage_outliers(
+    stage: Stage, points: Sequence[CalibrationPoint] = POINTS
+) -> list[CalibrationPoint]:
+    """The training points ``stage`` selects but reports only (marked outlier)."""
+    return [p for p in points if stage.selects(p) and p.point_set == "training" and p.outlier]
+
+
+def check_outliers(residuals: dict[str, float], points: Sequence[CalibrationPoint]) -> None:
+    """An outlier mark must be borne out: a point the fitted model meets within its target
+    was reconcilable after all and belongs in the fit."""
+    for p in points:
+        if p.outlier and abs(residuals[p.name]) <= p.target_tolerance:
+            raise FitError(
+                f"training point {p.name!r} is marked outlier, but the fit meets it "
+                f"({residuals[p.name]:+.1%}, target {p.target_tolerance:.0%}): fit it instead"
+            )
 
 
 def _model_value(point: CalibrationPoint, fit: dict[str, Any]) -> float:
@@ -211,10 +260,29 @@ def fit(
         )
     tree = build(values)
     errors = {}
+    outliers = []
     for stage in STAGES:
-        for pt in stage_points(stage):
+        for pt in stage_points(stage) + stage_outliers(stage):
             errors[pt.name] = _model_value(pt, tree) / pt.target - 1.0
+        outliers += stage_outliers(stage)
+    check_outliers(errors, outliers)
     return values, errors
+
+
+def validation_errors(values: dict[str, float]) -> dict[str, float]:
+    """Each validation point's relative error at the fitted ``values`` (the roofline)."""
+    tree = build(values)
+    return {
+        p.name: _model_value(p, tree) / p.target - 1.0
+        for p in POINTS
+        if p.point_set == "validation"
+    }
+
+
+def _report_line(point: CalibrationPoint, err: float) -> str:
+    verdict = "met" if abs(err) <= point.target_tolerance else "MISSED"
+    mark = " (outlier, not fitted)" if point.outlier else ""
+    return f"  {err:+7.1%}  {verdict:<6} {point.name}{mark}"
 
 
 def _fitted_to(stage_name: str) -> str:
@@ -266,14 +334,24 @@ def render(values: dict[str, float]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args not in ([], ["--write"]):
-        print("usage: python -m disagg_planner.simulator.fit [--write]", file=sys.stderr)
+    flags = {"--write", "--no-validation"}
+    if not set(args) <= flags or len(set(args)) != len(args):
+        print(
+            "usage: python -m disagg_planner.simulator.fit [--write] [--no-validation]",
+            file=sys.stderr,
+        )
         return 2
     values, errors = fit(log=lambda line: print(line, flush=True))
+    by_name = {p.name: p for p in POINTS}
+    print("training residuals (target: TTFT 15%, ITL and throughput 10%):")
     for name, err in errors.items():
-        print(f"  {err:+7.1%}  {name}")
+        print(_report_line(by_name[name], err))
+    if "--no-validation" not in args:
+        print("validation residuals (never fitted):", flush=True)
+        for name, err in validation_errors(values).items():
+            print(_report_line(by_name[name], err), flush=True)
     text = render(values)
-    if args == ["--write"]:
+    if "--write" in args:
         FIT_FILE.write_text(text)
         print(f"wrote {FIT_FILE}")
     else:

@@ -138,6 +138,9 @@ class DecodeMeasurement:
 
     itl_ms: float
     running: float
+    # Requests preempted (KV recomputed) while it was measured: such a point times recompute
+    # passes, not a steady batch, and the sweep leaves it out. 0 where a target cannot see it.
+    preemptions: int = 0
 
 
 class SweepTarget(Protocol):
@@ -220,6 +223,15 @@ def run_sweep(
         for conc in _geometric_grid(1, cap, config.granularity_concurrency):
             measured = max(2, math.ceil(conc * config.decode_rounds))
             point = target.decode_point(isl, osl, concurrency=conc, measured=measured)
+            if point.preemptions:
+                # The cap keeps the whole cache from overflowing, not each data-parallel
+                # rank: a rank holding a few more requests than its share preempts, and the
+                # point would time recompute (DeepSeek-V3 DP16 at the top of a row: +5%).
+                say(
+                    f"decode ISL {isl} OSL {osl} concurrency {conc}: left out, "
+                    f"{point.preemptions} preemptions"
+                )
+                continue
             d_kv.append(min(1.0, point.running * context / target.max_kv_tokens))
             d_ctx.append(context)
             d_itl.append(point.itl_ms)
@@ -297,6 +309,7 @@ class SimulatedEngine:
         )
         prefill_replicas = max(1, math.ceil(2 * concurrency * t_prefill / max(t_decode, 1e-6)))
         refills: list[RequestRecord] = []
+        preemptions = 0
         # (time, duration, decoding requests, rank) of every decode iteration.
         steps: list[tuple[float, float, int, int]] = []
         # A warm-up wave, the measured requests, then one more wave so that the measured ones
@@ -307,7 +320,8 @@ class SimulatedEngine:
         last_submit_s = 0.0
 
         def on_record(rec: RequestRecord) -> None:
-            nonlocal issued, last_submit_s
+            nonlocal issued, last_submit_s, preemptions
+            preemptions += rec.preemptions
             if rec.arrival_s > 0.0 and rec.osl == osl:
                 refills.append(rec)
             if issued < target:
@@ -319,11 +333,17 @@ class SimulatedEngine:
 
         def on_fpm(fpm: ForwardPassMetrics) -> None:
             if fpm.worker_id.startswith("decode") and fpm.wall_time > 0:
+                # Every row of a decode worker's step makes a token: the decoding requests
+                # and the arrivals whose transferred KV lacks only the last prompt token
+                # (recomputed, sampled in the same step). Counting the decoders alone paired
+                # a step's time with a batch smaller than the one it ran: at short outputs,
+                # where an arrival joins every few steps, the profile read 4-5% slow.
+                sched = fpm.scheduled_requests
                 steps.append(
                     (
                         cluster.now,
                         fpm.wall_time,
-                        fpm.scheduled_requests.num_decode_requests,
+                        sched.num_decode_requests + sched.num_prefill_requests,
                         fpm.dp_rank,
                     )
                 )
@@ -363,7 +383,9 @@ class SimulatedEngine:
         ranks = {r for _t, _d, _b, r in window}
         if len(ranks) == 1:
             return DecodeMeasurement(
-                itl_ms=itl_ms, running=sum(b for _t, _d, b, _r in window) / len(window)
+                itl_ms=itl_ms,
+                running=sum(b for _t, _d, b, _r in window) / len(window),
+                preemptions=preemptions,
             )
         # Data-parallel ranks step on their own and, below one request per rank, not all of
         # them all the time: the engine's batch is each rank's mean batch weighted by the
@@ -374,7 +396,7 @@ class SimulatedEngine:
             mine = [(d, b) for _t, d, b, r in window if r == rank]
             busy = min(1.0, sum(d for d, _b in mine) / span) if span > 0 else 1.0
             running += busy * sum(b for _d, b in mine) / len(mine)
-        return DecodeMeasurement(itl_ms=itl_ms, running=running)
+        return DecodeMeasurement(itl_ms=itl_ms, running=running, preemptions=preemptions)
 
 
 def simulated_manifest(spec: EngineSpec, *, tool: str) -> ProfileManifest:

@@ -5,28 +5,19 @@ fluid bound. Each says held or VIOLATED, with the figures it compared."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import pickle
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
 from disagg_planner.replay.session import WorkloadSpec
-
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "scorecard.py"
+from tests.unit.benchmarks.scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def scorecard() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scorecard_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scorecard")
 
 
 @pytest.fixture(scope="module")

@@ -565,8 +565,11 @@ def test_a_grow_is_sized_until_a_second_grow_could_be_active(followers, active_s
     than a second grow decided at the first tick after it is active: its size must carry the
     rise until then (one lead time plus one more grow), not only over its own lead time."""
 
+    # Steep enough that the rise over the second grow's lead is more than one rank whatever
+    # the profile's per-rank rate (at 0.01 req/s per s it was 0.9 ranks, and whether the two
+    # sizes differed hung on where the peak fell between whole ranks).
     def rate(t: float) -> float:
-        return CAP16 + 0.01 * (t - 1200.0)
+        return max(0.0, CAP16 + 0.02 * (t - 1200.0))
 
     planner = ElasticPlanner(config=config(elastic_ep_max_dp=32, **followers), profile=PROFILE)
     t, decision = run_until_decision(planner, rate, current_dp=16, end_s=1200.0)

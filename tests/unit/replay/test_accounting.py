@@ -18,7 +18,7 @@ PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 ENGINE = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 # 60 s of traffic one prefill replica cannot keep up with: its backlog outlasts the old
 # "last arrival + 120 s" horizon
-HEAVY = "poisson:rate=45,isl=4000,osl=50,duration=60"
+HEAVY = "poisson:rate=60,isl=4000,osl=50,duration=60"
 
 
 def _setup(prefill: int, decode: int, *, delay: float = 30.0) -> ClusterSetup:

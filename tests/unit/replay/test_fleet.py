@@ -21,13 +21,13 @@ PAIR = f"""
 pool: {{max_total_gpus: 6, stabilization_seconds: 60}}
 members:
   - name: chat
-    workload: "step:rates=3/30/3,at=150/330,duration=450,isl=2000,osl=150"
+    workload: "step:rates=3/45/3,at=150/330,duration=450,isl=2000,osl=150"
     floor_gpus: 4
     ttft: 1000
     itl: 40
     profile: {PROFILE}
   - name: batch
-    workload: "poisson:rate=25,duration=450,isl=3000,osl=150"
+    workload: "poisson:rate=40,duration=450,isl=3000,osl=150"
     floor_gpus: 2
     ttft: 5000
     itl: 60

@@ -47,7 +47,7 @@ def config(**kw: object) -> PlannerConfig:
 def plan_for(name: str, azure_trace: Path | None = None) -> ReplayPlan:
     if name == "azure":
         assert azure_trace is not None
-        workload = WorkloadSpec(trace=str(azure_trace), scale_load=8, duration_s=600)
+        workload = WorkloadSpec(trace=str(azure_trace), scale_load=14, duration_s=600)
     else:
         workload = WORKLOADS[name]
     return prepare(config(), workload, startup_delay_s=120)

@@ -25,7 +25,7 @@ from disagg_planner.simulator.cluster import Cluster
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 ENGINE = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 # quiet, then a step the policies scale up for, then quiet again (they scale down and drain)
-WORKLOAD = "step:rates=3/25,at=90,duration=240,isl=1500,osl=100"
+WORKLOAD = "step:rates=3/45,at=90,duration=240,isl=1500,osl=100"
 POLICIES = ["static:2,1", "hpa", "planner", "dynamo-default", "oracle"]
 
 

@@ -18,8 +18,31 @@ def test_the_point_sets_are_disjoint_named_and_sourced() -> None:
     assert not by_set["training"] & by_set["validation"]
     assert len({p.name for p in POINTS}) == len(POINTS)
     assert all(p.source in SOURCES for p in POINTS)
-    # The roofline's regression guard is on what it was fitted to, only.
-    assert {p.name for p in POINTS if p.tolerance is not None} == by_set["training"]
+    # The roofline's regression guard is on what it was fitted to, only (outliers aside).
+    fitted = {p.name for p in POINTS if p.fitted}
+    assert {p.name for p in POINTS if p.tolerance is not None} == fitted
+    assert all(p.point_set == "training" for p in POINTS if p.outlier)
+
+
+def test_an_outlier_mark_on_a_validation_point_is_refused() -> None:
+    with pytest.raises(ValueError, match="outlier is a mark of training points only"):
+        calibration.CalibrationPoint(
+            "x",
+            "sim:llama-3.1-8b@h200_sxm",
+            "decode_step",
+            1.0,
+            "ms",
+            "vllm-latency",
+            point_set="validation",
+            outlier="because",
+        )
+
+
+def test_the_recorded_aic_references_are_what_the_aic_engine_computes() -> None:
+    # The aic-vllm training points' reference values are generated, never typed.
+    pytest.importorskip("aiconfigurator_core")
+    recorded = {p.name: p.target for p in POINTS if p.source == "aic-vllm"}
+    assert recorded and calibration.aic_references() == recorded
 
 
 def test_every_point_runs_on_both_engine_models() -> None:

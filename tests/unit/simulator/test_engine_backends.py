@@ -99,6 +99,38 @@ def test_the_fit_reads_training_points_only() -> None:
     assert not fitted & set(fit.PRIORS) and not fitted & set(fit.TIES)
 
 
+def test_a_stage_that_selects_a_validation_point_is_refused() -> None:
+    # The validation set judges the fit; one of its points in a stage would make it training.
+    held_out = next(p for p in POINTS if p.point_set == "validation")
+    stage = fit.Stage("leaky", lambda p: p is held_out or p.source == "vllm-latency", "test")
+    with pytest.raises(fit.FitError, match="selects validation points"):
+        fit.stage_points(stage)
+
+
+def test_outliers_are_reported_not_fitted_and_the_mark_must_hold() -> None:
+    stage = next(s for s in fit.STAGES if s.name == "vllm-prefill")
+    fitted, outliers = fit.stage_points(stage), fit.stage_outliers(stage)
+    assert outliers and not set(outliers) & set(fitted)
+    assert all(p.outlier and p.tolerance is None for p in outliers)
+    far = {p.name: 0.30 for p in outliers}
+    fit.check_outliers(far, outliers)  # beyond every target: the marks hold
+    near = dict(far, **{outliers[0].name: 0.05})
+    with pytest.raises(fit.FitError, match="marked outlier, but the fit meets it"):
+        fit.check_outliers(near, outliers)
+
+
+def test_vllm_prefill_is_fitted_to_more_than_one_figure() -> None:
+    # Issue 31: one sentence (Dynamo's 80 ms) set vLLM's FP8 prefill; now prompts from 1k to
+    # 16k tokens on two GPUs and two parallelisms, which also separates attention from GEMMs.
+    stage = next(s for s in fit.STAGES if s.name == "vllm-prefill")
+    points = fit.stage_points(stage)
+    assert len({p.isl for p in points}) >= 3 and len({p.engine for p in points}) >= 3
+    assert {p.path for p in fit.PARAMS if p.stage == stage.name} == {
+        "backends.vllm.gemm_prefill.fp8",
+        "backends.vllm.attention",
+    }
+
+
 def test_engine_fit_yaml_is_what_the_fitting_tool_writes() -> None:
     data = yaml.safe_load(fit.FIT_FILE.read_text())
     values = {p.path: fit._get(data, p.path) for p in fit.PARAMS}

@@ -23,8 +23,11 @@ def test_calibration_targets_within_tolerance(point):
 
 def test_required_h200_8b_points_are_targets():
     names = {p.name for p in POINTS if p.tolerance == 0.15 and "H200 8B-FP8" in p.name}
-    assert any("prefill throughput, ISL 3000" in n for n in names)
+    assert any("prefill TTFT, ISL 4096" in n for n in names)
     assert any("decode throughput at ITL 10 ms" in n for n in names)
+    # Dynamo's prefill sentence is reported, not fitted: the roofline misses it on purpose.
+    dynamo = [p for p in POINTS if p.source == "dynamo" and p.kind.startswith("prefill")]
+    assert dynamo and all(p.outlier and abs(p.error()) > p.target_tolerance for p in dynamo)
 
 
 def test_prefill_time_grows_with_tokens_and_context():

@@ -24,11 +24,17 @@ attainment): re-recorded. The step test of the trend (two levels fitting the sho
 better than a line are no trend) changed it once more (one scale-up to 2 prefill replicas,
 the same attainment, 0.66 GPU-h against 0.79): re-recorded. Issue 32: an elastic-EP shrink
 aborts the requests of the removed ranks, as vLLM does, instead of recomputing them on the
-kept ranks: the ``moe_resize`` digest was re-recorded (the replay digests held).
+kept ranks: the ``moe_resize`` digest was re-recorded (the replay digests held). Issue 31
+fitted vLLM's FP8 prefill and prefill attention to AIConfigurator's measured vLLM tables
+(``gemm_prefill.fp8`` 0.3501 -> 0.5914, ``attention`` 0.45 -> 0.666: every vLLM prefill is
+faster) and regenerated the bundled profiles (a decode point's batch now counts the arrivals
+recomputed in its steps; a point that preempts is left out): every simulated time changed, so
+all four were re-recorded at that change. The step's high rate went from 12 to 24
+requests/s: at 12, one prefill replica of the faster engine kept up, and the load case no
+longer scaled up (what it is here to pin); at 24 it scales prefill 1 -> 2, as before.
 Issue 35: the simulated frontend's metrics page gained the KV router's hit-rate histogram
 (``dynamo_component_router_kv_hit_rate``), which the two bare-cluster digests hash: both were
-re-recorded, after checking that with that family left out of the page they equal the old
-ones (no simulated result changed; the replay digests held).
+re-recorded on top of issue 31's (no simulated result changed; the replay digests held).
 
 A failure here means a simulated result changed. If it comes from the replay shell
 (``replay/``, ``runtime/``) rather than the simulator, ``git log`` says who changed what.
@@ -51,63 +57,63 @@ from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.simulator.cluster import Cluster
 
-STEP = "step:rates=4/12,at=300,duration=900,isl=3000,osl=300"
+STEP = "step:rates=4/24,at=300,duration=900,isl=3000,osl=300"
 
 # summary.json figures of the recorded runs; floats compared exactly (they are computed from
 # the same simulated times, so any change of the model shows here).
 GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     "planner": {
-        "requests_csv": "f416d83113a37cb561a0b950fd72531a368f339747920d92f78f05a66f73582a",
-        "timeline": "e025a3d428015cc06d6361407f8b47177a3bb6d551fcbebf19e1d9a56c744670",
+        "requests_csv": "33bf3f140077033802c68dc472e789f513516541ac8138768280784f182af1a1",
+        "timeline": "59e349156b50110cffa35c1e8b0186d1406d9fffafba9f769d8f3c11fb69a8f2",
         "summary": {
-            "requests": 8302,
-            "completed": 8302,
+            "requests": 15567,
+            "completed": 15567,
             "failed": 0,
             "slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 1.0},
             "ttft_ms": {
-                "p50": 88.61724755300315,
-                "p90": 132.61305656486118,
-                "p95": 154.07662824497373,
-                "p99": 217.72564126850557,
+                "p50": 66.21067215132825,
+                "p90": 108.92101918897197,
+                "p95": 135.91067288203925,
+                "p99": 180.40642799165767,
             },
             "itl_ms": {
-                "p50": 5.115962155704275,
-                "p90": 5.52429421133842,
-                "p95": 5.659885357500089,
-                "p99": 5.8679603347042235,
+                "p50": 7.161766875308931,
+                "p90": 7.985842440784775,
+                "p95": 8.270335438108555,
+                "p99": 8.684850560719209,
             },
-            "gpu_hours": 0.7511062947780165,
-            "oracle_gpu_hours": 0.7011062947780171,
-            "scale_actions": {"prefill": 0, "decode": 0},
-            "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 901.3275537336198,
+            "gpu_hours": 0.7523489184684522,
+            "oracle_gpu_hours": 0.7014093510810712,
+            "scale_actions": {"prefill": 1, "decode": 1},
+            "max_replicas": {"prefill": 3, "decode": 2},
+            "duration_s": 901.6912212972856,
         },
     },
     "load": {
-        "requests_csv": "6f2a9148d3703b8791bd55a5af1eb58c086c6124d7a22df151d8a58d80617fc1",
-        "timeline": "6c026a5fd35eb9a338413af72f5c251bba08ad30a54c22bfe3ca36df0ae1b945",
+        "requests_csv": "6d531118ec95497529001c72d9e1075e31a8d50da601af7bd80751fa02cc60e5",
+        "timeline": "5eb57996f48a4203422f6b8b5e1204301a134e1d61a87999d8e1a7a766e86c13",
         "summary": {
-            "requests": 8302,
-            "completed": 8302,
+            "requests": 15567,
+            "completed": 15567,
             "failed": 0,
-            "slo_attainment": {"ttft": 0.942423512406649, "itl": 1.0, "both": 0.942423512406649},
+            "slo_attainment": {"ttft": 0.8807734309757821, "itl": 1.0, "both": 0.8807734309757821},
             "ttft_ms": {
-                "p50": 89.46255939576986,
-                "p90": 311.72849966936286,
-                "p95": 549.5843069265645,
-                "p99": 951.0871177466569,
+                "p50": 66.51222382026845,
+                "p90": 589.8879380065181,
+                "p95": 1266.2524869020776,
+                "p99": 1938.5948516240537,
             },
             "itl_ms": {
-                "p50": 5.132275027569547,
-                "p90": 5.429983290759825,
-                "p95": 5.560051423753918,
-                "p99": 5.841306425107402,
+                "p50": 7.078214271320521,
+                "p90": 7.956609767653879,
+                "p95": 8.334844256445159,
+                "p99": 11.407481887138049,
             },
-            "gpu_hours": 0.6636062947780167,
-            "oracle_gpu_hours": 0.7011062947780171,
-            "scale_actions": {"prefill": 1, "decode": 0},
-            "max_replicas": {"prefill": 2, "decode": 1},
-            "duration_s": 901.32755373362,
+            "gpu_hours": 0.7898378321489572,
+            "oracle_gpu_hours": 0.7014093510810712,
+            "scale_actions": {"prefill": 2, "decode": 1},
+            "max_replicas": {"prefill": 3, "decode": 2},
+            "duration_s": 901.6832391472492,
         },
     },
 }
@@ -136,8 +142,8 @@ TIMELINE_COLUMNS = (
 )
 
 GOLDEN_CLUSTER: dict[str, str] = {
-    "moe_resize": "4a9eb26341512ce70b9e0fdaa53e5b3fc97430477b160cda4593f33ec855cd5f",
-    "tight_prefix": "a95c4ad5c53f44955cecbd037d70efbb79723744eb2c22e1a8d2adbb2afaa90a",
+    "moe_resize": "cb355bb8ed6d7aa2d32968d011bd8584b8548e2ef6d62b14a5062dfd06708203",
+    "tight_prefix": "dc6364b6c78061f4429a9852c7ac54a3d184f90740c32782d3e1a0d7397565aa",
 }
 
 
