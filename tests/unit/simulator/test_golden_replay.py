@@ -34,7 +34,10 @@ requests/s: at 12, one prefill replica of the faster engine kept up, and the loa
 longer scaled up (what it is here to pin); at 24 it scales prefill 1 -> 2, as before.
 Issue 35: the simulated frontend's metrics page gained the KV router's hit-rate histogram
 (``dynamo_component_router_kv_hit_rate``), which the two bare-cluster digests hash: both were
-re-recorded on top of issue 31's (no simulated result changed; the replay digests held).
+re-recorded on top of issue 31's (no simulated result changed). Issue 29's closed-loop rules
+(observed breaches, corrections both ways) on issue 31's faster engine moved both replay
+cases: re-recorded at that merge (planner 100% within both SLOs on 0.75 GPU-h as before,
+now with one short raise to 3 prefill / 2 decode; load 88.08% as before on 0.79 GPU-h).
 
 A failure here means a simulated result changed. If it comes from the replay shell
 (``replay/``, ``runtime/``) rather than the simulator, ``git log`` says who changed what.
