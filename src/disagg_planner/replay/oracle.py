@@ -22,7 +22,9 @@ unservable ones (:class:`LoneLimits`: a prompt too long to meet the TTFT target,
 too long to meet the ITL target, even alone on an idle cluster, misses at any replica count;
 a request rejected on arrival is not counted at all). A candidate is dropped as soon as it has
 added more than that, so most rejected candidates cost a fraction of a window. The chosen
-candidate's cluster at the window's end starts the next window.
+candidate's cluster at the window's end starts the next window (a window's search keeps the
+clusters of its latest complete runs only, and simulates the chosen one again where it is not
+among them, so its memory does not grow with the number of candidates tried).
 
 :class:`OraclePolicy` runs the plan in the replay simulator like any policy: at time ``t`` it
 holds the largest need over every window that ``[t, t + startup_delay]`` touches, so a
@@ -37,6 +39,7 @@ import bisect
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -289,6 +292,10 @@ class MissTally:
         return late + self.slo.allowed_misses(n - late - self.rejected)
 
 
+# Window-end clusters a window's search keeps (see _Window.states).
+KEPT_STATES = 2
+
+
 @dataclass
 class _Trial:
     """One candidate's run through one window (see the module doc)."""
@@ -299,7 +306,6 @@ class _Trial:
     allowed: int
     stopped_s: float  # when it was dropped (inf when complete)
     tally: MissTally
-    state: Cluster | None = None  # the cluster at the window's end (complete trials)
     finished_misses: int = 0  # misses among requests finished by the window's end
     predicted_misses: int = 0  # misses predicted over every request arrived so far
 
@@ -363,6 +369,10 @@ class _Window:
     slack: int  # misses earlier windows were allowed and did not add
     trials: dict[tuple[int, ...], _Trial] = field(default_factory=dict)
     runs: int = 0
+    # The clusters at the window's end of the latest complete trials, at most KEPT_STATES
+    # (the one chosen is nearly always among them; another is simulated again): a search
+    # that tries hundreds of counts must not hold a cluster for each.
+    states: OrderedDict[tuple[int, ...], Cluster] = field(default_factory=OrderedDict)
 
     def trial(self, counts: tuple[int, ...], *, stop_early: bool = True) -> _Trial:
         known = self.trials.get(counts)
@@ -372,6 +382,21 @@ class _Window:
         result = self._run(counts, stop_early=stop_early)
         self.trials[counts] = result
         return result
+
+    def state_of(self, chosen: _Trial) -> Cluster:
+        """The cluster at the window's end under ``chosen`` (a complete trial)."""
+        state = self.states.get(chosen.counts)
+        if state is None:
+            again = self._run(chosen.counts, stop_early=False)  # deterministic: same trial
+            assert again.added == chosen.added, "the simulator is not deterministic"
+            state = self.states[chosen.counts]
+        return state
+
+    def _keep(self, counts: tuple[int, ...], state: Cluster) -> None:
+        self.states[counts] = state
+        self.states.move_to_end(counts)
+        while len(self.states) > KEPT_STATES:
+            self.states.popitem(last=False)
 
     def _run(self, counts: tuple[int, ...], *, stop_early: bool) -> _Trial:
         cluster = capacity_model.fork(self.base)
@@ -395,6 +420,8 @@ class _Window:
         if not stopped:
             drain = capacity_model.fork(cluster)
             stopped = capacity_model.run_watched(drain, math.inf, over)
+        if not stopped:
+            self._keep(counts, cluster)
         return _Trial(
             counts,
             complete=not stopped,
@@ -402,7 +429,6 @@ class _Window:
             allowed=tally.allowance(n, unservable) + slack,
             stopped_s=drain.now if stopped else math.inf,
             tally=tally,
-            state=None if stopped else cluster,
             finished_misses=finished,
             predicted_misses=self.finished_misses + tally.misses,
         )
@@ -497,8 +523,7 @@ def plan_feasible(
         start = tuple(max(m, guess.replicas[r]) for m, r in zip(lower, roles, strict=True))
         cap = tuple(4 * s + 8 for s in start)
         chosen = _search_window(window, start, lower, cap)
-        assert chosen.state is not None
-        base = chosen.state
+        base = window.state_of(chosen)
         finished, predicted = chosen.finished_misses, chosen.predicted_misses
         slack = max(0, chosen.allowed - chosen.added)
         choices.append(
