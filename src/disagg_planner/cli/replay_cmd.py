@@ -166,7 +166,8 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--no-progress",
         action="store_true",
-        help="No progress bar (it is drawn on stderr only when that is a terminal).",
+        help="No progress on stderr (a bar redrawn in place on a terminal, else a plain "
+        "line every 30 s).",
     )
     add_config_arguments(parser)
     parser.set_defaults(handler=_replay)

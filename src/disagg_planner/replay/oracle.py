@@ -56,6 +56,30 @@ log = logging.getLogger(__name__)
 # The share of requests meeting both targets that "meets the SLO" means, unless told.
 DEFAULT_SLO_TARGET = 0.99
 
+# A long search logs where it is this often (s of wall time): with stderr in a file or a
+# pipe, that is all that shows a search of many minutes is alive.
+SEARCH_LOG_EVERY_S = 30.0
+
+
+class SearchLog:
+    """When a search's next progress line is due (at most every SEARCH_LOG_EVERY_S)."""
+
+    def __init__(self, *, every_s: float = SEARCH_LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self.started = time.perf_counter()
+        self._last = self.started
+
+    def due(self) -> bool:
+        now = time.perf_counter()
+        if now - self._last < self.every_s:
+            return False
+        self._last = now
+        return True
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
 
 @dataclass(frozen=True)
 class Slo:
@@ -369,6 +393,8 @@ class _Window:
     slack: int  # misses earlier windows were allowed and did not add
     trials: dict[tuple[int, ...], _Trial] = field(default_factory=dict)
     runs: int = 0
+    pace: SearchLog = field(default_factory=SearchLog)
+    label: str = "a window"  # how its progress line names it
     # The clusters at the window's end of the latest complete trials, at most KEPT_STATES
     # (the one chosen is nearly always among them; another is simulated again): a search
     # that tries hundreds of counts must not hold a cluster for each.
@@ -381,6 +407,14 @@ class _Window:
         self.runs += 1
         result = self._run(counts, stop_early=stop_early)
         self.trials[counts] = result
+        if self.pace.due():
+            log.info(
+                "oracle plan: %s, %d candidate runs in it so far (the latest %s), %.0f s elapsed",
+                self.label,
+                self.runs,
+                counts,
+                self.pace.elapsed_s,
+            )
         return result
 
     def state_of(self, chosen: _Trial) -> Cluster:
@@ -514,12 +548,24 @@ def plan_feasible(
     finished = predicted = slack = 0
     limits = limits or LoneLimits()
     choices: list[WindowChoice] = []
+    pace = SearchLog()
+    log.info(
+        "oracle plan: searching the replicas of %d windows of %g s (%d requests), "
+        "a line every %g s",
+        n,
+        window_s,
+        len(requests),
+        pace.every_s,
+    )
     for k, guess in enumerate(estimate):
         lo = bisect.bisect_left(arrivals, k * window_s) if k else 0
         last = k == n - 1
         hi = len(arrivals) if last else bisect.bisect_left(arrivals, (k + 1) * window_s)
         end = max((k + 1) * window_s, arrivals[-1] if last else 0.0)
-        window = _Window(base, requests[lo:hi], end, slo, roles, finished, predicted, limits, slack)
+        window = _Window(
+            base, requests[lo:hi], end, slo, roles, finished, predicted, limits, slack,
+            pace=pace, label=f"window {k + 1} of {n}",
+        )  # fmt: skip
         start = tuple(max(m, guess.replicas[r]) for m, r in zip(lower, roles, strict=True))
         cap = tuple(4 * s + 8 for s in start)
         chosen = _search_window(window, start, lower, cap)
@@ -539,6 +585,17 @@ def plan_feasible(
                 met=chosen.ok,
             )
         )
+        if pace.due():
+            done = k + 1
+            log.info(
+                "oracle plan: window %d of %d, %d candidate runs, %.0f s elapsed, "
+                "about %.0f s left",
+                done,
+                n,
+                sum(c.trials for c in choices),
+                pace.elapsed_s,
+                pace.elapsed_s * (n - done) / done,
+            )
         log.debug(
             "oracle window %d: %d requests, estimate %s, chose %s (%d trials)",
             k,

@@ -10,13 +10,16 @@ so its outputs do not depend on ``jobs`` (the simulator is deterministic for a s
 ``wall_s`` differs); with ``jobs`` 1 all of it runs in this process, one after the other.
 
 The bar counts simulated seconds over all policies (each policy's span is its last
-arrival), with an ETA from the rate so far; it is drawn on stderr only when that is a
-terminal, and nothing is written otherwise.
+arrival), with an ETA from the rate so far; it is redrawn in place on stderr when that is a
+terminal, and written as a plain line every :data:`PLAIN_EVERY_S` of wall time otherwise (a
+log or a pipe shows that a long run is alive, without carriage returns). Every run starts with
+one line giving its size (requests, simulated span, policies).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import multiprocessing
 import os
@@ -37,11 +40,15 @@ from disagg_planner.replay.report import write_comparison
 from disagg_planner.replay.runner import ReplayResult
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, make_policy, run
 
+log = logging.getLogger(__name__)
+
 BAR_WIDTH = 30
 # The policies that are the references' searches: they start once those are found.
 REFERENCE_POLICIES = ("oracle", "best-static")
 # A redraw at most this often (s): a policy reports progress at every decision instant.
 REDRAW_S = 0.2
+# Without a terminal: a plain progress line this often (s of wall time).
+PLAIN_EVERY_S = 30.0
 
 
 def available_cores() -> int:
@@ -88,6 +95,15 @@ def render_progress(
     )
 
 
+def size_line(requests: int, span_s: float, policies: Sequence[str]) -> str:
+    """What a replay is about to simulate, said before it starts."""
+    named = ", ".join(policies)
+    return (
+        f"replay: {requests:,} requests arriving over {_clock(span_s)} of simulated time, "
+        f"{len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({named})"
+    )
+
+
 def _clock(seconds: float) -> str:
     whole = int(max(0.0, seconds))
     hours, rest = divmod(whole, 3600)
@@ -108,8 +124,9 @@ class RunProgress:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream = sys.stderr if stream is None else stream
-        # a terminal only: in a log or a pipe, carriage returns are noise
-        self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.enabled = enabled
+        # in a log or a pipe, carriage returns are noise: plain lines, every PLAIN_EVERY_S
+        self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self.runs = runs
         self.span_s = span_s
         self.clock = clock
@@ -117,14 +134,18 @@ class RunProgress:
         self.simulating_from: float | None = None  # the first report of a simulation
         self.done_s = [0.0] * runs
         self.finished = 0
-        self._drawn_at = -math.inf
+        self._drawn_at = -math.inf if self.terminal else self.started
 
     def note(self, text: str) -> None:
-        """A line above the bar (on a terminal only)."""
-        if self.enabled:
+        """A line above the bar (a plain line without a terminal)."""
+        if not self.enabled:
+            return
+        if self.terminal:
             self.stream.write(f"\r\x1b[K{text}\n")
-            self.stream.flush()
             self._drawn_at = -math.inf
+        else:
+            self.stream.write(f"{text}\n")
+        self.stream.flush()
 
     def update(self, run: int, now_s: float) -> None:
         if self.simulating_from is None:
@@ -138,8 +159,12 @@ class RunProgress:
         self.finished += 1
         self._draw(force=True)
 
+    def tick(self) -> None:
+        """Draw the line if it is due, though no simulated time has passed (a search)."""
+        self._draw()
+
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.terminal:
             self._draw(force=True)
             self.stream.write("\n")
             self.stream.flush()
@@ -152,8 +177,10 @@ class RunProgress:
         if not self.enabled:
             return
         now = self.clock()
-        if not force and now - self._drawn_at < REDRAW_S:
+        if self.terminal and not force and now - self._drawn_at < REDRAW_S:
             return
+        if not self.terminal and now - self._drawn_at < PLAIN_EVERY_S:
+            return  # a finished run waits for the next line too: a log is not a display
         self._drawn_at = now
         line = render_progress(
             sum(self.done_s),
@@ -163,7 +190,7 @@ class RunProgress:
             runs=self.runs,
             simulating_s=None if self.simulating_from is None else now - self.simulating_from,
         )
-        self.stream.write(f"\r{line}")
+        self.stream.write(f"\r{line}" if self.terminal else f"{line}\n")
         self.stream.flush()
 
 
@@ -207,6 +234,7 @@ def _run_all(
         if name not in REFERENCE_POLICIES:  # those two are the references' searches
             make_policy(name, plan)  # a bad name refused before minutes of searching
     span = max(r.arrival_s for r in plan.requests)
+    log.info("%s", size_line(len(plan.requests), span, policies))
     bar = RunProgress(len(policies), span, stream=stream, enabled=progress)
     dirs = [None if out_dir is None else output_dir_for(out_dir, p, policies) for p in policies]
     if jobs == 1:
@@ -256,6 +284,7 @@ def _run_all(
                     watched, timeout=REDRAW_S, return_when=concurrent.futures.FIRST_COMPLETED
                 )
                 _drain(reports, bar)
+                bar.tick()
                 if finding is not None and finding.done():
                     handed_over = True
                     refs = _hand_over(finding, handed, len(early))
