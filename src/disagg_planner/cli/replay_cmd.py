@@ -160,6 +160,14 @@ def register(sub: Any) -> None:
         help="Run several --policy values in N parallel processes (default: the number of "
         f"cores, {available_cores()} here); the outputs do not depend on N.",
     )
+    parser.add_argument(
+        "--no-references",
+        action="store_true",
+        help="Skip the references' searches (the oracle plan and the cheapest static "
+        "deployment, which simulate every window at several replica counts and can take "
+        "longer than the policies themselves): the summaries then compare with nothing, and "
+        "the oracle and best-static policies, which are those searches, are refused.",
+    )
     parser.add_argument("-o", "--output-dir", default="replay-out", help="Output directory.")
     add_force(parser)
     parser.add_argument("--json", action="store_true", help="Print the summaries as JSON.")
@@ -223,7 +231,12 @@ def _replay(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir)
     policies = args.policy or (list(DEFAULT_POLICIES) if no_workload else ["planner"])
     results = run_policies(
-        plan, policies, out_dir=out_dir, jobs=jobs, progress=not args.no_progress
+        plan,
+        policies,
+        out_dir=out_dir,
+        jobs=jobs,
+        progress=not args.no_progress,
+        references=not args.no_references,
     )
     summaries = [r.summary for r in results]
     if args.json:

@@ -209,12 +209,30 @@ def run_policies(
     jobs: int | None = 1,
     progress: bool = True,
     stream: TextIO | None = None,
+    references: bool = True,
 ) -> list[ReplayResult]:
     """Run ``policies`` on ``plan`` in up to ``jobs`` processes (None: one per core), in
     the order given; with ``out_dir``, each writes its files there (see
     :func:`output_dir_for`), and with several policies ``comparison.html`` goes to
-    ``out_dir``. ``progress``: the bar (on a terminal)."""
-    results = _run_all(plan, policies, out_dir=out_dir, jobs=jobs, progress=progress, stream=stream)
+    ``out_dir``. ``progress``: the bar (on a terminal). ``references``: False skips the
+    references' searches (the summaries compare with nothing; the oracle and best-static
+    policies are refused)."""
+    if not references:
+        searched = [name for name in policies if name in REFERENCE_POLICIES]
+        if searched:
+            raise SpecError(
+                f"--no-references skips the searches that policy {searched[0]!r} is: drop "
+                "it, or drop --no-references"
+            )
+    results = _run_all(
+        plan,
+        policies,
+        out_dir=out_dir,
+        jobs=jobs,
+        progress=progress,
+        stream=stream,
+        references=references,
+    )
     if out_dir is not None and len(policies) > 1:
         write_comparison(out_dir, [output_dir_for(out_dir, p, policies) for p in policies])
     return results
@@ -228,6 +246,7 @@ def _run_all(
     jobs: int | None,
     progress: bool,
     stream: TextIO | None,
+    references: bool,
 ) -> list[ReplayResult]:
     jobs = resolve_jobs(jobs)
     for name in policies:
@@ -237,15 +256,11 @@ def _run_all(
     log.info("%s", size_line(len(plan.requests), span, policies))
     bar = RunProgress(len(policies), span, stream=stream, enabled=progress)
     dirs = [None if out_dir is None else output_dir_for(out_dir, p, policies) for p in policies]
-    if jobs == 1:
-        bar.note("finding the references (oracle plan, best static deployment, fluid bound)")
-        compute_references(plan, window_s=ORACLE_WINDOW_S)
-        results = []
-        for i, name in enumerate(policies):
-            results.append(run(plan, name, out_dir=dirs[i], progress=bar.callback(i)))
-            bar.finish(i)
-        bar.close()
-        return results
+    if jobs == 1 or not references:
+        if references:
+            bar.note("finding the references (oracle plan, best static deployment, fluid bound)")
+            compute_references(plan, window_s=ORACLE_WINDOW_S)
+        return _run_here_or_apart(plan, policies, dirs, bar, jobs=jobs, references=references)
     # The policies that need no reference to run start at once; the references are found
     # meanwhile, in a thread of this process, and handed to each of them when its simulation
     # ends (its summary compares with them), then to the oracle and best-static policies,
@@ -309,6 +324,54 @@ def _run_all(
     return [by_index[i] for i in range(len(policies))]
 
 
+def _run_here_or_apart(
+    plan: ReplayPlan,
+    policies: Sequence[str],
+    dirs: Sequence[Path | None],
+    bar: RunProgress,
+    *,
+    jobs: int,
+    references: bool,
+) -> list[ReplayResult]:
+    """The policies, the references found already or not wanted: one after the other in
+    this process (``jobs`` 1), or in ``jobs`` processes."""
+    if jobs == 1:
+        results = []
+        for i, name in enumerate(policies):
+            results.append(
+                run(plan, name, out_dir=dirs[i], progress=bar.callback(i), references=references)
+            )
+            bar.finish(i)
+        bar.close()
+        return results
+    context = multiprocessing.get_context()
+    reports = context.SimpleQueue()
+    key = references_key(plan, window_s=ORACLE_WINDOW_S)
+    by_index: dict[int, ReplayResult] = {}
+    with concurrent.futures.ProcessPoolExecutor(
+        min(jobs, len(policies)),
+        mp_context=context,
+        initializer=_install,
+        initargs=(plan, key, reports, None),
+    ) as pool:
+        pending = {
+            pool.submit(_run_in_worker, i, name, dirs[i], None, references=False): i
+            for i, name in enumerate(policies)
+        }
+        while pending:
+            done, _ = concurrent.futures.wait(
+                list(pending), timeout=REDRAW_S, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            _drain(reports, bar)
+            bar.tick()
+            for future in done:
+                i = pending.pop(future)
+                by_index[i] = future.result()
+                bar.finish(i)
+    bar.close()
+    return [by_index[i] for i in range(len(policies))]
+
+
 def _hand_over(
     finding: concurrent.futures.Future[References], handed: Any, copies: int
 ) -> References:
@@ -354,10 +417,16 @@ def _references_handed() -> References:
 
 
 def _run_in_worker(
-    index: int, name: str, out_dir: Path | None, refs: References | None
+    index: int,
+    name: str,
+    out_dir: Path | None,
+    refs: References | None,
+    *,
+    references: bool = True,
 ) -> ReplayResult:
     """Run policy ``name``: with ``refs`` (an oracle or best-static policy, which needs them
-    to start), or else waiting for them only when its simulation is over."""
+    to start), or else waiting for them only when its simulation is over (``references``
+    False: compared with none)."""
     reports = _WORKER["reports"]
     step = 0.005 * max(r.arrival_s for r in _WORKER["plan"].requests)
     last = [-math.inf]
@@ -368,6 +437,8 @@ def _run_in_worker(
             last[0] = now_s
             reports.put((index, now_s))
 
+    if not references:
+        return run(_WORKER["plan"], name, out_dir=out_dir, progress=report, references=False)
     if refs is not None:
         adopt_references(_WORKER["key"], refs)
         return run(_WORKER["plan"], name, out_dir=out_dir, progress=report)

@@ -24,9 +24,10 @@ WORKLOAD = "step:rates=3/12,at=120,duration=300,isl=2000,osl=200"
 POLICIES = ("planner", "hpa", "static:1,1", "oracle")
 
 
-def replay(out: Path, jobs: int) -> int:
+def replay(out: Path, jobs: int, *extra: str, policies: tuple[str, ...] = POLICIES) -> int:
     argv = [
         "replay",
+        *extra,
         "--workload",
         WORKLOAD,
         "--profile",
@@ -40,9 +41,38 @@ def replay(out: Path, jobs: int) -> int:
         "-o",
         str(out),
     ]
-    for policy in POLICIES:
+    for policy in policies:
         argv += ["--policy", policy]
     return main(argv)
+
+
+REFERENCE_KEYS = ("oracle_gpu_hours", "best_static", "gpu_hours_ratio_to_oracle")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_no_references_skips_the_searches_and_leaves_the_policies_figures_alone(
+    jobs: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    without = ("planner", "hpa")
+    assert replay(tmp_path / "with", 1, policies=without) == 0
+    capsys.readouterr()
+    assert replay(tmp_path / "without", jobs, "--no-references", policies=without) == 0
+    assert "finding the references" not in capsys.readouterr().err
+    for policy in without:
+        full = json.loads((tmp_path / "with" / policy / "summary.json").read_text())
+        bare = json.loads((tmp_path / "without" / policy / "summary.json").read_text())
+        assert all(key in full for key in REFERENCE_KEYS)
+        assert not any(key in bare for key in REFERENCE_KEYS)
+        full.pop("wall_s"), bare.pop("wall_s")
+        assert {k: v for k, v in full.items() if k in bare} == bare
+
+
+def test_no_references_refuses_the_policies_that_are_the_searches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert replay(tmp_path, 1, "--no-references", policies=("hpa", "oracle")) == 2
+    err = capsys.readouterr().err
+    assert "--no-references" in err and "'oracle'" in err
 
 
 def test_parallel_policies_write_what_sequential_ones_do(
