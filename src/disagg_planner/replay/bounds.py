@@ -29,6 +29,7 @@ follow whatever rule the runner meters GPU time by.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
@@ -72,7 +73,7 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "PLANNER_REPLAY_CACHE"
 # Part of every cache key: bump it when the searches change what they find.
-SEARCH_VERSION = 2
+SEARCH_VERSION = 3
 
 
 # --- the fluid bound ------------------------------------------------------------------------
@@ -207,7 +208,15 @@ def compute_references(
     else:
         feasible = plan_feasible(
             plan.requests,
-            estimate=plan.needs,
+            estimate=sane_needs(
+                plan.needs,
+                plan.requests,
+                specs=setup.specs,
+                floors=floors,
+                profile=plan.profile,
+                window_s=window_s,
+                slo=slo,
+            ),
             build=build,
             window_s=window_s,
             slo=slo,
@@ -500,6 +509,48 @@ def sane_initial(
         + f"; starting with {capped} ({OVERSIZED_FACTOR:g}x those GPUs plus "
         f"{OVERSIZED_SLACK_GPUS}); pass --initial ROLE=N to start elsewhere, or a looser --ttft"
     )
+
+
+def sane_needs(
+    needs: Sequence[WindowNeed],
+    requests: Sequence[RequestLike],
+    *,
+    specs: Mapping[str, EngineSpec],
+    floors: Mapping[str, int],
+    profile: Profile | None,
+    window_s: float,
+    slo: Slo,
+) -> list[WindowNeed]:
+    """Each window's estimate (where the oracle's search starts) cut, as :func:`sane_initial`
+    cuts the initial replicas, to :data:`OVERSIZED_FACTOR` times the GPUs that serving the
+    window's requests at the profile's best throughput takes, plus
+    :data:`OVERSIZED_SLACK_GPUS`: a window of long prompts under a tight TTFT target is
+    estimated at up to a million replicas (no count meets it), and a search starting there
+    simulates that many engines. The search still climbs above the cut where the window needs
+    it. Without a profile, ``needs`` as they are."""
+    if profile is None:
+        return list(needs)
+    served = admitted(requests, specs)
+    arrivals = [r.arrival_s for r in served]
+    result: list[WindowNeed] = []
+    for k, need in enumerate(needs):
+        lo = bisect.bisect_left(arrivals, k * window_s)
+        last = k == len(needs) - 1
+        hi = len(served) if last else bisect.bisect_left(arrivals, (k + 1) * window_s)
+        if hi <= lo:
+            result.append(need)
+            continue
+        fluid_gpus = fluid_bound_gpu_hours(
+            served[lo:hi], profile, ttft_ms=slo.ttft_ms, itl_ms=slo.itl_ms
+        ) * (3600.0 / window_s)
+        bound = math.ceil(OVERSIZED_FACTOR * fluid_gpus) + OVERSIZED_SLACK_GPUS
+        gpus = sum(n * specs[role].gpus for role, n in need.replicas.items())
+        if gpus <= bound:
+            result.append(need)
+            continue
+        capped, _ = within_budget(need.replicas, specs=specs, floors=floors, max_gpus=bound)
+        result.append(replace(need, replicas=capped))
+    return result
 
 
 def within_budget(

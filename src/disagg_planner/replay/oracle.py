@@ -487,13 +487,36 @@ def _search_window(
     for i in range(len(counts)):
         if i in added:
             continue  # one fewer was tried on the way up
-        while counts[i] > lower[i]:
-            fewer = _bump(counts, i, -1)
-            trial = window.trial(fewer)
-            if not trial.ok:
-                break
-            counts, current = fewer, trial
+        counts, current = _descend(window, counts, current, i, lower[i])
     return current
+
+
+def _descend(
+    window: _Window, counts: tuple[int, ...], current: _Trial, i: int, low: int
+) -> tuple[tuple[int, ...], _Trial]:
+    """The fewest replicas of role ``i`` (at least ``low``) that still qualify, from
+    ``counts`` (which do): one fewer, then twice as many fewer at each step while they
+    qualify, then halving the gap between the last count that did and the first that did not.
+    An estimate far above the need (a window of long prompts under a tight TTFT target is
+    estimated at hundreds of replicas) costs a few dozen runs, not one per replica."""
+    step = 1
+    bad = low - 1  # the largest count known not to qualify (none yet: below the floor)
+    while counts[i] > low:
+        fewer = _bump(counts, i, -min(step, counts[i] - low))
+        trial = window.trial(fewer)
+        if not trial.ok:
+            bad = fewer[i]
+            break
+        counts, current = fewer, trial
+        step *= 2
+    while counts[i] - bad > 1:
+        middle = _bump(counts, i, (bad - counts[i]) // 2)
+        trial = window.trial(middle)
+        if trial.ok:
+            counts, current = middle, trial
+        else:
+            bad = middle[i]
+    return counts, current
 
 
 def _bump(counts: tuple[int, ...], i: int, delta: int) -> tuple[int, ...]:
