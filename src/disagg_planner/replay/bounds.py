@@ -203,6 +203,8 @@ def compute_references(
     t0 = time.perf_counter()
     limits = lone_limits(plan.requests, build=build, roles=tuple(setup.specs), slo=slo)
     wall["lone_limits"] = time.perf_counter() - t0
+    if warning := unservable_warning(plan.requests, limits, slo):
+        log.warning("references: %s", warning)
     if cached is not None:
         feasible, static = cached
     else:
@@ -283,6 +285,26 @@ def compute_references(
     )
     _MEMO[memo_key] = refs
     return refs
+
+
+def unservable_warning(requests: Sequence[RequestLike], limits: LoneLimits, slo: Slo) -> str:
+    """What the searches leave to miss, said up front ('' when every request is servable)."""
+    unservable = limits.unservable_count(requests)
+    if not unservable:
+        return ""
+    why = []
+    if math.isfinite(limits.max_isl):
+        why.append(f"a prompt over {limits.max_isl:.0f} tokens misses the {slo.ttft_ms:g} ms TTFT")
+    if math.isfinite(limits.max_context):
+        why.append(
+            f"a context over {limits.max_context:.0f} tokens misses the {slo.itl_ms:g} ms ITL"
+        )
+    return (
+        f"{unservable} of {len(requests)} requests ({unservable / len(requests):.1%}) miss the "
+        f"targets even alone on an idle cluster ({'; '.join(why)}): no replica count serves "
+        "them, so the oracle and best-static searches hold the SLO target over the others and "
+        "leave these to miss (summary.json: unservable_requests)"
+    )
 
 
 def _memo_key(fingerprint: str, setup: ClusterSetup) -> str:
