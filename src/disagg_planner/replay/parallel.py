@@ -134,6 +134,8 @@ class RunProgress:
         self.simulating_from: float | None = None  # the first report of a simulation
         self.done_s = [0.0] * runs
         self.finished = 0
+        # the references' search is running: the ETA is the policies', not the search's
+        self.searching = False
         self._drawn_at = -math.inf if self.terminal else self.started
 
     def note(self, text: str) -> None:
@@ -190,6 +192,8 @@ class RunProgress:
             runs=self.runs,
             simulating_s=None if self.simulating_from is None else now - self.simulating_from,
         )
+        if self.searching:
+            line += " (the references' search runs meanwhile; its log lines say where it is)"
         self.stream.write(f"\r{line}" if self.terminal else f"{line}\n")
         self.stream.flush()
 
@@ -278,6 +282,7 @@ def _run_all(
         + (" while the other policies run" if early else "")
     )
     searcher = concurrent.futures.ThreadPoolExecutor(1)
+    bar.searching = True
     handed_over = False
     with concurrent.futures.ProcessPoolExecutor(
         min(jobs, len(policies)),
@@ -302,6 +307,7 @@ def _run_all(
                 bar.tick()
                 if finding is not None and finding.done():
                     handed_over = True
+                    bar.searching = False
                     refs = _hand_over(finding, handed, len(early))
                     finding = None
                     for i in late:

@@ -159,11 +159,14 @@ def test_the_bar_is_redrawn_on_a_terminal_and_a_log_gets_a_plain_line_now_and_th
         clock[0] = t
         bar.update(0, 10.0 * t)
     clock[0] = 3 * PLAIN_EVERY_S + 3
+    bar.searching = True
     bar.tick()  # a search: no simulated time passes, the line still comes
     lines = long.getvalue().splitlines()
     assert "\r" not in long.getvalue()
     assert len(lines) == 3, lines
     assert all(line.startswith("replay 0/1 done") and "ETA" in line for line in lines)
+    # the ETA is the policies': a line written while the search runs says so
+    assert ["search runs meanwhile" in line for line in lines] == [False, False, True]
     off = Terminal()
     drive(RunProgress(2, 100.0, stream=off, enabled=False, clock=lambda: clock[0]), clock)
     assert off.getvalue() == ""
