@@ -506,13 +506,14 @@ def sane_initial(
     first = [r for r in admitted(requests, specs) if r.arrival_s < lead_s]
     if profile is None or not first or lead_s <= 0:
         return dict(start), ""
-    fluid_gpus = fluid_bound_gpu_hours(first, profile, ttft_ms=ttft_ms, itl_ms=itl_ms)
-    fluid_gpus *= 3600.0 / lead_s
-    gpus = sum(n * specs[role].gpus for role, n in start.items())
-    bound = math.ceil(OVERSIZED_FACTOR * fluid_gpus) + OVERSIZED_SLACK_GPUS
-    if gpus <= bound:
+    cut = _fluid_cut(
+        start, first, specs=specs, floors=floors, profile=profile, span_s=lead_s,
+        ttft_ms=ttft_ms, itl_ms=itl_ms,
+    )  # fmt: skip
+    if cut is None:
         return dict(start), ""
-    capped, _ = within_budget(start, specs=specs, floors=floors, max_gpus=bound)
+    capped, fluid_gpus = cut
+    gpus = sum(n * specs[role].gpus for role, n in start.items())
     longest = int(np.max(profile.prefill.data.isl))
     beyond = sum(1 for r in first if r.input_length > longest)
     mean_isl = sum(r.input_length for r in first) / len(first)
@@ -559,20 +560,40 @@ def sane_needs(
         lo = bisect.bisect_left(arrivals, k * window_s)
         last = k == len(needs) - 1
         hi = len(served) if last else bisect.bisect_left(arrivals, (k + 1) * window_s)
-        if hi <= lo:
-            result.append(need)
-            continue
-        fluid_gpus = fluid_bound_gpu_hours(
-            served[lo:hi], profile, ttft_ms=slo.ttft_ms, itl_ms=slo.itl_ms
-        ) * (3600.0 / window_s)
-        bound = math.ceil(OVERSIZED_FACTOR * fluid_gpus) + OVERSIZED_SLACK_GPUS
-        gpus = sum(n * specs[role].gpus for role, n in need.replicas.items())
-        if gpus <= bound:
-            result.append(need)
-            continue
-        capped, _ = within_budget(need.replicas, specs=specs, floors=floors, max_gpus=bound)
-        result.append(replace(need, replicas=capped))
+        cut = (
+            _fluid_cut(
+                need.replicas, served[lo:hi], specs=specs, floors=floors, profile=profile,
+                span_s=window_s, ttft_ms=slo.ttft_ms, itl_ms=slo.itl_ms,
+            )
+            if hi > lo
+            else None
+        )  # fmt: skip
+        result.append(need if cut is None else replace(need, replicas=cut[0]))
     return result
+
+
+def _fluid_cut(
+    start: Mapping[str, int],
+    requests: Sequence[RequestLike],
+    *,
+    specs: Mapping[str, EngineSpec],
+    floors: Mapping[str, int],
+    profile: Profile,
+    span_s: float,
+    ttft_ms: float,
+    itl_ms: float,
+) -> tuple[dict[str, int], float] | None:
+    """``start`` cut to :data:`OVERSIZED_FACTOR` times the GPUs that serving ``requests``
+    (arriving over ``span_s``) at the profile's best throughput takes, plus
+    :data:`OVERSIZED_SLACK_GPUS`, and those GPUs; None where ``start`` is within that."""
+    fluid_gpus = fluid_bound_gpu_hours(requests, profile, ttft_ms=ttft_ms, itl_ms=itl_ms)
+    fluid_gpus *= 3600.0 / span_s
+    gpus = sum(n * specs[role].gpus for role, n in start.items())
+    bound = math.ceil(OVERSIZED_FACTOR * fluid_gpus) + OVERSIZED_SLACK_GPUS
+    if gpus <= bound:
+        return None
+    capped, _ = within_budget(start, specs=specs, floors=floors, max_gpus=bound)
+    return capped, fluid_gpus
 
 
 def within_budget(

@@ -284,12 +284,7 @@ def _run_all(
     searcher = concurrent.futures.ThreadPoolExecutor(1)
     bar.searching = True
     handed_over = False
-    with concurrent.futures.ProcessPoolExecutor(
-        min(jobs, len(policies)),
-        mp_context=context,
-        initializer=_install,
-        initargs=(plan, key, reports, handed),
-    ) as pool:
+    with _pool(context, min(jobs, len(policies)), (plan, key, reports, handed)) as pool:
         try:
             for i in early:
                 pending[pool.submit(_run_in_worker, i, policies[i], dirs[i], None)] = i
@@ -354,12 +349,7 @@ def _run_here_or_apart(
     reports = context.SimpleQueue()
     key = references_key(plan, window_s=ORACLE_WINDOW_S)
     by_index: dict[int, ReplayResult] = {}
-    with concurrent.futures.ProcessPoolExecutor(
-        min(jobs, len(policies)),
-        mp_context=context,
-        initializer=_install,
-        initargs=(plan, key, reports, None),
-    ) as pool:
+    with _pool(context, min(jobs, len(policies)), (plan, key, reports, None)) as pool:
         pending = {
             pool.submit(_run_in_worker, i, name, dirs[i], None, references=False): i
             for i, name in enumerate(policies)
@@ -376,6 +366,16 @@ def _run_here_or_apart(
                 bar.finish(i)
     bar.close()
     return [by_index[i] for i in range(len(policies))]
+
+
+def _pool(
+    context: Any, workers: int, install: tuple[ReplayPlan, str, Any, Any]
+) -> concurrent.futures.ProcessPoolExecutor:
+    """The worker processes, each given the plan, the references' key, the progress queue
+    and the queue the references are handed over on (:func:`_install`)."""
+    return concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_install, initargs=install
+    )
 
 
 def _hand_over(
