@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     peak_gib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 2**30
     verdict = "under" if peak_gib < args.limit_gib else "OVER"
     print(
-        f"replay {' '.join(command[3:-2])}\n"
+        f"planner {' '.join(command[3:-2])}\n"
         f"exit {code}, wall {wall:.0f} s, peak RSS of its largest process {peak_gib:.2f} GiB: "
         f"{verdict} the {args.limit_gib:g} GiB target"
     )
