@@ -106,9 +106,50 @@ def _check_plots(driver: Any, page: Path) -> None:
             assert svgs, f"{page} {key}: no SVG drawn"
             traces = panel.find_elements("css selector", "g.trace")
             assert traces, f"{page} {key}: an SVG without any trace"
+            assert _visible_marks(driver, panel) > 0, f"{page} {key}: traces that draw nothing"
+            blank = driver.execute_script(_BLANK_TRACES_JS, panel)
+            assert not blank, f"{page} {key}: traces with data that draw nothing: {blank}"
         else:
             text = panel.get_attribute("textContent") or ""
             assert "No data:" in text and len(text) > 40, f"{page} {key}: empty without a why"
+
+
+# Marks a panel draws: markers, line paths with at least one segment (L, or H/V for steps;
+# the path of a lone point between gaps is a bare "M x,y": invisible), and WebGL scatters
+# (drawn on a canvas).
+_MARKS_JS = """
+const panel = arguments[0];
+let marks = panel.querySelectorAll('g.trace path.point').length;
+for (const line of panel.querySelectorAll('g.trace path.js-line')) {
+  if (/[LHVCSQTA]/.test(line.getAttribute('d') || '')) marks += 1;
+}
+for (const plot of panel.querySelectorAll('.js-plotly-plot')) {
+  for (const trace of plot.data || []) {
+    if (trace.type === 'scattergl' && (trace.x || []).length) marks += 1;
+  }
+}
+return marks;
+"""
+
+# The names of the SVG scatter traces that hold a value and draw no mark.
+_BLANK_TRACES_JS = """
+const blank = [];
+for (const trace of arguments[0].querySelectorAll('g.trace.scatter')) {
+  const cd = trace.__data__ || [];
+  const values = cd.filter(p => typeof p.y === 'number' && isFinite(p.y)).length;
+  if (!values) continue;
+  let marks = trace.querySelectorAll('path.point').length;
+  for (const line of trace.querySelectorAll('path.js-line')) {
+    if (/[LHVCSQTA]/.test(line.getAttribute('d') || '')) marks += 1;
+  }
+  if (!marks) blank.push((cd[0] && cd[0].trace && cd[0].trace.name) || '?');
+}
+return blank;
+"""
+
+
+def _visible_marks(driver: Any, panel: Any) -> int:
+    return int(driver.execute_script(_MARKS_JS, panel))
 
 
 def _check_console(driver: Any, page: Path) -> None:

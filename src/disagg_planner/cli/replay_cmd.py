@@ -162,13 +162,22 @@ def register(sub: Any) -> None:
         help="Run several --policy values in N parallel processes (default: the number of "
         f"cores, {available_cores()} here); the outputs do not depend on N.",
     )
+    parser.add_argument(
+        "--no-references",
+        action="store_true",
+        help="Skip the references' searches (the oracle plan and the cheapest static "
+        "deployment, which simulate every window at several replica counts and can take "
+        "longer than the policies themselves): the summaries then compare with nothing, and "
+        "the oracle and best-static policies, which are those searches, are refused.",
+    )
     parser.add_argument("-o", "--output-dir", default="replay-out", help="Output directory.")
     add_force(parser)
     parser.add_argument("--json", action="store_true", help="Print the summaries as JSON.")
     parser.add_argument(
         "--no-progress",
         action="store_true",
-        help="No progress bar (it is drawn on stderr only when that is a terminal).",
+        help="No progress on stderr (a bar redrawn in place on a terminal, else a plain "
+        "line every 30 s).",
     )
     add_config_arguments(parser)
     parser.set_defaults(handler=_replay)
@@ -224,7 +233,12 @@ def _replay(args: argparse.Namespace) -> int:
     out_dir = Path(args.output_dir)
     policies = args.policy or (list(DEFAULT_POLICIES) if no_workload else ["planner"])
     results = run_policies(
-        plan, policies, out_dir=out_dir, jobs=jobs, progress=not args.no_progress
+        plan,
+        policies,
+        out_dir=out_dir,
+        jobs=jobs,
+        progress=not args.no_progress,
+        references=not args.no_references,
     )
     summaries = [r.summary for r in results]
     if args.json:

@@ -29,15 +29,18 @@ and decode engines of the same GPU count such trades cost the same.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from disagg_planner.replay.oracle import ClusterFactory, LoneLimits, MissTally, Slo
+from disagg_planner.replay.oracle import ClusterFactory, LoneLimits, MissTally, SearchLog, Slo
 from disagg_planner.replay.policies import StaticPolicy
 from disagg_planner.simulator import oracle as probes
 from disagg_planner.simulator.request import RequestLike, RequestRecord
+
+log = logging.getLogger(__name__)
 
 GROWTH_LIMIT = 4
 
@@ -67,10 +70,19 @@ class _Search:
     trials: dict[tuple[int, ...], StaticTrial] = field(default_factory=dict)
     tallies: dict[tuple[int, ...], MissTally] = field(default_factory=dict)
 
+    pace: SearchLog = field(default_factory=SearchLog)
+
     def meets(self, counts: tuple[int, ...]) -> bool:
         known = self.trials.get(counts)
         if known is None:
             known = self.trials[counts] = self._run(counts)
+            if self.pace.due():
+                log.info(
+                    "best static: %d deployments simulated, the latest %s, %.0f s elapsed",
+                    len(self.trials),
+                    known.replicas,
+                    self.pace.elapsed_s,
+                )
         return known.qualifies
 
     def _run(self, counts: tuple[int, ...]) -> StaticTrial:

@@ -29,6 +29,7 @@ follow whatever rule the runner meters GPU time by.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
@@ -72,7 +73,7 @@ log = logging.getLogger(__name__)
 
 CACHE_ENV = "PLANNER_REPLAY_CACHE"
 # Part of every cache key: bump it when the searches change what they find.
-SEARCH_VERSION = 2
+SEARCH_VERSION = 3
 
 
 # --- the fluid bound ------------------------------------------------------------------------
@@ -202,12 +203,22 @@ def compute_references(
     t0 = time.perf_counter()
     limits = lone_limits(plan.requests, build=build, roles=tuple(setup.specs), slo=slo)
     wall["lone_limits"] = time.perf_counter() - t0
+    if warning := unservable_warning(plan.requests, limits, slo):
+        log.warning("references: %s", warning)
     if cached is not None:
         feasible, static = cached
     else:
         feasible = plan_feasible(
             plan.requests,
-            estimate=plan.needs,
+            estimate=sane_needs(
+                plan.needs,
+                plan.requests,
+                specs=setup.specs,
+                floors=floors,
+                profile=plan.profile,
+                window_s=window_s,
+                slo=slo,
+            ),
             build=build,
             window_s=window_s,
             slo=slo,
@@ -274,6 +285,26 @@ def compute_references(
     )
     _MEMO[memo_key] = refs
     return refs
+
+
+def unservable_warning(requests: Sequence[RequestLike], limits: LoneLimits, slo: Slo) -> str:
+    """What the searches leave to miss, said up front ('' when every request is servable)."""
+    unservable = limits.unservable_count(requests)
+    if not unservable:
+        return ""
+    why = []
+    if math.isfinite(limits.max_isl):
+        why.append(f"a prompt over {limits.max_isl:.0f} tokens misses the {slo.ttft_ms:g} ms TTFT")
+    if math.isfinite(limits.max_context):
+        why.append(
+            f"a context over {limits.max_context:.0f} tokens misses the {slo.itl_ms:g} ms ITL"
+        )
+    return (
+        f"{unservable} of {len(requests)} requests ({unservable / len(requests):.1%}) miss the "
+        f"targets even alone on an idle cluster ({'; '.join(why)}): no replica count serves "
+        "them, so the oracle and best-static searches hold the SLO target over the others and "
+        "leave these to miss (summary.json: unservable_requests)"
+    )
 
 
 def _memo_key(fingerprint: str, setup: ClusterSetup) -> str:
@@ -475,13 +506,14 @@ def sane_initial(
     first = [r for r in admitted(requests, specs) if r.arrival_s < lead_s]
     if profile is None or not first or lead_s <= 0:
         return dict(start), ""
-    fluid_gpus = fluid_bound_gpu_hours(first, profile, ttft_ms=ttft_ms, itl_ms=itl_ms)
-    fluid_gpus *= 3600.0 / lead_s
-    gpus = sum(n * specs[role].gpus for role, n in start.items())
-    bound = math.ceil(OVERSIZED_FACTOR * fluid_gpus) + OVERSIZED_SLACK_GPUS
-    if gpus <= bound:
+    cut = _fluid_cut(
+        start, first, specs=specs, floors=floors, profile=profile, span_s=lead_s,
+        ttft_ms=ttft_ms, itl_ms=itl_ms,
+    )  # fmt: skip
+    if cut is None:
         return dict(start), ""
-    capped, _ = within_budget(start, specs=specs, floors=floors, max_gpus=bound)
+    capped, fluid_gpus = cut
+    gpus = sum(n * specs[role].gpus for role, n in start.items())
     longest = int(np.max(profile.prefill.data.isl))
     beyond = sum(1 for r in first if r.input_length > longest)
     mean_isl = sum(r.input_length for r in first) / len(first)
@@ -500,6 +532,68 @@ def sane_initial(
         + f"; starting with {capped} ({OVERSIZED_FACTOR:g}x those GPUs plus "
         f"{OVERSIZED_SLACK_GPUS}); pass --initial ROLE=N to start elsewhere, or a looser --ttft"
     )
+
+
+def sane_needs(
+    needs: Sequence[WindowNeed],
+    requests: Sequence[RequestLike],
+    *,
+    specs: Mapping[str, EngineSpec],
+    floors: Mapping[str, int],
+    profile: Profile | None,
+    window_s: float,
+    slo: Slo,
+) -> list[WindowNeed]:
+    """Each window's estimate (where the oracle's search starts) cut, as :func:`sane_initial`
+    cuts the initial replicas, to :data:`OVERSIZED_FACTOR` times the GPUs that serving the
+    window's requests at the profile's best throughput takes, plus
+    :data:`OVERSIZED_SLACK_GPUS`: a window of long prompts under a tight TTFT target is
+    estimated at up to a million replicas (no count meets it), and a search starting there
+    simulates that many engines. The search still climbs above the cut where the window needs
+    it. Without a profile, ``needs`` as they are."""
+    if profile is None:
+        return list(needs)
+    served = admitted(requests, specs)
+    arrivals = [r.arrival_s for r in served]
+    result: list[WindowNeed] = []
+    for k, need in enumerate(needs):
+        lo = bisect.bisect_left(arrivals, k * window_s)
+        last = k == len(needs) - 1
+        hi = len(served) if last else bisect.bisect_left(arrivals, (k + 1) * window_s)
+        cut = (
+            _fluid_cut(
+                need.replicas, served[lo:hi], specs=specs, floors=floors, profile=profile,
+                span_s=window_s, ttft_ms=slo.ttft_ms, itl_ms=slo.itl_ms,
+            )
+            if hi > lo
+            else None
+        )  # fmt: skip
+        result.append(need if cut is None else replace(need, replicas=cut[0]))
+    return result
+
+
+def _fluid_cut(
+    start: Mapping[str, int],
+    requests: Sequence[RequestLike],
+    *,
+    specs: Mapping[str, EngineSpec],
+    floors: Mapping[str, int],
+    profile: Profile,
+    span_s: float,
+    ttft_ms: float,
+    itl_ms: float,
+) -> tuple[dict[str, int], float] | None:
+    """``start`` cut to :data:`OVERSIZED_FACTOR` times the GPUs that serving ``requests``
+    (arriving over ``span_s``) at the profile's best throughput takes, plus
+    :data:`OVERSIZED_SLACK_GPUS`, and those GPUs; None where ``start`` is within that."""
+    fluid_gpus = fluid_bound_gpu_hours(requests, profile, ttft_ms=ttft_ms, itl_ms=itl_ms)
+    fluid_gpus *= 3600.0 / span_s
+    gpus = sum(n * specs[role].gpus for role, n in start.items())
+    bound = math.ceil(OVERSIZED_FACTOR * fluid_gpus) + OVERSIZED_SLACK_GPUS
+    if gpus <= bound:
+        return None
+    capped, _ = within_budget(start, specs=specs, floors=floors, max_gpus=bound)
+    return capped, fluid_gpus
 
 
 def within_budget(

@@ -22,7 +22,9 @@ unservable ones (:class:`LoneLimits`: a prompt too long to meet the TTFT target,
 too long to meet the ITL target, even alone on an idle cluster, misses at any replica count;
 a request rejected on arrival is not counted at all). A candidate is dropped as soon as it has
 added more than that, so most rejected candidates cost a fraction of a window. The chosen
-candidate's cluster at the window's end starts the next window.
+candidate's cluster at the window's end starts the next window (a window's search keeps the
+clusters of its latest complete runs only, and simulates the chosen one again where it is not
+among them, so its memory does not grow with the number of candidates tried).
 
 :class:`OraclePolicy` runs the plan in the replay simulator like any policy: at time ``t`` it
 holds the largest need over every window that ``[t, t + startup_delay]`` touches, so a
@@ -37,6 +39,7 @@ import bisect
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -52,6 +55,30 @@ log = logging.getLogger(__name__)
 
 # The share of requests meeting both targets that "meets the SLO" means, unless told.
 DEFAULT_SLO_TARGET = 0.99
+
+# A long search logs where it is this often (s of wall time): with stderr in a file or a
+# pipe, that is all that shows a search of many minutes is alive.
+SEARCH_LOG_EVERY_S = 30.0
+
+
+class SearchLog:
+    """When a search's next progress line is due (at most every SEARCH_LOG_EVERY_S)."""
+
+    def __init__(self, *, every_s: float = SEARCH_LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self.started = time.perf_counter()
+        self._last = self.started
+
+    def due(self) -> bool:
+        now = time.perf_counter()
+        if now - self._last < self.every_s:
+            return False
+        self._last = now
+        return True
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
 
 
 @dataclass(frozen=True)
@@ -289,6 +316,10 @@ class MissTally:
         return late + self.slo.allowed_misses(n - late - self.rejected)
 
 
+# Window-end clusters a window's search keeps (see _Window.states).
+KEPT_STATES = 2
+
+
 @dataclass
 class _Trial:
     """One candidate's run through one window (see the module doc)."""
@@ -299,7 +330,6 @@ class _Trial:
     allowed: int
     stopped_s: float  # when it was dropped (inf when complete)
     tally: MissTally
-    state: Cluster | None = None  # the cluster at the window's end (complete trials)
     finished_misses: int = 0  # misses among requests finished by the window's end
     predicted_misses: int = 0  # misses predicted over every request arrived so far
 
@@ -363,6 +393,12 @@ class _Window:
     slack: int  # misses earlier windows were allowed and did not add
     trials: dict[tuple[int, ...], _Trial] = field(default_factory=dict)
     runs: int = 0
+    pace: SearchLog = field(default_factory=SearchLog)
+    label: str = "a window"  # how its progress line names it
+    # The clusters at the window's end of the latest complete trials, at most KEPT_STATES
+    # (the one chosen is nearly always among them; another is simulated again): a search
+    # that tries hundreds of counts must not hold a cluster for each.
+    states: OrderedDict[tuple[int, ...], Cluster] = field(default_factory=OrderedDict)
 
     def trial(self, counts: tuple[int, ...], *, stop_early: bool = True) -> _Trial:
         known = self.trials.get(counts)
@@ -371,7 +407,30 @@ class _Window:
         self.runs += 1
         result = self._run(counts, stop_early=stop_early)
         self.trials[counts] = result
+        if self.pace.due():
+            log.info(
+                "oracle plan: %s, %d candidate runs in it so far (the latest %s), %.0f s elapsed",
+                self.label,
+                self.runs,
+                counts,
+                self.pace.elapsed_s,
+            )
         return result
+
+    def state_of(self, chosen: _Trial) -> Cluster:
+        """The cluster at the window's end under ``chosen`` (a complete trial)."""
+        state = self.states.get(chosen.counts)
+        if state is None:
+            again = self._run(chosen.counts, stop_early=False)  # deterministic: same trial
+            assert again.added == chosen.added, "the simulator is not deterministic"
+            state = self.states[chosen.counts]
+        return state
+
+    def _keep(self, counts: tuple[int, ...], state: Cluster) -> None:
+        self.states[counts] = state
+        self.states.move_to_end(counts)
+        while len(self.states) > KEPT_STATES:
+            self.states.popitem(last=False)
 
     def _run(self, counts: tuple[int, ...], *, stop_early: bool) -> _Trial:
         cluster = capacity_model.fork(self.base)
@@ -395,6 +454,8 @@ class _Window:
         if not stopped:
             drain = capacity_model.fork(cluster)
             stopped = capacity_model.run_watched(drain, math.inf, over)
+        if not stopped:
+            self._keep(counts, cluster)
         return _Trial(
             counts,
             complete=not stopped,
@@ -402,7 +463,6 @@ class _Window:
             allowed=tally.allowance(n, unservable) + slack,
             stopped_s=drain.now if stopped else math.inf,
             tally=tally,
-            state=None if stopped else cluster,
             finished_misses=finished,
             predicted_misses=self.finished_misses + tally.misses,
         )
@@ -427,13 +487,36 @@ def _search_window(
     for i in range(len(counts)):
         if i in added:
             continue  # one fewer was tried on the way up
-        while counts[i] > lower[i]:
-            fewer = _bump(counts, i, -1)
-            trial = window.trial(fewer)
-            if not trial.ok:
-                break
-            counts, current = fewer, trial
+        counts, current = _descend(window, counts, current, i, lower[i])
     return current
+
+
+def _descend(
+    window: _Window, counts: tuple[int, ...], current: _Trial, i: int, low: int
+) -> tuple[tuple[int, ...], _Trial]:
+    """The fewest replicas of role ``i`` (at least ``low``) that still qualify, from
+    ``counts`` (which do): one fewer, then twice as many fewer at each step while they
+    qualify, then halving the gap between the last count that did and the first that did not.
+    An estimate far above the need (a window of long prompts under a tight TTFT target is
+    estimated at hundreds of replicas) costs a few dozen runs, not one per replica."""
+    step = 1
+    bad = low - 1  # the largest count known not to qualify (none yet: below the floor)
+    while counts[i] > low:
+        fewer = _bump(counts, i, -min(step, counts[i] - low))
+        trial = window.trial(fewer)
+        if not trial.ok:
+            bad = fewer[i]
+            break
+        counts, current = fewer, trial
+        step *= 2
+    while counts[i] - bad > 1:
+        middle = _bump(counts, i, (bad - counts[i]) // 2)
+        trial = window.trial(middle)
+        if trial.ok:
+            counts, current = middle, trial
+        else:
+            bad = middle[i]
+    return counts, current
 
 
 def _bump(counts: tuple[int, ...], i: int, delta: int) -> tuple[int, ...]:
@@ -488,17 +571,28 @@ def plan_feasible(
     finished = predicted = slack = 0
     limits = limits or LoneLimits()
     choices: list[WindowChoice] = []
+    pace = SearchLog()
+    log.info(
+        "oracle plan: searching the replicas of %d windows of %g s (%d requests), "
+        "a line every %g s",
+        n,
+        window_s,
+        len(requests),
+        pace.every_s,
+    )
     for k, guess in enumerate(estimate):
         lo = bisect.bisect_left(arrivals, k * window_s) if k else 0
         last = k == n - 1
         hi = len(arrivals) if last else bisect.bisect_left(arrivals, (k + 1) * window_s)
         end = max((k + 1) * window_s, arrivals[-1] if last else 0.0)
-        window = _Window(base, requests[lo:hi], end, slo, roles, finished, predicted, limits, slack)
+        window = _Window(
+            base, requests[lo:hi], end, slo, roles, finished, predicted, limits, slack,
+            pace=pace, label=f"window {k + 1} of {n}",
+        )  # fmt: skip
         start = tuple(max(m, guess.replicas[r]) for m, r in zip(lower, roles, strict=True))
         cap = tuple(4 * s + 8 for s in start)
         chosen = _search_window(window, start, lower, cap)
-        assert chosen.state is not None
-        base = chosen.state
+        base = window.state_of(chosen)
         finished, predicted = chosen.finished_misses, chosen.predicted_misses
         slack = max(0, chosen.allowed - chosen.added)
         choices.append(
@@ -514,6 +608,17 @@ def plan_feasible(
                 met=chosen.ok,
             )
         )
+        if pace.due():
+            done = k + 1
+            log.info(
+                "oracle plan: window %d of %d, %d candidate runs, %.0f s elapsed, "
+                "about %.0f s left",
+                done,
+                n,
+                sum(c.trials for c in choices),
+                pace.elapsed_s,
+                pace.elapsed_s * (n - done) / done,
+            )
         log.debug(
             "oracle window %d: %d requests, estimate %s, chose %s (%d trials)",
             k,

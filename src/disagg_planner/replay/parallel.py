@@ -10,13 +10,16 @@ so its outputs do not depend on ``jobs`` (the simulator is deterministic for a s
 ``wall_s`` differs); with ``jobs`` 1 all of it runs in this process, one after the other.
 
 The bar counts simulated seconds over all policies (each policy's span is its last
-arrival), with an ETA from the rate so far; it is drawn on stderr only when that is a
-terminal, and nothing is written otherwise.
+arrival), with an ETA from the rate so far; it is redrawn in place on stderr when that is a
+terminal, and written as a plain line every :data:`PLAIN_EVERY_S` of wall time otherwise (a
+log or a pipe shows that a long run is alive, without carriage returns). Every run starts with
+one line giving its size (requests, simulated span, policies).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import math
 import multiprocessing
 import os
@@ -37,11 +40,15 @@ from disagg_planner.replay.report import write_comparison
 from disagg_planner.replay.runner import ReplayResult
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, make_policy, run
 
+log = logging.getLogger(__name__)
+
 BAR_WIDTH = 30
 # The policies that are the references' searches: they start once those are found.
 REFERENCE_POLICIES = ("oracle", "best-static")
 # A redraw at most this often (s): a policy reports progress at every decision instant.
 REDRAW_S = 0.2
+# Without a terminal: a plain progress line this often (s of wall time).
+PLAIN_EVERY_S = 30.0
 
 
 def available_cores() -> int:
@@ -88,6 +95,15 @@ def render_progress(
     )
 
 
+def size_line(requests: int, span_s: float, policies: Sequence[str]) -> str:
+    """What a replay is about to simulate, said before it starts."""
+    named = ", ".join(policies)
+    return (
+        f"replay: {requests:,} requests arriving over {_clock(span_s)} of simulated time, "
+        f"{len(policies)} {'policy' if len(policies) == 1 else 'policies'} ({named})"
+    )
+
+
 def _clock(seconds: float) -> str:
     whole = int(max(0.0, seconds))
     hours, rest = divmod(whole, 3600)
@@ -108,8 +124,9 @@ class RunProgress:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stream = sys.stderr if stream is None else stream
-        # a terminal only: in a log or a pipe, carriage returns are noise
-        self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.enabled = enabled
+        # in a log or a pipe, carriage returns are noise: plain lines, every PLAIN_EVERY_S
+        self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self.runs = runs
         self.span_s = span_s
         self.clock = clock
@@ -117,14 +134,20 @@ class RunProgress:
         self.simulating_from: float | None = None  # the first report of a simulation
         self.done_s = [0.0] * runs
         self.finished = 0
-        self._drawn_at = -math.inf
+        # the references' search is running: the ETA is the policies', not the search's
+        self.searching = False
+        self._drawn_at = -math.inf if self.terminal else self.started
 
     def note(self, text: str) -> None:
-        """A line above the bar (on a terminal only)."""
-        if self.enabled:
+        """A line above the bar (a plain line without a terminal)."""
+        if not self.enabled:
+            return
+        if self.terminal:
             self.stream.write(f"\r\x1b[K{text}\n")
-            self.stream.flush()
             self._drawn_at = -math.inf
+        else:
+            self.stream.write(f"{text}\n")
+        self.stream.flush()
 
     def update(self, run: int, now_s: float) -> None:
         if self.simulating_from is None:
@@ -138,8 +161,12 @@ class RunProgress:
         self.finished += 1
         self._draw(force=True)
 
+    def tick(self) -> None:
+        """Draw the line if it is due, though no simulated time has passed (a search)."""
+        self._draw()
+
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.terminal:
             self._draw(force=True)
             self.stream.write("\n")
             self.stream.flush()
@@ -152,8 +179,10 @@ class RunProgress:
         if not self.enabled:
             return
         now = self.clock()
-        if not force and now - self._drawn_at < REDRAW_S:
+        if self.terminal and not force and now - self._drawn_at < REDRAW_S:
             return
+        if not self.terminal and now - self._drawn_at < PLAIN_EVERY_S:
+            return  # a finished run waits for the next line too: a log is not a display
         self._drawn_at = now
         line = render_progress(
             sum(self.done_s),
@@ -163,7 +192,9 @@ class RunProgress:
             runs=self.runs,
             simulating_s=None if self.simulating_from is None else now - self.simulating_from,
         )
-        self.stream.write(f"\r{line}")
+        if self.searching:
+            line += " (the references' search runs meanwhile; its log lines say where it is)"
+        self.stream.write(f"\r{line}" if self.terminal else f"{line}\n")
         self.stream.flush()
 
 
@@ -182,12 +213,30 @@ def run_policies(
     jobs: int | None = 1,
     progress: bool = True,
     stream: TextIO | None = None,
+    references: bool = True,
 ) -> list[ReplayResult]:
     """Run ``policies`` on ``plan`` in up to ``jobs`` processes (None: one per core), in
     the order given; with ``out_dir``, each writes its files there (see
     :func:`output_dir_for`), and with several policies ``comparison.html`` goes to
-    ``out_dir``. ``progress``: the bar (on a terminal)."""
-    results = _run_all(plan, policies, out_dir=out_dir, jobs=jobs, progress=progress, stream=stream)
+    ``out_dir``. ``progress``: the bar (on a terminal). ``references``: False skips the
+    references' searches (the summaries compare with nothing; the oracle and best-static
+    policies are refused)."""
+    if not references:
+        searched = [name for name in policies if name in REFERENCE_POLICIES]
+        if searched:
+            raise SpecError(
+                f"--no-references skips the searches that policy {searched[0]!r} is: drop "
+                "it, or drop --no-references"
+            )
+    results = _run_all(
+        plan,
+        policies,
+        out_dir=out_dir,
+        jobs=jobs,
+        progress=progress,
+        stream=stream,
+        references=references,
+    )
     if out_dir is not None and len(policies) > 1:
         write_comparison(out_dir, [output_dir_for(out_dir, p, policies) for p in policies])
     return results
@@ -201,23 +250,21 @@ def _run_all(
     jobs: int | None,
     progress: bool,
     stream: TextIO | None,
+    references: bool,
 ) -> list[ReplayResult]:
     jobs = resolve_jobs(jobs)
     for name in policies:
         if name not in REFERENCE_POLICIES:  # those two are the references' searches
             make_policy(name, plan)  # a bad name refused before minutes of searching
     span = max(r.arrival_s for r in plan.requests)
+    log.info("%s", size_line(len(plan.requests), span, policies))
     bar = RunProgress(len(policies), span, stream=stream, enabled=progress)
     dirs = [None if out_dir is None else output_dir_for(out_dir, p, policies) for p in policies]
-    if jobs == 1:
-        bar.note("finding the references (oracle plan, best static deployment, fluid bound)")
-        compute_references(plan, window_s=ORACLE_WINDOW_S)
-        results = []
-        for i, name in enumerate(policies):
-            results.append(run(plan, name, out_dir=dirs[i], progress=bar.callback(i)))
-            bar.finish(i)
-        bar.close()
-        return results
+    if jobs == 1 or not references:
+        if references:
+            bar.note("finding the references (oracle plan, best static deployment, fluid bound)")
+            compute_references(plan, window_s=ORACLE_WINDOW_S)
+        return _run_here_or_apart(plan, policies, dirs, bar, jobs=jobs, references=references)
     # The policies that need no reference to run start at once; the references are found
     # meanwhile, in a thread of this process, and handed to each of them when its simulation
     # ends (its summary compares with them), then to the oracle and best-static policies,
@@ -235,13 +282,9 @@ def _run_all(
         + (" while the other policies run" if early else "")
     )
     searcher = concurrent.futures.ThreadPoolExecutor(1)
+    bar.searching = True
     handed_over = False
-    with concurrent.futures.ProcessPoolExecutor(
-        min(jobs, len(policies)),
-        mp_context=context,
-        initializer=_install,
-        initargs=(plan, key, reports, handed),
-    ) as pool:
+    with _pool(context, min(jobs, len(policies)), (plan, key, reports, handed)) as pool:
         try:
             for i in early:
                 pending[pool.submit(_run_in_worker, i, policies[i], dirs[i], None)] = i
@@ -256,8 +299,10 @@ def _run_all(
                     watched, timeout=REDRAW_S, return_when=concurrent.futures.FIRST_COMPLETED
                 )
                 _drain(reports, bar)
+                bar.tick()
                 if finding is not None and finding.done():
                     handed_over = True
+                    bar.searching = False
                     refs = _hand_over(finding, handed, len(early))
                     finding = None
                     for i in late:
@@ -278,6 +323,59 @@ def _run_all(
             searcher.shutdown(wait=False, cancel_futures=True)
     bar.close()
     return [by_index[i] for i in range(len(policies))]
+
+
+def _run_here_or_apart(
+    plan: ReplayPlan,
+    policies: Sequence[str],
+    dirs: Sequence[Path | None],
+    bar: RunProgress,
+    *,
+    jobs: int,
+    references: bool,
+) -> list[ReplayResult]:
+    """The policies, the references found already or not wanted: one after the other in
+    this process (``jobs`` 1), or in ``jobs`` processes."""
+    if jobs == 1:
+        results = []
+        for i, name in enumerate(policies):
+            results.append(
+                run(plan, name, out_dir=dirs[i], progress=bar.callback(i), references=references)
+            )
+            bar.finish(i)
+        bar.close()
+        return results
+    context = multiprocessing.get_context()
+    reports = context.SimpleQueue()
+    key = references_key(plan, window_s=ORACLE_WINDOW_S)
+    by_index: dict[int, ReplayResult] = {}
+    with _pool(context, min(jobs, len(policies)), (plan, key, reports, None)) as pool:
+        pending = {
+            pool.submit(_run_in_worker, i, name, dirs[i], None, references=False): i
+            for i, name in enumerate(policies)
+        }
+        while pending:
+            done, _ = concurrent.futures.wait(
+                list(pending), timeout=REDRAW_S, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+            _drain(reports, bar)
+            bar.tick()
+            for future in done:
+                i = pending.pop(future)
+                by_index[i] = future.result()
+                bar.finish(i)
+    bar.close()
+    return [by_index[i] for i in range(len(policies))]
+
+
+def _pool(
+    context: Any, workers: int, install: tuple[ReplayPlan, str, Any, Any]
+) -> concurrent.futures.ProcessPoolExecutor:
+    """The worker processes, each given the plan, the references' key, the progress queue
+    and the queue the references are handed over on (:func:`_install`)."""
+    return concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_install, initargs=install
+    )
 
 
 def _hand_over(
@@ -325,10 +423,16 @@ def _references_handed() -> References:
 
 
 def _run_in_worker(
-    index: int, name: str, out_dir: Path | None, refs: References | None
+    index: int,
+    name: str,
+    out_dir: Path | None,
+    refs: References | None,
+    *,
+    references: bool = True,
 ) -> ReplayResult:
     """Run policy ``name``: with ``refs`` (an oracle or best-static policy, which needs them
-    to start), or else waiting for them only when its simulation is over."""
+    to start), or else waiting for them only when its simulation is over (``references``
+    False: compared with none)."""
     reports = _WORKER["reports"]
     step = 0.005 * max(r.arrival_s for r in _WORKER["plan"].requests)
     last = [-math.inf]
@@ -339,6 +443,8 @@ def _run_in_worker(
             last[0] = now_s
             reports.put((index, now_s))
 
+    if not references:
+        return run(_WORKER["plan"], name, out_dir=out_dir, progress=report, references=False)
     if refs is not None:
         adopt_references(_WORKER["key"], refs)
         return run(_WORKER["plan"], name, out_dir=out_dir, progress=report)

@@ -631,10 +631,25 @@ def _line_figure(
         return None
     fig = go.Figure()
     for name, ys, style in series:
-        fig.add_trace(go.Scatter(x=list(t), y=list(ys), name=name, mode="lines", **style))
+        # a value alone between gaps (a forecast made every throughput interval, on a tick
+        # every few seconds) draws nothing as a line: mark the points too
+        mode = "lines+markers" if _has_lone_point(ys) else "lines"
+        extra = {"marker": {"size": 5}} if mode != "lines" else {}
+        fig.add_trace(go.Scatter(x=list(t), y=list(ys), name=name, mode=mode, **extra, **style))
     fig.update_yaxes(title_text=y_title, rangemode="tozero")
     fig.update_xaxes(title_text="time (s)")
     return _layout(fig, height=300)
+
+
+def _has_lone_point(ys: Sequence[Any]) -> bool:
+    """Whether some value of ``ys`` has no value next to it (None on both sides, or an end)."""
+    values = [y is not None for y in ys]
+    for i, here in enumerate(values):
+        before = i > 0 and values[i - 1]
+        after = i + 1 < len(values) and values[i + 1]
+        if here and not before and not after:
+            return True
+    return False
 
 
 _THROUGHPUT_OFF = (

@@ -4,6 +4,7 @@ metered exactly like any policy."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -142,16 +143,22 @@ def test_lone_limits_are_where_a_request_alone_stops_meeting_the_targets() -> No
     assert lone_limits(mixed[:2], build=build, roles=roles, slo=slo) == LoneLimits()
 
 
-def test_requests_no_deployment_serves_are_not_chased() -> None:
+def test_requests_no_deployment_serves_are_not_chased(caplog: pytest.LogCaptureFixture) -> None:
     """Some prompts outlast the TTFT target even alone; more than 1 % of them, so no
     deployment meets the target over every request. The searches hold it over the others:
-    best-static qualifies there, and the oracle meets it there too, for no more GPU-hours."""
+    best-static qualifies there, and the oracle meets it there too, for no more GPU-hours.
+    They are said up front, with their count and share."""
     workload = WorkloadSpec(workload="poisson:rate=8,isl=lognormal:2500:1.0,osl=100,duration=600")
     plan = prepare(config(ttft_ms=300), workload, startup_delay_s=120)
-    refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+    with caplog.at_level(logging.WARNING, logger="disagg_planner.replay.bounds"):
+        refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
     n = len(plan.requests)
     servable = n - refs.unservable
     assert refs.unservable > 0.01 * n
+    said = [r.getMessage() for r in caplog.records if "alone on an idle cluster" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"{refs.unservable} of {n} requests ({refs.unservable / n:.1%})" in said[0]
+    assert f"over {refs.limits.max_isl:.0f} tokens misses the 300 ms TTFT" in said[0]
     assert refs.best_static.qualifies
     assert refs.best_static_run.slo_attainment < refs.slo.target  # over every request
     assert refs.best_static_run.slo_attainment * n >= refs.slo.target * servable

@@ -1,5 +1,5 @@
 """Several policies in parallel processes give the outputs they give one after the other; the
-progress bar is drawn only on a terminal."""
+progress bar is redrawn on a terminal, a log gets a plain line now and then."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from disagg_planner.cli.main import main
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.parallel import (
     BAR_WIDTH,
+    PLAIN_EVERY_S,
     RunProgress,
     available_cores,
     render_progress,
@@ -23,9 +24,10 @@ WORKLOAD = "step:rates=3/12,at=120,duration=300,isl=2000,osl=200"
 POLICIES = ("planner", "hpa", "static:1,1", "oracle")
 
 
-def replay(out: Path, jobs: int) -> int:
+def replay(out: Path, jobs: int, *extra: str, policies: tuple[str, ...] = POLICIES) -> int:
     argv = [
         "replay",
+        *extra,
         "--workload",
         WORKLOAD,
         "--profile",
@@ -39,9 +41,38 @@ def replay(out: Path, jobs: int) -> int:
         "-o",
         str(out),
     ]
-    for policy in POLICIES:
+    for policy in policies:
         argv += ["--policy", policy]
     return main(argv)
+
+
+REFERENCE_KEYS = ("oracle_gpu_hours", "best_static", "gpu_hours_ratio_to_oracle")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_no_references_skips_the_searches_and_leaves_the_policies_figures_alone(
+    jobs: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    without = ("planner", "hpa")
+    assert replay(tmp_path / "with", 1, policies=without) == 0
+    capsys.readouterr()
+    assert replay(tmp_path / "without", jobs, "--no-references", policies=without) == 0
+    assert "finding the references" not in capsys.readouterr().err
+    for policy in without:
+        full = json.loads((tmp_path / "with" / policy / "summary.json").read_text())
+        bare = json.loads((tmp_path / "without" / policy / "summary.json").read_text())
+        assert all(key in full for key in REFERENCE_KEYS)
+        assert not any(key in bare for key in REFERENCE_KEYS)
+        full.pop("wall_s"), bare.pop("wall_s")
+        assert {k: v for k, v in full.items() if k in bare} == bare
+
+
+def test_no_references_refuses_the_policies_that_are_the_searches(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert replay(tmp_path, 1, "--no-references", policies=("hpa", "oracle")) == 2
+    err = capsys.readouterr().err
+    assert "--no-references" in err and "'oracle'" in err
 
 
 def test_parallel_policies_write_what_sequential_ones_do(
@@ -61,8 +92,11 @@ def test_parallel_policies_write_what_sequential_ones_do(
             assert first == (tmp_path / "two" / policy / name).read_bytes(), (policy, name)
     # the table lists the policies in the order given, with the same figures
     assert sequential.out == parallel.out.replace(str(tmp_path / "two"), str(tmp_path / "one"))
-    # stderr is not a terminal here: no progress bar
+    # stderr is not a terminal here: no bar redrawn, and a run this short gets no line
     assert "ETA" not in sequential.err + parallel.err
+    assert "\r" not in sequential.err + parallel.err
+    # every run says its size before it starts
+    assert "requests arriving over 4:59 of simulated time, 4 policies" in parallel.err
 
 
 @pytest.mark.parametrize("jobs", [0, -2])
@@ -113,11 +147,26 @@ def drive(bar: RunProgress, clock: list[float]) -> None:
     bar.close()
 
 
-def test_the_bar_is_drawn_on_a_terminal_only() -> None:
+def test_the_bar_is_redrawn_on_a_terminal_and_a_log_gets_a_plain_line_now_and_then() -> None:
     clock = [0.0]
-    quiet = io.StringIO()
-    drive(RunProgress(2, 100.0, stream=quiet, clock=lambda: clock[0]), clock)
-    assert quiet.getvalue() == ""
+    log = io.StringIO()
+    drive(RunProgress(2, 100.0, stream=log, clock=lambda: clock[0]), clock)
+    # a run shorter than PLAIN_EVERY_S: its note only, no carriage return
+    assert log.getvalue() == "finding the references\n"
+    long = io.StringIO()
+    bar = RunProgress(1, 3600.0, stream=long, clock=lambda: clock[0])
+    for t in (1.0, 10.0, PLAIN_EVERY_S + 1, PLAIN_EVERY_S + 5, 2 * PLAIN_EVERY_S + 2):
+        clock[0] = t
+        bar.update(0, 10.0 * t)
+    clock[0] = 3 * PLAIN_EVERY_S + 3
+    bar.searching = True
+    bar.tick()  # a search: no simulated time passes, the line still comes
+    lines = long.getvalue().splitlines()
+    assert "\r" not in long.getvalue()
+    assert len(lines) == 3, lines
+    assert all(line.startswith("replay 0/1 done") and "ETA" in line for line in lines)
+    # the ETA is the policies': a line written while the search runs says so
+    assert ["search runs meanwhile" in line for line in lines] == [False, False, True]
     off = Terminal()
     drive(RunProgress(2, 100.0, stream=off, enabled=False, clock=lambda: clock[0]), clock)
     assert off.getvalue() == ""

@@ -17,6 +17,7 @@ from disagg_planner.replay.report import RequestSeries, latency_windows
 from disagg_planner.replay.session import WorkloadSpec, prepare
 from disagg_planner.report.html import (
     decisions_of,
+    detail_panels,
     headline_from_summary,
     render_report,
     replicas_figure,
@@ -163,3 +164,26 @@ def test_compare_builds_one_page_from_earlier_replays(
     (broken / "summary.json").write_text('{"policy": "x"}')
     assert main(["report", "--compare", str(broken), "-o", str(tmp_path / "x.html")]) == 2
     assert "missing field 'slo_attainment'" in capsys.readouterr().err
+
+
+def test_a_series_read_once_per_interval_draws_its_points() -> None:
+    """The throughput loop reads the traffic once per interval, the report ticks every few
+    seconds: each value sits alone between empty ticks, which a line alone does not draw
+    (the rate, lengths and corrections panels were blank although they held data)."""
+    snaps = [
+        snap(
+            t,
+            {"prefill": 1, "decode": 1},
+            observed_rps=(2.0 + t / 100) if t % 60 == 0 else None,
+            predicted_rps=(2.5 + t / 100) if t % 60 == 0 else None,
+        )
+        for t in np.arange(0.0, 300.0, 5.0)
+    ]
+    (panel,) = [p for p in detail_panels(snaps) if p.key == "rate"]
+    assert panel.figure is not None
+    for trace in panel.figure.data:
+        assert "markers" in trace.mode, trace.name
+    # a dense series stays a line
+    dense = [snap(t, {"prefill": 1}, observed_rps=2.0) for t in np.arange(0.0, 60.0, 5.0)]
+    (panel,) = [p for p in detail_panels(dense) if p.key == "rate"]
+    assert panel.figure is not None and panel.figure.data[0].mode == "lines"
