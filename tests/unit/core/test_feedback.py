@@ -216,8 +216,7 @@ ROWS = [
         (*PEAK, tick(300, traffic(300, 600, ttft_histogram=ttft(0.3)), status(4, 4))),
         {"prefill": 4, "decode": 4},
         R.NO_CHANGE,
-        "prefill: down to 4, not 2: the highest need of the last 600 s (scale-down "
-        "stabilisation)",
+        "prefill: down to 4, not 2: the highest need of the last 600 s (scale-down stabilisation)",
     ),
     Row(
         "first tick that sees: a missing interval window is planned from the fast windows",
