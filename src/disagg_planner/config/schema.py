@@ -312,7 +312,10 @@ class PlannerConfig(BaseModel):
         "role is also never scaled down within one time-to-ready of its last scale-up, and the "
         "replicas found at the planner's first tick count as a recommendation at that time "
         "(as the HPA controller records its first sight), so a restarted planner does not "
-        "cut a running deployment within one window.",
+        "cut a running deployment within one window. A role whose observed tail over the "
+        "interval is under half its SLO remembers its need for one time-to-ready instead "
+        "(the observation is the evidence the window stands in for; a cut that then "
+        "breaches is restored at once and kept for this window).",
         json_schema_extra=_extra("slo"),
     )
     replica_startup_seconds: float = Field(

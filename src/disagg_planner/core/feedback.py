@@ -17,6 +17,9 @@ the ITL), each a pure function returning its value and the sentence the reason c
   :data:`SCALE_DOWN_MARGIN`;
 - :func:`scale_down_margin`: a role goes down only when its observed tail is under
   :data:`SCALE_DOWN_MARGIN` of its SLO;
+- :func:`margin_window`: a role whose observed tail is under :data:`STABILISATION_MARGIN`
+  of its SLO remembers its need for one time-to-ready, not the whole stabilisation window
+  (the observation is the evidence the window stands in for);
 - :func:`cut_floor`: after a scale-down that breached, the replicas that were cut count as
   a need until one stabilisation window after the cut.
 
@@ -48,6 +51,10 @@ BREACH_RESPONSE = 0.9
 BUSY_TARGET = 0.8
 # A role goes down only while its observed tail is under this share of its SLO.
 SCALE_DOWN_MARGIN = 0.8
+# A role whose observed tail is under this share of its SLO has the observed margin that
+# the stabilisation window stands in for: it remembers its need for one time-to-ready only
+# (a cut that breaches comes back at once, and its need is kept: :func:`cut_floor`).
+STABILISATION_MARGIN = 0.5
 # The capacity correction stays within these bounds (a profile off by more is a wrong
 # profile, which the decision's reason should show rather than learn).
 CORRECTION_BOUNDS = (0.5, 4.0)
@@ -312,6 +319,25 @@ def scale_down_margin(role: str, *, ratio: float | None) -> RuleValue:
         0.0,
         f"{role}: no scale-down: its observed tail is at {ratio:.0%} of its SLO "
         f"(a scale-down needs it under {SCALE_DOWN_MARGIN:.0%})",
+    )
+
+
+def margin_window(
+    role: str, *, ratio: float | None, window_s: float, time_to_ready_s: float
+) -> RuleValue:
+    """How long ``role``'s need is remembered for its scale-down stabilisation: one
+    ``time_to_ready_s`` (a dip shorter than that still costs no round trip) when its observed
+    tail over the interval is under :data:`STABILISATION_MARGIN` of its SLO, ``window_s``
+    otherwise (no latency observed: no evidence, the whole window). The window remembers a
+    need in case the load comes back; a tail this far under its SLO says the load the
+    replicas serve now leaves them idle, and a cut that breaches is restored at once."""
+    if ratio is None or ratio > STABILISATION_MARGIN or time_to_ready_s >= window_s:
+        return RuleValue(window_s, "")
+    return RuleValue(
+        time_to_ready_s,
+        f"{role}: observed margin: its tail is at {ratio:.0%} of its SLO (under "
+        f"{STABILISATION_MARGIN:.0%}): its need is remembered for one time-to-ready "
+        f"({time_to_ready_s:.0f} s), not the {window_s:.0f} s stabilisation window",
     )
 
 

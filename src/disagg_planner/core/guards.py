@@ -114,13 +114,16 @@ def stabilise(
     window_s: float,
     last_scale_up_s: Mapping[str, float],
     time_to_ready_s: Callable[[str], float],
+    windows: Mapping[str, RuleValue] | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Up fast, down slowly. Scale-down stabilisation (the HPA's): a role goes down only to
     the highest need remembered over the last ``window_s`` (``memory``: the caller
     remembers the need, without the backlog term, before), so a dip shorter than the time
     it takes to bring replicas back does not cost a round trip; never within one
     time-to-ready of its last scale-up (:func:`disagg_planner.core.rules.scale_down_allowed`);
-    and not below the replicas found at the first tick for one window after it."""
+    and not below the replicas found at the first tick for one window after it. ``windows``
+    per role a shorter span its need is remembered for, with its sentence
+    (:func:`disagg_planner.core.feedback.margin_window`; ``window_s`` when absent)."""
     if memory.found is None:
         memory.found = (now_s, dict(current))
     found_s, found = memory.found
@@ -140,7 +143,9 @@ def stabilise(
             out[role] = current[role]
             notes.append(f"{role}: {allowed.reason}")
             continue
-        recent = memory.recent(role)
+        span = (windows or {}).get(role)
+        span_s = span.value if span is not None else window_s
+        recent = memory.recent(role, since_s=now_s - span_s)
         at_start = found.get(role, 0) if found_holds else 0
         out[role] = min(current[role], max(want, recent, at_start))
         if out[role] > max(want, recent):
@@ -153,6 +158,8 @@ def stabilise(
         elif out[role] > want:
             notes.append(
                 f"{role}: down to {out[role]}, not {want}: the highest need of the last "
-                f"{window_s:.0f} s (scale-down stabilisation)"
+                f"{span_s:.0f} s (scale-down stabilisation)"
             )
+        if span is not None and span.reason and out[role] < current[role]:
+            notes.append(span.reason)
     return out, notes

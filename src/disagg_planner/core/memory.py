@@ -74,8 +74,16 @@ class StabilisationMemory:
         while self.recommendations and self.recommendations[0][0] < now_s - window_s:
             self.recommendations.popleft()
 
-    def recent(self, role: str) -> int:
-        return max((r.get(role, 0) for _, r in self.recommendations), default=0)
+    def recent(self, role: str, since_s: float | None = None) -> int:
+        """The highest need of ``role`` remembered (at or after ``since_s`` when given)."""
+        return max(
+            (
+                r.get(role, 0)
+                for t, r in self.recommendations
+                if since_s is None or t >= since_s - 1e-9
+            ),
+            default=0,
+        )
 
 
 @dataclass

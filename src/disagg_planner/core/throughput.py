@@ -17,8 +17,10 @@ A tick (every ``throughput_adjustment_interval_seconds``) runs these stages, in 
 5. ``_plan_from``: hold while the last change has not converged (ready != desired), until
    ``scaling_convergence_timeout_seconds``, after which it re-plans from what is ready;
 6. the guard chain (:func:`disagg_planner.core.guards.guard_chain`): floors, the burst
-   memory's and breached cuts' floors, scale-down stabilisation, the observed margin a
-   scale-down needs, the per-tick change cap, the GPU budget;
+   memory's and breached cuts' floors, scale-down stabilisation (a role whose observed
+   tail is well under its SLO remembers its need for one time-to-ready only:
+   :func:`disagg_planner.core.feedback.margin_window`), the observed margin a scale-down
+   needs, the per-tick change cap, the GPU budget;
 7. ``_decide``: the target and its reason; a scale-down is remembered as a cut.
 
 Between ticks the fast check (:func:`disagg_planner.core.fast_check.fast_check`) scales up
@@ -41,6 +43,7 @@ from disagg_planner.core.feedback import (
     Tails,
     busy_capacity_estimate,
     cut_floor,
+    margin_window,
     observed_tails,
     scale_down_margin,
 )
@@ -513,8 +516,10 @@ class ThroughputPlanner:
         proposed: Mapping[str, int],
         current: Mapping[str, int],
         need: Mapping[str, int],
+        windows: Mapping[str, RuleValue] | None = None,
     ) -> tuple[dict[str, int], list[str]]:
-        """Remember ``need``, then :func:`disagg_planner.core.guards.stabilise`."""
+        """Remember ``need``, then :func:`disagg_planner.core.guards.stabilise` (``windows``:
+        the roles whose observed margin shortens their window)."""
         self.remember_need(now_s, need)
         return stabilise(
             proposed,
@@ -524,6 +529,7 @@ class ThroughputPlanner:
             window_s=self.config.scale_down_stabilization_seconds,
             last_scale_up_s=self.convergence.last_scale_up_s,
             time_to_ready_s=lambda role: self.time_to_ready(role).value,
+            windows=windows,
         )
 
     def _guard(
@@ -553,12 +559,21 @@ class ThroughputPlanner:
         }
         tails = self.tails(observed)
         margin = {r: scale_down_margin(r, ratio=tails.ratio(r)) for r in roles}
+        windows = {
+            r: margin_window(
+                r,
+                ratio=tails.ratio(r),
+                window_s=self.config.scale_down_stabilization_seconds,
+                time_to_ready_s=self.time_to_ready(r).value,
+            )
+            for r in roles
+        }
         return guard_chain(
             {r: sizing[r].replicas for r in roles},
             current=current,
             limits=self.limits(gpus, step_cap=True),
             kept={"burst_memory": memory_floor, "cut_need": cuts},
-            stabilise=lambda proposed, cur: self._stabilise(now_s, proposed, cur, need),
+            stabilise=lambda proposed, cur: self._stabilise(now_s, proposed, cur, need, windows),
             margin=margin,
         )
 

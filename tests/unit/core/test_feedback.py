@@ -92,6 +92,11 @@ CUT = (
     tick(240, traffic(240, 600), status(2, 3)),
 )
 AGG = DeploymentStatus({"agg": RoleStatus(2, 2, 1)})
+# a peak at 60 s and 120 s sizes prefill 4 (ready within 60 s: time-to-ready measured 60 s)
+PEAK = (
+    tick(60, traffic(60, 2400, ttft_histogram=ttft(0.1)), status(2, 1)),
+    tick(120, traffic(120, 2400, ttft_histogram=ttft(0.1)), status(4, 4)),
+)
 
 ROWS = [
     Row(
@@ -194,6 +199,24 @@ ROWS = [
         R.SCALE,
         "prefill: 30000 tok/s / 40000 tok/s/GPU at 38% / 1 GPU -> 2, after guards 2",
         (("scale_down_stabilization_seconds", 0.0),),
+    ),
+    Row(
+        "margin window: a tail at 20% of the SLO remembers the peak's need for one "
+        "time-to-ready, not the 600 s window: prefill goes 4 -> 2 three minutes after it "
+        "(decode, with no ITL observed, keeps the whole window)",
+        (*PEAK, tick(300, traffic(300, 600, ttft_histogram=ttft(0.1)), status(4, 4))),
+        {"prefill": 2, "decode": 4},
+        R.SCALE,
+        "prefill: observed margin: its tail is at 20% of its SLO (under 50%): its need is "
+        "remembered for one time-to-ready (60 s), not the 600 s stabilisation window",
+    ),
+    Row(
+        "margin window: a tail at 60% of the SLO (scale-down allowed, not the margin that "
+        "shortens the window) keeps the peak's need for the whole window",
+        (*PEAK, tick(300, traffic(300, 600, ttft_histogram=ttft(0.3)), status(4, 4))),
+        {"prefill": 4, "decode": 4},
+        R.NO_CHANGE,
+        "prefill: down to 4, not 2: the highest need of the last 600 s (scale-down stabilisation)",
     ),
     Row(
         "first tick that sees: a missing interval window is planned from the fast windows",
