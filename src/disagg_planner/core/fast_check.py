@@ -9,7 +9,8 @@
 3. :func:`disagg_planner.core.rules.slo_at_risk` and
    :func:`disagg_planner.core.feedback.observed_breach`: nothing changes unless one fires;
 4. the sizing of the observed demand (the rising trend after the opening interval, the
-   backlog, the length mix);
+   backlog, the length mix), held where the engines serve more than profiled
+   (:func:`disagg_planner.core.feedback.faster_than_profiled`);
 5. observed breach beats the model (:func:`disagg_planner.core.feedback.breach_replicas`):
    a confirmed breach where the sizing says the replicas suffice scales the role by what
    the observation asks for, and the capacity correction learns by how much the model
@@ -100,7 +101,8 @@ def fast_check(
         r: tp.feedback.see(r, tails.ratio(r) if status.ready(r) >= status.desired(r) else None)
         for r in cfg.roles
     }
-    learnt = tp.learn_from_busy(status, busy, rate=_busy_window_rate(tp, now_s), isl=isl)
+    calm = tp.calm(recent)
+    learnt = tp.learn_from_busy(status, busy, rate=_busy_window_rate(tp, now_s), isl=isl, calm=calm)
 
     # The waiting requests are counted at the short window's own mean prompt (those
     # reaching their first token now come out of the queue, long prompts among the last);
@@ -168,6 +170,18 @@ def fast_check(
             now_s, ThroughputReason.PROFILE_INFEASIBLE, "infeasible", diagnostics
         )
     desired = {r: status.desired(r) for r in cfg.roles}
+    sizing, steady, held = tp.sizer.held_by_observation(
+        observed,
+        gpus,
+        status,
+        sized=(sizing, steady),
+        current=desired,
+        calm=calm,
+        burst=burst.value,
+        backlog=backlog,
+        length_mix=mix.value,
+    )
+    capped += held
     wanted, breach_notes = _breach_targets(
         tp, now_s, status, breaches, steady, busy, desired, cut_recently
     )

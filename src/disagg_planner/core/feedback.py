@@ -12,9 +12,13 @@ the ITL), each a pure function returning its value and the sentence the reason c
   :data:`BUSY_TARGET`, at most :data:`MAX_BREACH_GROWTH` times, never +1 at a time;
 - :func:`learn_capacity`: a per-role capacity correction (work per token relative to the
   profile: above 1 the engines are slower than profiled), learned both ways, from the
-  observed busy fraction against the offered load and from breaches, and decaying back
-  towards what the busy fraction says (1 without one) while the tail is under the SLO by
-  :data:`SCALE_DOWN_MARGIN`;
+  observed busy fraction against the offered load (below 1 only while the tail is under
+  :data:`SCALE_DOWN_MARGIN` of its SLO: :func:`busy_capacity_estimate`) and from breaches,
+  and decaying back towards what the busy fraction says (1 without one) while the tail is
+  under the SLO by :data:`SCALE_DOWN_MARGIN`;
+- :func:`faster_than_profiled`: a correction below 1 (the engines serve more than their
+  profile says) holds the replicas a role has where the profile asks for more; it never
+  cuts below what the profile needs;
 - :func:`scale_down_margin`: a role goes down only when its observed tail is under
   :data:`SCALE_DOWN_MARGIN` of its SLO;
 - :func:`margin_window`: a role whose observed tail is under :data:`STABILISATION_MARGIN`
@@ -290,23 +294,53 @@ def learn_capacity(
 
 
 def busy_capacity_estimate(
-    *, busy: float | None, offered_engines: float, ready: int
+    *, busy: float | None, offered_engines: float, ready: int, calm: bool = False
 ) -> float | None:
-    """``max(1, busy / (offered / ready))``: how much more of its time an engine spends
-    than the profile says the offered load takes (``offered`` in engines' worth of profiled
-    work); None without a busy fraction, below :data:`MIN_LEARN_UTILISATION` predicted, or
-    saturated (busy then says only "at least").
+    """``busy / (offered / ready)``: how much more (above 1) or less (below 1) of its time an
+    engine spends than the profile says the offered load takes (``offered`` in engines' worth
+    of profiled work); None without a busy fraction, below :data:`MIN_LEARN_UTILISATION`
+    predicted, or saturated (busy then says only "at least").
 
-    Only upward: an engine that batches more prompts per iteration than the profile's
-    measurement did is busy for less of its time than the profile says (0.6 to 0.9 of it on
-    the default replay), yet its queue still grows once its share of the time is taken:
-    sizing on that estimate under-provisioned and breached the TTFT SLO."""
+    Below 1 only while the role's tail is ``calm`` (under :data:`SCALE_DOWN_MARGIN` of its
+    SLO), else ``max(1, ...)``. The profile's throughput is a lone request's (``ISL / TTFT``);
+    an engine that batches the prompts waiting at an iteration pays its fixed cost once for
+    all of them, so under load it serves more than that (busy 0.6 to 0.9 of the profile's
+    prediction on the default replay, more as the load grows), and an engine faster than its
+    profile shows the same. Believed while the tail agrees: a tail near its SLO says the
+    time the busy fraction leaves free does not serve it, and a breach raises the correction
+    at once (:func:`learn_capacity`)."""
     if busy is None or ready <= 0 or offered_engines <= 0:
         return None
     predicted = offered_engines / ready
     if predicted < MIN_LEARN_UTILISATION or busy >= 0.999:
         return None
-    return max(1.0, busy / predicted)
+    estimate = busy / predicted
+    return estimate if calm else max(1.0, estimate)
+
+
+def faster_than_profiled(
+    role: str, *, current: int, profiled: int, observed: int, correction: float
+) -> RuleValue:
+    """The replicas ``role`` is sized to when its learned capacity correction is below 1:
+    where the profile's sizing (``profiled``, the correction floored at 1) asks for more than
+    the ``current`` replicas and the sizing at the learned correction (``observed``) for
+    fewer than it, ``max(current, observed)``; ``profiled`` otherwise.
+
+    The busy fraction is measured on the engines running: it says they serve this load with
+    time to spare, not that fewer of them would (each would then carry a load never
+    observed, where a batching engine's gain from the prompts it batches stops growing).
+    So the observation may hold replicas against the profile's call for more, or add fewer;
+    a scale-down goes by the profile. A breach raises the correction at once
+    (:func:`learn_capacity`)."""
+    if correction >= 1.0 or profiled <= current or observed >= profiled:
+        return RuleValue(float(profiled), "")
+    held = max(current, observed)
+    return RuleValue(
+        float(held),
+        f"{role}: faster than profiled: the profile asks {profiled}, its busy fraction says "
+        f"x{correction:.2f} the profile's work (tail under its margin): {held} suffice "
+        f"({current} running; a cut still goes by the profile)",
+    )
 
 
 def scale_down_margin(role: str, *, ratio: float | None) -> RuleValue:

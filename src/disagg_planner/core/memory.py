@@ -58,6 +58,42 @@ class ConvergenceMemory:
                 self.awaiting_ready[role] = now_s
                 self.last_scale_up_s[role] = now_s
 
+    def slow_warnings(self, interval_s: float) -> list[str]:
+        """A warning for each role whose last change took longer than ``interval_s`` from
+        decision to ready (the planner then acts on stale capacity)."""
+        return [
+            f"{role} took {latency:.0f} s from decision to ready, longer than the "
+            f"{interval_s:.0f} s adjustment interval"
+            for role, latency in self.scaling_latency_s.items()
+            if latency > interval_s
+        ]
+
+    def plan_from(
+        self,
+        now_s: float,
+        status: DeploymentStatus,
+        roles: Iterable[str],
+        *,
+        timeout_s: float,
+        warnings: list[str],
+    ) -> dict[str, int] | str:
+        """The replicas of ``roles`` to plan from: the desired ones; while the last change converges
+        (within ``timeout_s`` of it), what it waits for (the tick holds); the ready ones once
+        it has not converged within the timeout (with a warning appended to ``warnings``)."""
+        if status.converged:
+            return {r: status.desired(r) for r in roles}
+        if self.last_action_s is not None and now_s - self.last_action_s < timeout_s:
+            pending = ", ".join(
+                f"{r} {s.ready}/{s.desired} ready"
+                for r, s in status.roles.items()
+                if s.ready != s.desired
+            )
+            return f"waiting for the last change to converge ({pending})"
+        # Replicas that never became ready: plan from what is actually serving
+        # (Dynamo issue #14251: the planner waited forever on unschedulable pods).
+        warnings.append("previous change did not converge; re-planning from ready replicas")
+        return {r: status.ready(r) for r in roles}
+
 
 @dataclass
 class StabilisationMemory:

@@ -10,8 +10,9 @@ from dataclasses import replace
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.demand import DemandSignals, decode_requests, prefill_requests
+from disagg_planner.core.feedback import faster_than_profiled
 from disagg_planner.core.memory import TrafficMemory
-from disagg_planner.core.rules import RuleValue, backlog_replica_cap, length_mix
+from disagg_planner.core.rules import RuleValue, backlog_replica_cap, burst_memory, length_mix
 from disagg_planner.core.sizing import (
     DECODE_SEQ_UTILISATION,
     CapacityProfile,
@@ -27,7 +28,8 @@ from disagg_planner.core.types import DeploymentStatus
 
 class Sizer:
     """Sizes each role of one deployment (see the module doc); ``corrections`` reads the
-    planner's current corrections."""
+    planner's current corrections (capacity at least the profile's), ``learned`` the
+    corrections as learned (:meth:`held_by_observation`)."""
 
     def __init__(
         self,
@@ -36,6 +38,7 @@ class Sizer:
         profile: CapacityProfile,
         traffic: TrafficMemory,
         corrections: Callable[[], CorrectionFactors],
+        learned: Callable[[], CorrectionFactors] | None = None,
         demand: DemandSignals | None = None,
         decode_max_num_seqs: int | None = None,
     ) -> None:
@@ -44,6 +47,7 @@ class Sizer:
         self.traffic = traffic
         self.demand = demand if demand is not None else DemandSignals()
         self.corrections = corrections
+        self.learned = learned if learned is not None else corrections
         self.decode_max_num_seqs = decode_max_num_seqs
 
     def length_mix(self) -> RuleValue:
@@ -64,12 +68,16 @@ class Sizer:
         burst: float,
         backlog: RuleValue,
         length_mix: float,
+        corrections: CorrectionFactors | None = None,
     ) -> tuple[dict[str, RoleSizing], dict[str, RoleSizing], list[str]]:
         """The sizing with the backlog drained over ``backlog_drain_seconds``, each role at
         most :func:`disagg_planner.core.rules.backlog_replica_cap` above its sizing without
         the backlog; that sizing (what the stabilisation remembers: a drained backlog does
-        not come back, so it is no reason to keep its replicas); the cap's sentences."""
-        steady = self.size(forecast, gpus, burst=burst, length_mix=length_mix)
+        not come back, so it is no reason to keep its replicas); the cap's sentences.
+        ``corrections`` replaces the planner's current ones."""
+        steady = self.size(
+            forecast, gpus, burst=burst, length_mix=length_mix, corrections=corrections
+        )
         if backlog.value <= 0:
             return steady, steady, []
         sizing = self.size(
@@ -78,6 +86,7 @@ class Sizer:
             burst=burst,
             backlog_tokens_per_s=backlog.value / self.config.backlog_drain_seconds,
             length_mix=length_mix,
+            corrections=corrections,
         )
         notes: list[str] = []
         for role, sized in sizing.items():
@@ -94,6 +103,89 @@ class Sizer:
                 notes.append(cap.reason)
         return sizing, steady, notes
 
+    def burst_floor(
+        self,
+        now_s: float,
+        sized_for: LoadForecast,
+        gpus: Mapping[str, int],
+        length_mix: float,
+        time_to_ready_s: float,
+    ) -> tuple[RuleValue, dict[str, RuleValue]]:
+        """The burst memory rule (:func:`disagg_planner.core.rules.burst_memory`, over the
+        windows after the opening) and the floor its remembered peak rate sets per role
+        (sized as the forecast is, without the burst factor, which the short-window peak
+        already is, and without a backlog); no floor when it remembers none or the profile
+        cannot size it."""
+        interval = self.config.throughput_adjustment_interval_seconds
+        memory = burst_memory(
+            self.traffic.after_opening(self.traffic.rate_samples, interval),
+            now_s=now_s,
+            time_to_ready_s=time_to_ready_s,
+            memory_s=self.config.burst_memory_seconds,
+        )
+        if memory.value <= 0:
+            return memory, {}
+        peak = replace(sized_for, num_req=memory.value * interval)
+        sizing = self.size(peak, gpus, length_mix=length_mix)
+        if any(not s.feasible for s in sizing.values()):
+            return memory, {}
+        return memory, {
+            r: RuleValue(float(s.replicas), f"{r}: kept at {s.replicas}: the burst memory's floor")
+            for r, s in sizing.items()
+        }
+
+    def held_by_observation(
+        self,
+        forecast: LoadForecast,
+        gpus: Mapping[str, int],
+        status: DeploymentStatus,
+        *,
+        sized: tuple[dict[str, RoleSizing], dict[str, RoleSizing]],
+        current: Mapping[str, int],
+        calm: Mapping[str, bool],
+        burst: float,
+        backlog: RuleValue,
+        length_mix: float,
+    ) -> tuple[dict[str, RoleSizing], dict[str, RoleSizing], list[str]]:
+        """``sized`` (:meth:`size_with_backlog`'s sizing and steady sizing) with each role
+        whose tail is ``calm`` and whose learned capacity correction is below 1 held by
+        :func:`disagg_planner.core.feedback.faster_than_profiled` against the ``current``
+        replicas; the rule's sentences."""
+        learned = self.learned()
+        factor = {"decode": learned.decode_capacity}
+        sizing, steady = dict(sized[0]), dict(sized[1])
+        roles = [
+            r
+            for r in sizing
+            if calm.get(r) and factor.get(r, learned.prefill_capacity) < 1.0 and r in current
+        ]
+        if not roles or self.config.no_correction:
+            return sizing, steady, []
+        faster = self.size_with_backlog(
+            forecast,
+            gpus,
+            status,
+            burst=burst,
+            backlog=backlog,
+            length_mix=length_mix,
+            corrections=learned,
+        )
+        notes: list[str] = []
+        for role in roles:
+            for held, observed in ((sizing, faster[0]), (steady, faster[1])):
+                rule = faster_than_profiled(
+                    role,
+                    current=current[role],
+                    profiled=held[role].replicas,
+                    observed=observed[role].replicas,
+                    correction=factor.get(role, learned.prefill_capacity),
+                )
+                if rule.reason:  # the arithmetic shown is the learned correction's
+                    held[role] = replace(observed[role], replicas=int(rule.value))
+                    if held is sizing:
+                        notes.append(rule.reason)
+        return sizing, steady, notes
+
     def size(
         self,
         forecast: LoadForecast,
@@ -102,12 +194,17 @@ class Sizer:
         burst: float = 1.0,
         backlog_tokens_per_s: float = 0.0,
         length_mix: float = 1.0,
+        corrections: CorrectionFactors | None = None,
     ) -> dict[str, RoleSizing]:
         """Each role's sizing (:mod:`disagg_planner.core.sizing`) with this deployment's
-        settings and its corrections (none with ``no_correction``)."""
+        settings and its corrections (``corrections`` when given; none with
+        ``no_correction``)."""
         cfg = self.config
         interval = cfg.throughput_adjustment_interval_seconds
-        corr = self.corrections() if not cfg.no_correction else CorrectionFactors()
+        if cfg.no_correction:
+            corr = CorrectionFactors()
+        else:
+            corr = corrections if corrections is not None else self.corrections()
         engine_gpus_p = gpus.get("prefill", gpus.get("agg", 1))
         engine_gpus_d = gpus.get("decode", gpus.get("agg", 1))
         # issue 35: only uncached prompt tokens are prefilled; an iteration emits A tokens

@@ -14,11 +14,16 @@ A tick (every ``throughput_adjustment_interval_seconds``) runs these stages, in 
    last window and the forecast), with the burst factor, the backlog and the length mix;
 4. ``_size``: each role from the forecast (:mod:`disagg_planner.core.sizing`), with its
    capacity correction; a hold when the profile cannot serve it;
-5. ``_plan_from``: hold while the last change has not converged (ready != desired), until
-   ``scaling_convergence_timeout_seconds``, after which it re-plans from what is ready;
+5. :meth:`disagg_planner.core.memory.ConvergenceMemory.plan_from`: hold while the last
+   change has not converged (ready != desired), until
+   ``scaling_convergence_timeout_seconds``, after which it re-plans from what is ready; then
+   each role whose engines serve more than profiled (a learned correction below 1, the
+   tail calm) held at its replicas where the profile asks for more
+   (:func:`disagg_planner.core.feedback.faster_than_profiled`);
 6. the guard chain (:func:`disagg_planner.core.guards.guard_chain`): floors, the burst
-   memory's and breached cuts' floors, scale-down stabilisation (a role whose observed
-   tail is well under its SLO remembers its need for one time-to-ready only:
+   memory's (:meth:`disagg_planner.core.sizer.Sizer.burst_floor`) and breached cuts'
+   floors, scale-down stabilisation (a role whose observed tail is well under its SLO
+   remembers its need for one time-to-ready only:
    :func:`disagg_planner.core.feedback.margin_window`), the observed margin a scale-down
    needs, the per-tick change cap, the GPU budget;
 7. ``_decide``: the target and its reason; a scale-down is remembered as a cut.
@@ -62,7 +67,6 @@ from disagg_planner.core.rules import (
     arrival_envelope,
     backlog_tokens,
     burst_factor,
-    burst_memory,
     slo_request_seconds,
     time_to_ready,
     within_envelope,
@@ -144,6 +148,7 @@ class ThroughputPlanner:
             traffic=self.traffic,
             demand=self.demand,
             corrections=lambda: self.corrections,
+            learned=lambda: self.learned_corrections,
             decode_max_num_seqs=decode_max_num_seqs,
         )
 
@@ -151,7 +156,19 @@ class ThroughputPlanner:
 
     @property
     def corrections(self) -> CorrectionFactors:
-        """The latency ratios and the capacity corrections the feedback learned."""
+        """The latency ratios and the capacity corrections the feedback learned, at least 1:
+        what the sizing sizes with (below 1, only :func:`disagg_planner.core.feedback.
+        faster_than_profiled` believes them: :attr:`learned_corrections`)."""
+        learned = self.learned_corrections
+        return replace(
+            learned,
+            prefill_capacity=max(1.0, learned.prefill_capacity),
+            decode_capacity=max(1.0, learned.decode_capacity),
+        )
+
+    @property
+    def learned_corrections(self) -> CorrectionFactors:
+        """The latency ratios and the capacity corrections as the feedback learned them."""
         roles = self.config.roles
         return replace(
             self.latency,
@@ -196,9 +213,11 @@ class ThroughputPlanner:
         *,
         rate: float,
         isl: float,
+        calm: Mapping[str, bool],
     ) -> list[str]:
         """The prefill capacity correction from its engines' busy fraction against the
-        offered load (:func:`disagg_planner.core.feedback.busy_capacity_estimate`)."""
+        offered load (:func:`disagg_planner.core.feedback.busy_capacity_estimate`; below 1
+        only while prefill is ``calm``: :meth:`calm`)."""
         if busy is None or self.config.no_correction or "prefill" not in status.roles or isl <= 0:
             return []
         thpt = self.profile.prefill.thpt_per_gpu(isl)
@@ -207,7 +226,10 @@ class ThroughputPlanner:
             return []
         offered = rate * isl * self.sizer.length_mix().value / (thpt * gpus)
         estimate = busy_capacity_estimate(
-            busy=busy.get("prefill"), offered_engines=offered, ready=status.ready("prefill")
+            busy=busy.get("prefill"),
+            offered_engines=offered,
+            ready=status.ready("prefill"),
+            calm=calm.get("prefill", False),
         )
         if estimate is None:
             return []
@@ -222,6 +244,15 @@ class ThroughputPlanner:
             itl_target_ms=self.config.itl_ms,
             quantile=self.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE,
         )
+
+    def calm(self, obs: TrafficObservation) -> dict[str, bool]:
+        """Per role: its observed tail in ``obs`` under the scale-down margin
+        (:func:`disagg_planner.core.feedback.scale_down_margin`); False with none observed."""
+        tails = self.tails(obs)
+        return {
+            r: tails.ratio(r) is not None and scale_down_margin(r, ratio=tails.ratio(r)).value > 0
+            for r in self.config.roles
+        }
 
     def backlog(
         self, traffic: TrafficObservation, isl: float, queued_prefill_tokens: float | None
@@ -269,7 +300,10 @@ class ThroughputPlanner:
         """One throughput tick (see the module doc): each stage either decides, a hold with
         its reason, or passes what it worked out on to the next. ``busy`` is the mean busy
         fraction of each role's engines, when the shell measures it."""
-        warnings = self._latency_warnings(now_s, status)
+        self.convergence.track(now_s, status)
+        warnings = self.convergence.slow_warnings(
+            self.config.throughput_adjustment_interval_seconds
+        )
         pooled_from = len(self.traffic.fast_windows)
         fresh = self._fresh_traffic(now_s, traffic, warnings)
         if isinstance(fresh, ThroughputDecision):
@@ -304,10 +338,30 @@ class ThroughputPlanner:
         infeasible = self.hold_if_infeasible(now_s, sizing, diagnostics)
         if infeasible is not None:
             return infeasible
-        plan_from = self._plan_from(now_s, status, warnings, diagnostics)
-        if isinstance(plan_from, ThroughputDecision):
-            return plan_from
-        memory, memory_floor = self._burst_memory(now_s, sized_for, gpus, mix.value)
+        plan_from = self.convergence.plan_from(
+            now_s,
+            status,
+            self.config.roles,
+            timeout_s=self.config.scaling_convergence_timeout_seconds,
+            warnings=warnings,
+        )
+        if isinstance(plan_from, str):
+            return self.hold(now_s, ThroughputReason.SCALING_IN_PROGRESS, plan_from, diagnostics)
+        sizing, steady, held = self.sizer.held_by_observation(
+            sized_for,
+            gpus,
+            status,
+            sized=(sizing, steady),
+            current=plan_from,
+            calm=self.calm(fresh),
+            burst=burst.value,
+            backlog=backlog,
+            length_mix=mix.value,
+        )
+        diagnostics = replace(diagnostics, rules=(*diagnostics.rules, *held))
+        memory, memory_floor = self.sizer.burst_floor(
+            now_s, sized_for, gpus, mix.value, self.deployment_time_to_ready().value
+        )
         guarded = self._guard(now_s, fresh, sizing, plan_from, gpus, memory_floor, steady)
         diagnostics = replace(
             diagnostics,
@@ -316,18 +370,6 @@ class ThroughputPlanner:
             rules=(*diagnostics.rules, memory.reason, *guarded.notes),
         )
         return self._decide(now_s, status, forecast, sizing, guarded, diagnostics)
-
-    def _latency_warnings(self, now_s: float, status: DeploymentStatus) -> list[str]:
-        """Record how long the last changes took to become ready; warn about those slower
-        than the interval (the planner then acts on stale capacity)."""
-        interval = self.config.throughput_adjustment_interval_seconds
-        self.convergence.track(now_s, status)
-        return [
-            f"{role} took {latency:.0f} s from decision to ready, longer than the "
-            f"{interval:.0f} s adjustment interval"
-            for role, latency in self.convergence.scaling_latency_s.items()
-            if latency > interval
-        ]
 
     def _fresh_traffic(
         self,
@@ -377,15 +419,14 @@ class ThroughputPlanner:
         learnt: list[str] = []
         if not self.config.no_correction:
             self.latency = latency_ratios(traffic, self.profile, status, self.latency)
+            calm = self.calm(traffic)
             for role in self.config.roles:
-                ratio = self.tails(traffic).ratio(role)
-                calm = ratio is not None and scale_down_margin(role, ratio=ratio).value > 0
-                if calm:
+                if calm[role]:
                     estimate = self.feedback.busy_estimate.get(role)
                     learnt += self.feedback.learn(role, busy_estimate=estimate, calm=True)
             if traffic.isl is not None:
                 learnt += self.learn_from_busy(
-                    status, busy, rate=traffic.request_rate, isl=traffic.isl
+                    status, busy, rate=traffic.request_rate, isl=traffic.isl, calm=calm
                 )
         forecast = self._forecast()
         mean_rate = traffic.request_rate
@@ -448,67 +489,6 @@ class ThroughputPlanner:
         )
         sized = replace(forecast, num_req=max(forecast.num_req, envelope.value * interval))
         return sized, [ttr.reason, envelope.reason]
-
-    def _burst_memory(
-        self,
-        now_s: float,
-        sized_for: LoadForecast,
-        gpus: Mapping[str, int],
-        length_mix: float,
-    ) -> tuple[RuleValue, dict[str, RuleValue]]:
-        """The burst memory rule (:func:`disagg_planner.core.rules.burst_memory`, over the
-        windows after the opening) and the floor its remembered peak rate sets per role
-        (sized as the forecast is, without the burst factor, which the short-window peak
-        already is, and without a backlog); no floor when it remembers none or the profile
-        cannot size it."""
-        interval = self.config.throughput_adjustment_interval_seconds
-        memory = burst_memory(
-            self.traffic.after_opening(self.traffic.rate_samples, interval),
-            now_s=now_s,
-            time_to_ready_s=self.deployment_time_to_ready().value,
-            memory_s=self.config.burst_memory_seconds,
-        )
-        if memory.value <= 0:
-            return memory, {}
-        peak = replace(sized_for, num_req=memory.value * interval)
-        sizing = self.sizer.size(peak, gpus, length_mix=length_mix)
-        if any(not s.feasible for s in sizing.values()):
-            return memory, {}
-        return memory, {
-            r: RuleValue(float(s.replicas), f"{r}: kept at {s.replicas}: the burst memory's floor")
-            for r, s in sizing.items()
-        }
-
-    def _plan_from(
-        self,
-        now_s: float,
-        status: DeploymentStatus,
-        warnings: list[str],
-        diagnostics: ThroughputDiagnostics,
-    ) -> dict[str, int] | ThroughputDecision:
-        """The replicas to plan from: the desired ones; a hold while the last change
-        converges; the ready ones once it has not converged within the timeout."""
-        roles = self.config.roles
-        current = {r: status.desired(r) for r in roles}
-        if status.converged:
-            return current
-        last = self.convergence.last_action_s
-        if last is not None and now_s - last < self.config.scaling_convergence_timeout_seconds:
-            pending = ", ".join(
-                f"{r} {s.ready}/{s.desired} ready"
-                for r, s in status.roles.items()
-                if s.ready != s.desired
-            )
-            return self.hold(
-                now_s,
-                ThroughputReason.SCALING_IN_PROGRESS,
-                f"waiting for the last change to converge ({pending})",
-                diagnostics,
-            )
-        # Replicas that never became ready: plan from what is actually serving
-        # (Dynamo issue #14251: the planner waited forever on unschedulable pods).
-        warnings.append("previous change did not converge; re-planning from ready replicas")
-        return {r: status.ready(r) for r in roles}
 
     def _stabilise(
         self,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from disagg_planner.core.fast_check import fast_check
-from disagg_planner.core.feedback import learn_capacity
+from disagg_planner.core.feedback import busy_capacity_estimate, learn_capacity
 from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -97,6 +97,16 @@ PEAK = (
     tick(60, traffic(60, 2400, ttft_histogram=ttft(0.1)), status(2, 1)),
     tick(120, traffic(120, 2400, ttft_histogram=ttft(0.1)), status(4, 4)),
 )
+
+
+def faster(st: DeploymentStatus, rate: float, busy: float, ttft_p99_s: float = 0.1) -> tuple:
+    """Three minutes of fast checks at ``rate`` whose prefill engines are ``busy``: with the
+    profile's 40,000 tok/s/GPU at ISL 3000, 20 req/s on 2 engines predicts 75% busy."""
+    return tuple(
+        fast(15.0 * k, window(15.0 * k, rate, ttft_p99_s=ttft_p99_s), st, {"prefill": busy})
+        for k in range(1, 13)
+    )
+
 
 ROWS = [
     Row(
@@ -217,6 +227,55 @@ ROWS = [
         {"prefill": 4, "decode": 4},
         R.NO_CHANGE,
         "prefill: down to 4, not 2: the highest need of the last 600 s (scale-down stabilisation)",
+    ),
+    Row(
+        "faster than profiled: engines busy 55% where the profile predicts 75%, the tail "
+        "calm: the tick holds 2 prefill where the profile asks 3 (issue 29's default replay: "
+        "3 where 2 served the peak)",
+        (
+            *faster(status(2, 2), 20, 0.55),
+            tick(180, traffic(180, 1200, ttft_histogram=ttft(0.1)), status(2, 2)),
+        ),
+        {"prefill": 2, "decode": 2},
+        R.NO_CHANGE,
+        "prefill: faster than profiled: the profile asks 3, its busy fraction says x0.74 the "
+        "profile's work (tail under its margin): 2 suffice (2 running",
+    ),
+    Row(
+        "faster than profiled: with the tail at 90% of its SLO the busy fraction teaches "
+        "nothing below 1: the profile's 3",
+        (
+            *faster(status(2, 2), 20, 0.55, ttft_p99_s=0.45),
+            tick(180, traffic(180, 1200, ttft_histogram=ttft(0.45)), status(2, 2)),
+        ),
+        {"prefill": 3, "decode": 2},
+        R.SCALE,
+        "prefill: 60000 tok/s / 40000 tok/s/GPU at 50% / 1 GPU -> 3, after guards 3",
+    ),
+    Row(
+        "faster than profiled: a cut goes by the profile (3 -> 2, not the 1 that the learned "
+        "x0.61 would size)",
+        (
+            *faster(status(3, 2), 12, 0.18),
+            tick(180, traffic(180, 720, ttft_histogram=ttft(0.1)), status(3, 2)),
+        ),
+        {"prefill": 2, "decode": 2},
+        R.SCALE,
+        "prefill: 36000 tok/s / 40000 tok/s/GPU at 45% / 1 GPU -> 2, after guards 2",
+        (("scale_down_stabilization_seconds", 0.0),),
+    ),
+    Row(
+        "faster than profiled: the fast check's waiting requests with the tail calm and the "
+        "engines busy 55% need no third engine",
+        (
+            *faster(status(2, 2), 20, 0.55),
+            fast(195, replace(window(195, 20), in_flight=400.0), status(2, 2), {"prefill": 0.55}),
+        ),
+        None,
+        R.NO_CHANGE,
+        "prefill: faster than profiled: the profile asks 3, its busy fraction says x0.75 the "
+        "profile's work (tail under its margin): 2 suffice (2 running; a cut still goes by the "
+        "profile); the current replicas cover the observed demand",
     ),
     Row(
         "first tick that sees: a missing interval window is planned from the fast windows",
@@ -350,3 +409,27 @@ LEARN_ROWS = [
 def test_capacity_correction_is_learnt_both_ways(row: LearnRow) -> None:
     rule = learn_capacity("prefill", row.previous, **dict(row.kwargs))  # type: ignore[arg-type]
     assert (round(rule.value, 6), row.says in rule.reason) == (row.value, True), rule.reason
+
+
+@dataclass(frozen=True)
+class BusyRow:
+    name: str
+    busy: float | None
+    calm: bool
+    estimate: float | None
+
+
+# 1.5 engines' worth of profiled work on 2 engines: the profile predicts them 75% busy
+BUSY_ROWS = [
+    BusyRow("busier than predicted: the engines are slower than profiled", 0.9, False, 1.2),
+    BusyRow("less busy than predicted, tail calm: faster than profiled", 0.6, True, 0.8),
+    BusyRow("less busy than predicted, tail not calm: never below the profile", 0.6, False, 1.0),
+    BusyRow("saturated: busy says only 'at least', no estimate", 1.0, True, None),
+    BusyRow("no busy fraction measured: no estimate", None, True, None),
+]
+
+
+@pytest.mark.parametrize("row", BUSY_ROWS, ids=[r.name for r in BUSY_ROWS])
+def test_busy_capacity_estimate(row: BusyRow) -> None:
+    got = busy_capacity_estimate(busy=row.busy, offered_engines=1.5, ready=2, calm=row.calm)
+    assert (round(got, 6) if got is not None else None) == row.estimate

@@ -94,7 +94,7 @@ GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     },
     "load": {
         "requests_csv": "85f670494b53ae627ee87fd616c0cb9df1f5340ee40fcfbb802ab0fbaea5ae97",
-        "timeline": "cb857a5fb4dcf7bb489df6a40dd243356617f7b20b000dc9b308d900ce2bec70",
+        "timeline": "890bd58b66231c1c7a4745453a6491c63b9a78e40b20edf94573470616f6c84d",
         "summary": {
             "requests": 15567,
             "completed": 15567,
@@ -112,9 +112,9 @@ GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
                 "p95": 8.32369121982257,
                 "p99": 11.407481887138049,
             },
-            "gpu_hours": 0.7398489184684544,
+            "gpu_hours": 0.7393791347747635,
             "oracle_gpu_hours": 0.7014093510810712,
-            "scale_actions": {"prefill": 4, "decode": 1},
+            "scale_actions": {"prefill": 3, "decode": 1},
             "max_replicas": {"prefill": 3, "decode": 2},
             "duration_s": 901.6912212972871,
         },
