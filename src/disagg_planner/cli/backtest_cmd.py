@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +21,11 @@ from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.errors import TraceError, register_foreign_error
 from disagg_planner.predictors import PREDICTOR_NAMES
 from disagg_planner.predictors.auto import AutoPredictor
-from disagg_planner.predictors.backtest import BacktestResult, run_backtest
+from disagg_planner.predictors.backtest import (
+    BacktestResult,
+    last_value_explanation,
+    run_backtest,
+)
 from disagg_planner.predictors.base import LoadPredictor
 from disagg_planner.predictors.traces import FORMATS, bucket_trace, read_trace
 from disagg_planner.predictors.warmup import SERIES, WarmupReport
@@ -32,17 +37,42 @@ register_foreign_error("disagg_planner.predictors.traces.errors", "TraceError", 
 
 MIN_INTERVALS = 3
 
+# What each column of the table means: in `--help` and under the table, one text.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("MAPE %", "mean |forecast - actual| / actual, percent (intervals with actual > 0)"),
+    ("sMAPE %", "mean 2 |forecast - actual| / (|forecast| + |actual|), percent"),
+    ("RMSE", "root mean squared error, in the series' unit (requests, tokens)"),
+    ("under %", "share of intervals forecast below the actual (the ones that cost SLO)"),
+    ("p90 ms", "90th percentile wall time of one observe + predict step of the predictor"),
+    ("n", "intervals scored"),
+)
+
+
+def column_legend() -> str:
+    """The table's columns, one per line (``--help``'s epilog and the table's footer)."""
+    width = max(len(name) for name, _ in COLUMNS)
+    return "\n".join(f"  {name:<{width}}  {text}" for name, text in COLUMNS)
+
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
         "backtest",
         help="Score the load predictors on a request trace (one-step-ahead, rolling).",
-        description="Replay a request trace interval by interval: each predictor forecasts the "
-        "next interval's request count, mean ISL and mean OSL, then sees the actual value. "
-        "Reports MAPE and sMAPE (percent), RMSE (series unit), the under-forecast rate (share "
-        "of intervals forecast below the actual, 0-1) and the p90 time of one observe+predict "
-        "step. The trace's last interval is left out (its end is unknown, so it is usually "
-        "partial). With --load-predictor-quantile the upper forecast is scored.",
+        # raw, so that the epilog's legend keeps its columns; the description is wrapped here
+        description=textwrap.fill(
+            "Replay a request trace interval by interval: each predictor forecasts the "
+            "next interval's request count, mean ISL and mean OSL, then sees the actual value. "
+            "Reports MAPE and sMAPE (percent), RMSE (series unit), the under-forecast rate (share "
+            "of intervals forecast below the actual: percent in the table, 0-1 in --json) and the "
+            "p90 time of one observe+predict "
+            "step. The trace's last interval is left out (its end is unknown, so it is usually "
+            "partial). With --load-predictor-quantile the upper forecast is scored. A predictor "
+            "whose forecasts were the last value on every interval (so that it scores exactly "
+            "like constant) is named under the table, with why.",
+            width=79,
+        ),
+        epilog="columns of the table:\n" + column_legend(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--trace",
@@ -161,9 +191,32 @@ def _run(args: argparse.Namespace) -> int:
         )
     )
     print(format_table(results))
+    print(column_legend())
+    for line in last_value_lines(results):
+        print(line)
     for line in summary_lines(results):
         print(line)
     return 0
+
+
+def last_value_lines(results: list[BacktestResult]) -> list[str]:
+    """One line per predictor and series whose forecasts were the last value on every
+    scored interval (identical to ``constant``'s row), with why."""
+    # series with the same account share a line
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        why = last_value_explanation(r)
+        if why is not None:
+            grouped.setdefault((r.predictor, why), []).append(r.series)
+    lines = [
+        f"{name} = constant on {', '.join(series)}: {why}"
+        for (name, why), series in grouped.items()
+    ]
+    if any(name == "arima" for name, _ in grouped):
+        lines.append(
+            "  (a shorter --interval gives ARIMA more points to find an AR/MA term or a drift in)"
+        )
+    return lines
 
 
 def summary_lines(results: list[BacktestResult]) -> list[str]:
@@ -200,7 +253,7 @@ def _cell(value: float | None, spec: str) -> str:
 
 def format_table(results: list[BacktestResult]) -> str:
     """A fixed-width table, one row per predictor and series."""
-    header = ("predictor", "series", "MAPE %", "sMAPE %", "RMSE", "under %", "p90 ms", "n")
+    header = ("predictor", "series", *(name for name, _ in COLUMNS))
     rows = [header]
     for r in results:
         rows.append(

@@ -8,6 +8,11 @@ shown only with ``--debug``, which never changes the exit code.
 The global options (``--log-level``, ``--log-format``, ``--debug``) are accepted before or
 after the sub-command: ``planner replay --log-level WARNING`` is ``planner --log-level WARNING
 replay``.
+
+A command-line mistake (an unknown option, a missing or bad value) prints two lines: the
+command's usage in one line (what it requires, ``[options]`` for the rest) and the error,
+named by the (sub-)command it belongs to. argparse's own usage of a command with the config
+flags runs to about a hundred lines, with the error last.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from disagg_planner import __version__
 from disagg_planner.cli import (
@@ -81,6 +87,67 @@ def _global_options(*, suppress_defaults: bool) -> argparse.ArgumentParser:
     return options
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one usage line and the error (module doc)."""
+
+    def short_usage(self) -> str:
+        """``PROG`` and what it requires, in one line; ``[options]`` stands for the rest."""
+        formatter = self._get_formatter()
+        parts = [self.prog]
+        optional = False
+        grouped = {
+            a for g in self._mutually_exclusive_groups if g.required for a in g._group_actions
+        }
+        for group in self._mutually_exclusive_groups:
+            if group.required:
+                parts.append("(" + " | ".join(_longest(a) for a in group._group_actions) + ")")
+        for action in self._actions:
+            if action.help == argparse.SUPPRESS or action in grouped:
+                continue
+            if isinstance(action, argparse._SubParsersAction):
+                name = action.metavar or "{" + ",".join(action.choices or ()) + "}"
+                parts.append(str(name) if action.required else f"[{name}]")
+            elif not action.option_strings:
+                parts.append(formatter._format_args(action, action.dest))
+            elif action.required:
+                value = (
+                    ""
+                    if action.nargs == 0
+                    else " " + formatter._format_args(action, action.dest.upper())
+                )
+                parts.append(_longest(action) + value)
+            else:
+                optional = True
+        if optional:
+            parts.insert(1, "[options]")
+        return " ".join(parts)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            2,
+            f"usage: {self.short_usage()}  ({self.prog} --help: every option)\n"
+            f"{self.prog}: error: {message}\n",
+        )
+
+
+def _longest(action: argparse.Action) -> str:
+    """The action's longest spelling (``--output`` rather than ``-o``)."""
+    return max(action.option_strings, key=len)
+
+
+def _deepest_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> _Parser:
+    """The (sub-)parser of the command ``args`` chose (``planner profile show`` -> ``show``)."""
+    current = parser
+    while True:
+        sub = next((a for a in current._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = None if sub is None else getattr(args, sub.dest, None)
+        if sub is None or chosen not in (sub.choices or {}):
+            break
+        current = sub.choices[chosen]
+    assert isinstance(current, _Parser)
+    return current
+
+
 class _SubParsers(argparse._SubParsersAction):
     """Adds the global options to every sub-command's parser, nested ones (``config show``)
     included."""
@@ -94,7 +161,7 @@ class _SubParsers(argparse._SubParsersAction):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="planner",
         description="SLO-driven autoscaler for disaggregated LLM inference on Kubernetes.",
         epilog=flag_summary(),
@@ -111,7 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # argparse names the top-level parser for a sub-command's unknown option
+        _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     configure_logging(args.log_level, args.log_format)
     if not getattr(args, "handler", None):
         parser.print_help()

@@ -1,7 +1,10 @@
 """``planner plan``: one throughput decision from given numbers, with its arithmetic.
 
 It runs the same core as the live loop (a constant forecast of the given load, the same
-sizing formulas and guards), so what it prints is what the controller would do.
+sizing formulas and guards), so what it prints is what the controller would do. A profile
+point the sizing read outside the profiled samples is flagged, with the note ``planner
+profile show`` prints for it (``profile_points`` in the JSON: the same answer as that
+command's).
 """
 
 from __future__ import annotations
@@ -10,12 +13,20 @@ import argparse
 import json
 from typing import Any
 
+from disagg_planner.cli.profile_cmd import capacity_answer
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.core.throughput import ThroughputPlanner
 from disagg_planner.core.types import DeploymentStatus, RoleStatus, TrafficObservation
 from disagg_planner.errors import SpecError
 from disagg_planner.wiring import gpus_per_replica, predictor_factory, profile_for
+
+# The profile phases each role's sizing reads (an aggregated engine runs both).
+ROLE_PHASES: dict[str, tuple[str, ...]] = {
+    "prefill": ("prefill",),
+    "decode": ("decode",),
+    "agg": ("prefill", "decode"),
+}
 
 
 def register(sub: Any) -> None:
@@ -82,6 +93,18 @@ def _plan(args: argparse.Namespace) -> int:
         osl=args.osl if busy else None,
     )
     decision = planner.tick(interval, observation, DeploymentStatus(roles))
+    # The profile points the sizing read (no latency is observed, so no correction tightens
+    # the ITL target), as `profile show` answers them: flagged where they are extrapolated.
+    points = (
+        capacity_answer(
+            profile,
+            isl=args.isl if args.isl > 0 else None,
+            itl=config.itl_ms,
+            context=max(args.isl + args.osl / 2, 1.0),
+        )
+        if busy
+        else {}
+    )
     sizing = decision.diagnostics.sizing
     replicas = decision.replicas or {r: s.desired for r, s in roles.items()}
     result: dict[str, Any] = {f"{role}_replicas": replicas[role] for role in config.roles} | {
@@ -95,6 +118,7 @@ def _plan(args: argparse.Namespace) -> int:
         "gpus_per_replica": {r: s.gpus_per_replica for r, s in roles.items()},
         "gpus": sum(replicas[r] * roles[r].gpus_per_replica for r in config.roles),
         "demand_tokens_per_s": {r: s.demand_tokens_per_s for r, s in sizing.items()},
+        "profile_points": points,
         "stages": decision.diagnostics.stages,
         "reasons": [decision.reason.value],
         "message": decision.message,
@@ -116,6 +140,10 @@ def _plan(args: argparse.Namespace) -> int:
             f"{role}: {s.demand_tokens_per_s:,.0f} tok/s / ({s.thpt_per_gpu:,.0f} tok/s/GPU{at}) "
             f"/ {s.gpus_per_replica} GPU/replica = {stages}"
         )
+        for phase in ROLE_PHASES.get(role, ()):
+            point = points.get(phase)
+            if point is not None and point["extrapolated"]:
+                print(f"  {phase} profile point extrapolated: {point['note']}")
     print(f"decision: {decision.reason.value}: {decision.message}")
     print("replicas: " + ", ".join(f"{r}={replicas[r]}" for r in config.roles))
     return 0

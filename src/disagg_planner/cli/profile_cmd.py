@@ -139,6 +139,22 @@ def _show(args: argparse.Namespace) -> int:
             "throughput under an ITL target)"
         )
     profile = _load(args.profile)
+    answer = capacity_answer(profile, isl=isl, itl=itl, context=context)
+    if args.json:
+        print(json.dumps(answer))
+    elif isl is None and itl is None:
+        print(_summary(profile))
+    else:
+        print(_answer_text(profile, answer))
+    return 0
+
+
+def capacity_answer(
+    profile: Profile, *, isl: float | None, itl: float | None, context: float | None
+) -> dict[str, Any]:
+    """The profile's answer at a prefill ISL and/or a decode (ITL target, context length),
+    each with ``extrapolated`` and its ``note`` (the profile's own lookups decide): what
+    ``profile show`` prints, and what ``plan`` sized on."""
     answer: dict[str, Any] = {}
     if isl is not None:
         point = profile.prefill.lookup(isl)
@@ -162,13 +178,7 @@ def _show(args: argparse.Namespace) -> int:
             "note": best.note,
         }
     answer["max_kv_tokens"] = profile.max_kv_tokens
-    if args.json:
-        print(json.dumps(answer))
-    elif isl is None and itl is None:
-        print(_summary(profile))
-    else:
-        print(_answer_text(profile, answer))
-    return 0
+    return answer
 
 
 def _header(profile: Profile) -> list[str]:

@@ -8,6 +8,11 @@ manifest (``source: modelled`` or ``measured``).
 
 The ``profile`` command's parser adds these options with :func:`add_sweep_arguments` and
 calls :func:`run_sweep` when ``--engine`` is given without an action.
+
+Progress: one line up front (how many points at most), then one progress line on stderr
+(:class:`SweepProgress`), redrawn in place on a terminal and written as a plain line every
+``PLAIN_EVERY_S`` of wall time otherwise, as a replay's progress is; each point's own line
+(hundreds) is a DEBUG log line (``--log-level DEBUG``, which shows them instead of the bar).
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ import argparse
 import logging
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from disagg_planner.errors import SpecError
+from disagg_planner.replay.parallel import BAR_WIDTH, PLAIN_EVERY_S, REDRAW_S
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +148,65 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class SweepProgress:
+    """The sweep's progress callback: counts the points it reports (each point swept, or
+    left out, is one message) and draws one line on ``stream`` (module doc).
+
+    ``expected`` is the most points the sweep can report (the granularities multiplied out;
+    KV-cache and ``max_num_seqs`` limits cut the decode rows short, so it is an upper bound).
+    """
+
+    def __init__(
+        self,
+        expected: int,
+        *,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stream = sys.stderr if stream is None else stream
+        self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+        # with every point logged, the bar would only interleave with the lines
+        self.enabled = not log.isEnabledFor(logging.DEBUG)
+        self.expected = max(1, expected)
+        self.clock = clock
+        self.started = clock()
+        self.points = 0
+        self.last = ""
+        self._drawn_at = self.started
+
+    def start(self, engine: str) -> None:
+        if self.enabled:
+            self._write(f"profile sweep of {engine}: at most {self.expected} points", end=True)
+
+    def __call__(self, message: str) -> None:
+        log.debug(message)
+        self.points += 1
+        self.last = message
+        now = self.clock()
+        due = REDRAW_S if self.terminal else PLAIN_EVERY_S
+        if self.enabled and now - self._drawn_at >= due:
+            self._drawn_at = now
+            self._write(self.line(now), end=not self.terminal)
+
+    def line(self, now: float) -> str:
+        done = min(1.0, self.points / self.expected)
+        bar = "#" * int(done * BAR_WIDTH)
+        return (
+            f"profile sweep: [{bar:<{BAR_WIDTH}}] {self.points} of at most {self.expected} "
+            f"points, {now - self.started:.0f} s; last: {self.last}"
+        )
+
+    def close(self) -> None:
+        """The last line: how long it took (what it wrote is said once written)."""
+        if self.enabled:
+            self._write(f"profile sweep: done in {self.clock() - self.started:.0f} s", end=True)
+
+    def _write(self, text: str, *, end: bool) -> None:
+        prefix = "\r\x1b[K" if self.terminal else ""
+        self.stream.write(prefix + text + ("\n" if end else ""))
+        self.stream.flush()
+
+
 def run_sweep(args: argparse.Namespace) -> int:
     """Run the sweep the parsed options describe; returns the exit status."""
     from disagg_planner.simulator import profiling  # numpy and the simulator load only for a sweep
@@ -186,7 +254,14 @@ def run_sweep(args: argparse.Namespace) -> int:
             f"--engine {engine!r}: expected sim:MODEL@GPU[:tpN]..., aic:MODEL@GPU[:BACKEND]... "
             "or http://HOST:PORT"
         )
-    result = profiling.run_sweep(sweep_target, config, progress=log.info)
+    progress = SweepProgress(
+        config.granularity_prefill + config.granularity_decode * config.granularity_concurrency
+    )
+    progress.start(engine)
+    try:
+        result = profiling.run_sweep(sweep_target, config, progress=progress)
+    finally:
+        progress.close()
     path = result.write(Path(output), manifest=manifest)
     for cut in result.details.get("cut_by_max_num_seqs", []):
         print(

@@ -32,8 +32,12 @@ What differs from Dynamo's ARIMA, and why (measured on the shared Azure and Moon
 
 Re-selection is lazy: values are buffered and the work is done by ``predict_next``, so a
 warm-up that feeds hundreds of points without asking for forecasts stays cheap.
-``selections`` records each re-selection (points seen, order, log space, seconds). The upper
-quantile is the upper end of the model's central ``2q - 1`` prediction interval.
+``selections`` records each re-selection (points seen, order, constant, log space, seconds).
+The upper quantile is the upper end of the model's central ``2q - 1`` prediction interval.
+
+On a short series the AIC often prefers ``(0, 1, 0)`` without a constant: the random walk,
+whose forecast *is* the last value, so ARIMA then scores exactly like ``constant``.
+:meth:`ArimaPredictor.random_walk_reason` says so (``planner backtest`` prints it).
 """
 
 from __future__ import annotations
@@ -84,12 +88,14 @@ _BLAS = ThreadpoolController()
 
 @dataclass(frozen=True, slots=True)
 class OrderSelection:
-    """One run of ``auto_arima``: when (accepted points), what it chose, what it cost (s)."""
+    """One run of ``auto_arima``: when (accepted points), what it chose (``constant``: with
+    an intercept, a drift once differenced), what it cost (s)."""
 
     points: int
     order: tuple[int, int, int]
     log_space: bool
     seconds: float
+    constant: bool = False
 
 
 class ArimaPredictor(BasePredictor):
@@ -143,10 +149,27 @@ class ArimaPredictor(BasePredictor):
             self._pending.append(value)
 
     def _selection_due(self) -> bool:
+        return self._model is None or self.points >= self.next_selection_at()
+
+    def next_selection_at(self) -> int:
+        """The number of accepted points at which the order is next re-selected."""
         if self._model is None:
-            return True
+            return max(self.points, self.min_points)
         gap = min(self.reselect_every, max(self._points_at_selection, self.min_points))
-        return self.points - self._points_at_selection >= gap
+        return self._points_at_selection + gap
+
+    def random_walk_reason(self) -> str | None:
+        """Why this ARIMA forecasts the last value, when every order selected so far was
+        ``(0, 1, 0)`` without a constant (the random walk ``y[t+1] = y[t]``); else None."""
+        if not self.selections or any(s.order != (0, 1, 0) or s.constant for s in self.selections):
+            return None
+        at = ", ".join(str(s.points) for s in self.selections)
+        return (
+            f"every order selected (at {at} points) was ARIMA(0,1,0) without a constant, the "
+            "random walk, whose forecast is the last value: no AR or MA term and no drift "
+            f"lowered the AIC enough on so few points (the next selection is due at "
+            f"{self.next_selection_at()} points; the series had {self.points})"
+        )
 
     def _model_forecast(self) -> tuple[float, float | None, str]:
         if level_shift(list(self._errors), list(self._actuals)):
@@ -228,6 +251,7 @@ class ArimaPredictor(BasePredictor):
                 order=tuple(int(o) for o in model.order),  # type: ignore[arg-type]
                 log_space=log_space,
                 seconds=time.perf_counter() - started,
+                constant=bool(getattr(model, "with_intercept", False)),
             )
         )
 

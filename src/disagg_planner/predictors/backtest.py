@@ -13,12 +13,17 @@ is finite (an empty interval has no ISL/OSL to score). Metrics over the scored i
 Forecasts made below a predictor's minimum points (the last value) are scored like any other:
 that is what the planner would have used. With ``score_upper`` the forecast scored is the
 configured upper quantile instead of the point forecast.
+
+Each result also counts the scored intervals whose point forecast was the last value (what
+``constant`` forecasts): a model that scores exactly like ``constant`` did so, and
+:func:`last_value_explanation` says why, from the forecasts' own notes.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,9 +31,13 @@ from typing import Any
 import numpy as np
 
 from disagg_planner.predictors.base import LoadPredictor
+from disagg_planner.predictors.constant import ConstantPredictor
 from disagg_planner.predictors.factory import make_predictors
 from disagg_planner.predictors.traces import TraceInterval
 from disagg_planner.predictors.warmup import SERIES, series_of
+
+# The note of a forecast made below the predictor's minimum points (its notes count them).
+BELOW_MIN_POINTS = "below its minimum points"
 
 JSON_KEYS: tuple[str, ...] = (
     "predictor",
@@ -44,8 +53,11 @@ JSON_KEYS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class BacktestResult:
-    """Scores of one predictor on one series; ``step_ms``, ``forecasts`` and the finished
-    ``model`` are kept for diagnostics (they are not part of :meth:`as_json`)."""
+    """Scores of one predictor on one series; ``step_ms``, ``forecasts``, the finished
+    ``model``, ``last_value_intervals`` (scored intervals whose point forecast equalled the
+    last value, ``constant``'s forecast) and ``notes`` (each scored forecast's note, a
+    forecast below the minimum points as :data:`BELOW_MIN_POINTS`) are kept for diagnostics
+    (they are not part of :meth:`as_json`)."""
 
     predictor: str
     series: str
@@ -58,6 +70,8 @@ class BacktestResult:
     step_ms: tuple[float, ...] = field(repr=False, default=())
     forecasts: tuple[float, ...] = field(repr=False, default=())
     model: Any = field(repr=False, default=None, compare=False)
+    last_value_intervals: int = field(repr=False, default=0)
+    notes: tuple[str, ...] = field(repr=False, default=(), compare=False)
 
     def as_json(self) -> dict[str, Any]:
         """Exactly the public keys: predictor, series, mape, smape, rmse, under_rate,
@@ -100,6 +114,10 @@ def backtest_family(
     forecasts: dict[str, list[float]] = {key: [] for key in predictors}
     steps: dict[str, list[float]] = {key: [] for key in predictors}
     pairs: dict[str, list[tuple[float, float]]] = {key: [] for key in predictors}
+    notes: dict[str, list[str]] = {key: [] for key in predictors}
+    last_value: dict[str, int] = dict.fromkeys(predictors, 0)
+    # what `constant` forecasts, fed alongside (outside the timing)
+    shadows = {key: ConstantPredictor() for key in predictors}
     for t in range(n):
         observe_ms: dict[str, float] = {}
         for key, predictor in predictors.items():
@@ -107,6 +125,8 @@ def backtest_family(
             if t > 0:
                 predictor.observe(actuals[key][t - 1])
             observe_ms[key] = (time.perf_counter() - started) * 1000.0
+            if t > 0:
+                shadows[key].observe(actuals[key][t - 1])
         for key, predictor in predictors.items():
             started = time.perf_counter()
             forecast = predictor.predict_next()
@@ -121,6 +141,9 @@ def backtest_family(
             actual = actuals[key][t]
             if math.isfinite(actual):
                 pairs[key].append((value, float(actual)))
+                notes[key].append(BELOW_MIN_POINTS if forecast.fallback else forecast.note)
+                if forecast.value == shadows[key].predict_next().value:
+                    last_value[key] += 1
     return [
         BacktestResult(
             predictor=name,
@@ -131,9 +154,34 @@ def backtest_family(
             step_ms=tuple(steps[key]),
             forecasts=tuple(forecasts[key]),
             model=predictor,
+            last_value_intervals=last_value[key],
+            notes=tuple(notes[key]),
         )
         for key, predictor in predictors.items()
     ]
+
+
+def last_value_explanation(result: BacktestResult) -> str | None:
+    """Why ``result``'s predictor forecast the last value on every scored interval (so that
+    it scores exactly like ``constant``), or None when it did not, or is ``constant``.
+
+    The reason is the forecasts' own notes, counted, plus the model's own account where it
+    has one (ARIMA's :meth:`~disagg_planner.predictors.arima.ArimaPredictor.random_walk_reason`).
+    """
+    if (
+        result.predictor == "constant"
+        or result.intervals == 0
+        or result.last_value_intervals < result.intervals
+    ):
+        return None
+    counted = Counter(result.notes)
+    text = ", ".join(
+        f"{count} {note}" for note, count in sorted(counted.items(), key=lambda kv: -kv[1])
+    )
+    text = f"the last value on all {result.intervals} intervals ({text})"
+    reason = getattr(result.model, "random_walk_reason", None)
+    account = reason() if callable(reason) else None
+    return f"{text}; {account}" if account else text
 
 
 def _scores(pairs: Sequence[tuple[float, float]]) -> dict[str, float | None]:

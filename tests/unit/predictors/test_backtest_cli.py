@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from disagg_planner.cli.backtest_cmd import COLUMNS, column_legend
 from disagg_planner.cli.main import main
 from disagg_planner.predictors.backtest import (
     JSON_KEYS,
     backtest_family,
     backtest_series,
+    last_value_explanation,
     run_backtest,
 )
 from disagg_planner.predictors.constant import ConstantPredictor
@@ -82,7 +84,9 @@ def test_all_predictors_table_on_mooncake(
         for name in ("constant", "arima", "kalman", "prophet", "auto")
     }
     best = min((n for n in mean_mape if n != "auto"), key=lambda n: mean_mape[n])
-    summary, weights = out[17:]
+    # the footer: what each column means, then what to configure
+    assert out[17 : 17 + len(COLUMNS)] == column_legend().splitlines()
+    summary, weights = [line for line in out[17 + len(COLUMNS) :] if " = constant on " not in line]
     assert summary.startswith(f"lowest MAPE averaged over isl, num_req, osl: {best} ")
     ratio = float(summary.rsplit("(", 1)[1].rstrip("x)"))
     assert ratio == pytest.approx(mean_mape["auto"] / mean_mape[best], abs=0.002)
@@ -192,3 +196,93 @@ def test_auto_is_backtested_with_all_three_series_as_in_the_planner(mooncake_hea
     assert [r.series for r in together] == ["num_req", "isl", "osl"]
     assert alone.forecasts == together[0].forecasts
     assert alone.mape == together[0].mape
+
+
+# --- arima against constant -------------------------------------------------------------------
+
+
+def table_rows(out: list[str]) -> dict[tuple[str, str], list[str]]:
+    """The table's rows by (predictor, series): the cells after those two."""
+    start = next(i for i, line in enumerate(out) if line.startswith("predictor "))
+    rows = {}
+    for line in out[start + 1 :]:
+        cells = line.split()
+        if len(cells) != 8:
+            break
+        rows[(cells[0], cells[1])] = cells[2:]
+    return rows
+
+
+def test_arima_scoring_like_constant_on_the_hour_of_mooncake_is_explained(
+    mooncake_trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 18 intervals of 180 s: every order ARIMA selects is (0,1,0) without a constant, the
+    # random walk, so its rows equal constant's; the footer must say so, and why
+    args = ["backtest", "--trace", str(mooncake_trace), "--predictor", "constant", "arima"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = table_rows(out)
+    for series in ("num_req", "isl", "osl"):
+        # the scores (not the step time) are constant's
+        assert rows[("arima", series)][:4] == rows[("constant", series)][:4]
+    (note,) = [line for line in out if line.startswith("arima = constant on ")]
+    assert note.startswith("arima = constant on num_req, isl, osl: the last value on all 18 ")
+    assert "ARIMA(0,1,0) without a constant, the random walk" in note
+    assert "the series had 18" in note
+    assert any("shorter --interval" in line for line in out)
+
+
+def test_arima_differs_from_constant_on_mooncake_per_minute(mooncake_trace: Path) -> None:
+    # the same hour per minute: enough points for ARIMA to find structure, so it must not
+    # forecast the last value throughout (nor be explained away), and it beats constant
+    intervals = bucket_trace(read_trace(mooncake_trace), interval_s=60.0)
+    constant, arima = run_backtest(intervals, predictors=["constant", "arima"], series=["num_req"])
+    assert arima.last_value_intervals < arima.intervals
+    assert last_value_explanation(arima) is None
+    assert arima.forecasts != constant.forecasts
+    assert arima.mape is not None and constant.mape is not None
+    assert arima.mape < constant.mape
+
+
+def write_mooncake(path: Path, counts: list[int], interval_s: float) -> Path:
+    """A Mooncake JSONL trace with ``counts[t]`` requests spread over interval ``t``."""
+    lines = []
+    for t, count in enumerate(counts):
+        for i in range(count):
+            ms = int((t + i / count) * interval_s * 1000)
+            lines.append(
+                json.dumps(
+                    {"timestamp": ms, "input_length": 1000, "output_length": 100, "hash_ids": []}
+                )
+            )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_arima_follows_a_seasonal_load_that_constant_lags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a period-8 oscillation (an AR(2) once sampled) with noise: ARIMA must follow it, the
+    # last value is a step behind; ISL and OSL are flat, where every model is the last value
+    rng = np.random.default_rng(7)
+    counts = [round(100 + 40 * math.sin(2 * math.pi * t / 8) + rng.normal(0, 2)) for t in range(81)]
+    trace = write_mooncake(tmp_path / "seasonal.jsonl", counts, 60.0)
+    args = ["backtest", "--trace", str(trace), "--interval", "60", "--predictor", "constant"]
+    assert main([*args, "arima"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = table_rows(out)
+    assert float(rows[("arima", "num_req")][0]) < 0.5 * float(rows[("constant", "num_req")][0])
+    notes = [line for line in out if " = constant on " in line]
+    assert notes == [
+        "arima = constant on isl, osl: the last value on all 79 intervals "
+        "(75 flat series: its constant value, 4 below its minimum points)"
+    ]
+
+
+def test_help_explains_every_column(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["backtest", "--help"])
+    out = capsys.readouterr().out
+    header = ("MAPE %", "sMAPE %", "RMSE", "under %", "p90 ms", "n")
+    assert tuple(name for name, _ in COLUMNS) == header
+    assert column_legend() in out
