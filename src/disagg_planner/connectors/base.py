@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from disagg_planner.core.types import DeploymentStatus
+from disagg_planner.core.types import DeploymentStatus, ThroughputReason
 
 
 class HoldReason(StrEnum):
@@ -40,6 +40,22 @@ class HoldReason(StrEnum):
     # A scale-down waits for the workers chosen to leave to finish what they serve; the
     # connector lowers the replicas itself when the drain ends (the tick does not wait).
     DRAINING = "draining"
+
+    @property
+    def throughput_reason(self) -> ThroughputReason | None:
+        """The throughput reason of a tick whose change this hold kept from the deployment:
+        the hold decided what happened, so it names the tick's reason. None for a drain: the
+        change does happen, written by the connector once the leaving workers are done."""
+        return _THROUGHPUT_REASON_OF_HOLD.get(self)
+
+
+_THROUGHPUT_REASON_OF_HOLD = {
+    HoldReason.MANUAL_OVERRIDE: ThroughputReason.MANUAL_OVERRIDE_HOLD,
+    HoldReason.ADVISORY: ThroughputReason.ADVISORY,
+    HoldReason.AWAITING_ACKNOWLEDGEMENT: ThroughputReason.SCALING_IN_PROGRESS,
+    # a change made before a restart, read back on adoption, still converging
+    HoldReason.AWAITING_CONVERGENCE: ThroughputReason.SCALING_IN_PROGRESS,
+}
 
 
 @dataclass(frozen=True, kw_only=True)

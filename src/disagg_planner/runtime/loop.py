@@ -41,6 +41,7 @@ from typing import Protocol
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import (
     Connector,
+    Hold,
     RunsOnPods,
     WatchesDeployment,
     advisory_holds,
@@ -76,16 +77,8 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 300.0
 SHUTDOWN_GRACE_S = 5.0
 
-# A scale the connector did not make, reported on the throughput enum (the load enum has no
-# such states; the per-role ``held`` map says it for both loops).
-_HOLD_TO_THROUGHPUT_REASON = {
-    "manual_override": ThroughputReason.MANUAL_OVERRIDE_HOLD,
-    "advisory": ThroughputReason.ADVISORY,
-    "awaiting_acknowledgement": ThroughputReason.SCALING_IN_PROGRESS,
-    # a change made before a restart, read back on adoption, still converging
-    "awaiting_convergence": ThroughputReason.SCALING_IN_PROGRESS,
-}
-_SCALING_REASONS = {ThroughputReason.SCALE.value, ThroughputReason.GPU_BUDGET_RECONCILE.value}
+# The throughput reasons of a tick that asks the connector for a change.
+_SCALING_REASONS = frozenset({ThroughputReason.SCALE, ThroughputReason.GPU_BUDGET_RECONCILE})
 
 
 @dataclass(frozen=True)
@@ -491,12 +484,10 @@ class DeploymentLoop:
             if traffic is not None:
                 queued = queued_prefill_tokens(observation, roles=(self.elastic.role,))
                 elastic = await self.elastic.tick(now, traffic, status, problems, queued)
-        applied, held = await self._apply(effects, status, problems)
-        tp_reason = effects.throughput_reason.value if effects.throughput_reason else None
-        if held and tp_reason in _SCALING_REASONS:
-            hold_reason = _HOLD_TO_THROUGHPUT_REASON.get(next(iter(held.values())))
-            if hold_reason is not None:
-                tp_reason = hold_reason.value
+        applied, holds = await self._apply(effects, status, problems)
+        held = held_reasons(holds)
+        decided = _throughput_decided_by(effects, holds)
+        tp_reason = decided.value if decided is not None else None
         load_reason = effects.load_reason.value if effects.load_reason else None
 
         status_ok = status if isinstance(status, DeploymentStatus) else None
@@ -624,17 +615,17 @@ class DeploymentLoop:
         effects: Effects,
         status: DeploymentStatus | MissingObservation,
         problems: list[Problem],
-    ) -> tuple[dict[str, int], dict[str, str]]:
-        """Apply ``scale_to`` through the connector; (applied, held reasons by role)."""
+    ) -> tuple[dict[str, int], dict[str, Hold]]:
+        """Apply ``scale_to`` through the connector; (applied, holds by role)."""
         target = effects.scale_to
         if not target or not isinstance(status, DeploymentStatus):
             return {}, {}
         changed = {r: n for r, n in target.items() if status.desired(r) != n}
         if self.config.advisory:
-            return {}, held_reasons(advisory_holds(changed))
+            return {}, advisory_holds(changed)
         holds = self.connector.holds()
         if changed and all(role in holds for role in changed):
-            return {}, held_reasons({r: holds[r] for r in changed})
+            return {}, {r: holds[r] for r in changed}
         try:
             result = await self.connector.set_replicas(target, blocking=False)
         except (ConnectorError, DeploymentError) as exc:
@@ -646,7 +637,7 @@ class DeploymentLoop:
             reason = "connector_error" if isinstance(exc, ConnectorError) else "deployment_error"
             problems.append(Problem(kind, reason, str(exc), "scale"))
             return {}, {}
-        return dict(result.applied), held_reasons(result.held)
+        return dict(result.applied), dict(result.held)
 
     # --- bookkeeping ------------------------------------------------------------------------
 
@@ -757,6 +748,17 @@ class DeploymentLoop:
             outcome.load_reason or "-",
             "".join(f" | {p.render()}" for p in outcome.problems),
         )
+
+
+def _throughput_decided_by(effects: Effects, holds: Mapping[str, Hold]) -> ThroughputReason | None:
+    """The tick's throughput reason, as named by the rule that decided what happened: the
+    throughput loop's own, unless it asked for a change and a connector hold kept the
+    replicas; then the hold's (:attr:`HoldReason.throughput_reason`, of the first held role;
+    a drain names none: the change goes ahead, later)."""
+    decided = effects.throughput_reason
+    if decided in _SCALING_REASONS and holds:
+        return next(iter(holds.values())).reason.throughput_reason or decided
+    return decided
 
 
 def _action_word(status: DeploymentStatus, replicas: Mapping[str, int]) -> str:
