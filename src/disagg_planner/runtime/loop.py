@@ -42,8 +42,6 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import (
     Connector,
     Hold,
-    RunsOnPods,
-    WatchesDeployment,
     advisory_holds,
 )
 from disagg_planner.core.planner import Effects, PlannerCore, queued_prefill_tokens
@@ -196,8 +194,6 @@ class DeploymentLoop:
     def _watch_deployment(self) -> Callable[[], None]:
         """Wake this loop when its deployment appears or changes while it is failing (a
         DGD deleted and applied again), instead of waiting out the backoff."""
-        if not isinstance(self.connector, WatchesDeployment):
-            return lambda: None
         wake = self._wake = asyncio.Event()
         running = asyncio.get_running_loop()
 
@@ -205,7 +201,11 @@ class DeploymentLoop:
             if self._failures > 0:
                 running.call_soon_threadsafe(wake.set)
 
-        return self.connector.on_deployment_change(changed)
+        unwatch = self.connector.on_deployment_change(changed)
+        if unwatch is None:  # a connector that hears of no change: sleep out the backoff
+            self._wake = None
+            return lambda: None
+        return unwatch
 
     async def _sleep_until(self, at_s: float, stop: asyncio.Event) -> bool:
         """Sleep until ``at_s``, ``stop`` (then True) or a wake-up from the deployment's
@@ -347,11 +347,11 @@ class DeploymentLoop:
         override); elsewhere the config's lists are all there is."""
         cfg = self.config
         connector = self.connector
-        if isinstance(connector, RunsOnPods):
+        # The services' roles are known once validate() read the DGD (start() ran it).
+        pods = connector.pod_discovery()
+        if pods is not None:
             from disagg_planner.observe.fpm_discovery import DiscoveredEngines
 
-            # The services' roles are known once validate() read the DGD (start() ran it).
-            pods = connector.pod_discovery()
             engines = DiscoveredEngines(
                 cfg,
                 api_client=pods.api_client,
