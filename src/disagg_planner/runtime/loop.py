@@ -486,7 +486,7 @@ class DeploymentLoop:
                 elastic = await self.elastic.tick(now, traffic, status, problems, queued)
         applied, holds = await self._apply(effects, status, problems)
         held = held_reasons(holds)
-        decided = _throughput_decided_by(effects, holds)
+        decided = decided_throughput_reason(effects, holds)
         tp_reason = decided.value if decided is not None else None
         load_reason = effects.load_reason.value if effects.load_reason else None
 
@@ -750,7 +750,9 @@ class DeploymentLoop:
         )
 
 
-def _throughput_decided_by(effects: Effects, holds: Mapping[str, Hold]) -> ThroughputReason | None:
+def decided_throughput_reason(
+    effects: Effects, holds: Mapping[str, Hold]
+) -> ThroughputReason | None:
     """The tick's throughput reason, as named by the rule that decided what happened: the
     throughput loop's own, unless it asked for a change and a connector hold kept the
     replicas; then the hold's (:attr:`HoldReason.throughput_reason`, of the first held role;
