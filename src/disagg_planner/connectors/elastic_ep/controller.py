@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from disagg_planner.connectors.elastic_ep.admin_client import ElasticEpAdmin, JoinProbe
+from disagg_planner.connectors.elastic_ep.admin_client import ElasticEpAdmin
 from disagg_planner.connectors.elastic_ep.errors import (
     ConnectionLost,
     DrainTimeout,
@@ -48,6 +48,7 @@ from disagg_planner.connectors.elastic_ep.errors import (
     ResizeOutcomeUnknown,
     ResizeRefused,
 )
+from disagg_planner.connectors.elastic_ep.join_probe import JoinProbe
 from disagg_planner.connectors.elastic_ep.progress import (
     RECORD_ANNOTATION,
     FollowerPool,
