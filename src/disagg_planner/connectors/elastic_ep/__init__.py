@@ -19,6 +19,8 @@ One module per piece:
   what the controller needs of the follower side;
 - :mod:`.controller`: :class:`ElasticEpController`, single-flight resizes of one engine
   (grow: followers first; shrink: engine first; recovery of an unfinished resize);
+- :mod:`.resize`: :class:`ElasticEpSettings`, what the controller reads, and
+  :class:`ResizeResult`, what a resize did;
 - :mod:`.errors`: the typed errors of a resize.
 """
 
@@ -34,12 +36,7 @@ from disagg_planner.connectors.elastic_ep.coexistence import (
     DYNAMO_FOLLOWER_SUFFIX,
     dynamo_reconciler_claim,
 )
-from disagg_planner.connectors.elastic_ep.controller import (
-    ElasticEpController,
-    ElasticEpSettings,
-    ResizeOutcome,
-    ResizeResult,
-)
+from disagg_planner.connectors.elastic_ep.controller import ElasticEpController
 from disagg_planner.connectors.elastic_ep.dynamo_admin import DynamoElasticEpAdmin
 from disagg_planner.connectors.elastic_ep.errors import (
     DrainTimeout,
@@ -64,6 +61,11 @@ from disagg_planner.connectors.elastic_ep.progress import (
     FollowerPool,
     ResizePhase,
     ResizeRecord,
+)
+from disagg_planner.connectors.elastic_ep.resize import (
+    ElasticEpSettings,
+    ResizeOutcome,
+    ResizeResult,
 )
 from disagg_planner.connectors.elastic_ep.routes import detect_api
 
