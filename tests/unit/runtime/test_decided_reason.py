@@ -8,7 +8,7 @@ import pytest
 from disagg_planner.connectors.base import Hold, HoldReason
 from disagg_planner.core.planner import Effects
 from disagg_planner.core.types import ThroughputReason
-from disagg_planner.runtime.loop import decided_throughput_reason
+from disagg_planner.runtime.outcome import decided_throughput_reason
 
 TR = ThroughputReason
 
