@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from disagg_planner.core.types import DeploymentStatus
+from disagg_planner.core.types import DeploymentStatus, ThroughputReason
 
 
 class HoldReason(StrEnum):
@@ -40,6 +40,22 @@ class HoldReason(StrEnum):
     # A scale-down waits for the workers chosen to leave to finish what they serve; the
     # connector lowers the replicas itself when the drain ends (the tick does not wait).
     DRAINING = "draining"
+
+    @property
+    def throughput_reason(self) -> ThroughputReason | None:
+        """The throughput reason of a tick whose change this hold kept from the deployment:
+        the hold decided what happened, so it names the tick's reason. None for a drain: the
+        change does happen, written by the connector once the leaving workers are done."""
+        return _THROUGHPUT_REASON_OF_HOLD.get(self)
+
+
+_THROUGHPUT_REASON_OF_HOLD = {
+    HoldReason.MANUAL_OVERRIDE: ThroughputReason.MANUAL_OVERRIDE_HOLD,
+    HoldReason.ADVISORY: ThroughputReason.ADVISORY,
+    HoldReason.AWAITING_ACKNOWLEDGEMENT: ThroughputReason.SCALING_IN_PROGRESS,
+    # a change made before a restart, read back on adoption, still converging
+    HoldReason.AWAITING_CONVERGENCE: ThroughputReason.SCALING_IN_PROGRESS,
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +122,17 @@ class ScaleOutcome:
     ready: bool | None = None
 
 
+@dataclass(frozen=True)
+class PodDiscovery:
+    """Where a deployment's engines run as Kubernetes pods: what FPM discovery reads (the
+    same cluster as the same identity, ``api_client`` a ``kubernetes`` ApiClient)."""
+
+    api_client: Any
+    namespace: str
+    dgd_name: str
+    service_roles: Mapping[str, str]  # DGD service -> the role it carries
+
+
 @runtime_checkable
 class Connector(Protocol):
     """One deployment whose replicas the planner reads and sets."""
@@ -145,40 +172,35 @@ class Connector(Protocol):
         """Release connections; the connector is unusable afterwards."""
         ...
 
-
-@dataclass(frozen=True)
-class PodDiscovery:
-    """Where a deployment's engines run as Kubernetes pods: what FPM discovery reads (the
-    same cluster as the same identity, ``api_client`` a ``kubernetes`` ApiClient)."""
-
-    api_client: Any
-    namespace: str
-    dgd_name: str
-    service_roles: Mapping[str, str]  # DGD service -> the role it carries
-
-
-@runtime_checkable
-class RunsOnPods(Protocol):
-    """A connector whose engines are pods: the runtime discovers their publishers and hands
-    back each pod's load, so that a scale-down lets the least-loaded workers leave."""
-
-    def pod_discovery(self) -> PodDiscovery:
-        """The pods' whereabouts (known once :meth:`Connector.validate` ran)."""
+    def pod_discovery(self) -> PodDiscovery | None:
+        """Where the engines run as pods (known once :meth:`validate` ran), for the runtime
+        to discover their publishers; None where the engines are not pods it can discover."""
         ...
 
     def use_worker_loads(self, loads: WorkerLoads) -> None:
-        """Where a scale-down reads the load of each pod."""
+        """Where a scale-down reads the load of each pod, so that the least-loaded workers
+        leave; a connector that does not choose which workers leave ignores it."""
+        ...
+
+    def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``callback`` (from any thread) when the deployment appears or changes, so that
+        a loop backing off after failures retries at once; returns the unsubscribe, or None
+        from a connector that hears of no change."""
         ...
 
 
-@runtime_checkable
-class WatchesDeployment(Protocol):
-    """A connector that hears when its deployment appears or changes (a watch): a loop
-    backing off after failures retries at once instead of waiting out its backoff."""
+class ConnectorDefaults:
+    """The answers of a connector whose engines are no pods the runtime discovers and that
+    hears of no change to its deployment (the virtual and the simulated connector)."""
 
-    def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` (from any thread) on a change; returns the unsubscribe."""
-        ...
+    def pod_discovery(self) -> PodDiscovery | None:
+        return None
+
+    def use_worker_loads(self, loads: WorkerLoads) -> None:
+        return None  # the deployment's own controller chooses which workers leave
+
+    def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        return None
 
 
 def advisory_holds(roles: Mapping[str, int]) -> dict[str, Hold]:

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from disagg_planner.connectors.base import (
+    ConnectorDefaults,
     ConnectorSettings,
     Hold,
     HoldReason,
@@ -145,7 +146,7 @@ def _read_snapshot(gateway: EtcdGateway, root: str) -> _Snapshot:
     )
 
 
-class VirtualConnector:
+class VirtualConnector(ConnectorDefaults):
     """The planner's side of the decision-id protocol (see the module docstring).
 
     ``clock`` (monotonic s) and ``sleep`` are injectable for tests.

@@ -32,7 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.connectors.base import Connector, Hold, ScaleOutcome
+from disagg_planner.connectors.base import (
+    Connector,
+    Hold,
+    PodDiscovery,
+    ScaleOutcome,
+    WorkerLoads,
+)
 from disagg_planner.core.budget import gpus_of
 from disagg_planner.core.fleet import (
     ArbiterMemory,
@@ -122,8 +128,17 @@ class PooledConnector:
     async def close(self) -> None:
         await self.inner.close()
 
+    def pod_discovery(self) -> PodDiscovery | None:
+        return self.inner.pod_discovery()
+
+    def use_worker_loads(self, loads: WorkerLoads) -> None:
+        self.inner.use_worker_loads(loads)
+
+    def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None] | None:
+        return self.inner.on_deployment_change(callback)
+
     def __getattr__(self, name: str) -> Any:
-        # what the loop may use of a particular connector (elastic EP, worker loads)
+        # what the runtime may use of a particular connector (elastic EP)
         return getattr(self.inner, name)
 
     async def set_replicas(

@@ -27,7 +27,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.connectors.base import Hold, ScaleOutcome, check_replicas
+from disagg_planner.connectors.base import ConnectorDefaults, Hold, ScaleOutcome, check_replicas
 from disagg_planner.core.load_scaling import EngineKey
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -114,7 +114,7 @@ class ScaleListener(Protocol):
     def __call__(self, t_s: float, role: str, before: int, after: int) -> None: ...
 
 
-class SimulatedConnector:
+class SimulatedConnector(ConnectorDefaults):
     """The :class:`Connector` of a simulated deployment. It never holds a role (nobody edits
     the simulated deployment by hand) and never fails; ``on_scale`` hears of every change of
     a role's desired replicas it makes (replay counts actions and flaps from them)."""

@@ -28,6 +28,11 @@ tick (and, when it repeats, a longer pause before the next tick, up to
 next tick runs as scheduled. Only a configuration problem found while building the core
 (a :class:`SpecError` or a library error classified as one, e.g. an unreadable profile)
 ends :meth:`DeploymentLoop.run`, by raising it.
+
+Beside it: :mod:`.calls` (the connector's and the observer's calls, each failure a
+:class:`Problem`), :mod:`.engine_sources` (the FPM sources it starts), :mod:`.outcome` (the
+tick's record, and the throughput reason it reports), :mod:`.summary` (the ``[summary]``
+line).
 """
 
 from __future__ import annotations
@@ -36,56 +41,42 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.connectors.base import (
-    Connector,
-    RunsOnPods,
-    WatchesDeployment,
-    advisory_holds,
-)
+from disagg_planner.connectors.base import Connector
 from disagg_planner.core.planner import Effects, PlannerCore, queued_prefill_tokens
 from disagg_planner.core.schedule import DueTick, TrafficWindow
 from disagg_planner.core.types import (
     DeploymentStatus,
     MissingObservation,
-    ThroughputReason,
     TrafficObservation,
 )
-from disagg_planner.errors import ConnectorError, DeploymentError, SpecError, classify
+from disagg_planner.errors import SpecError, classify
 from disagg_planner.exporter import HealthState, PlannerMetrics
 from disagg_planner.observe import TrafficObserver
 from disagg_planner.profiles import Profile
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.runtime.audit import log_audit
+from disagg_planner.runtime.calls import apply_scale, observe_traffic, read_status, validate
 from disagg_planner.runtime.clock import Clock, Offload, WallClock
 from disagg_planner.runtime.elastic import ElasticDriver, ElasticTick
+from disagg_planner.runtime.engine_sources import Stoppable, start_engine_sources
 from disagg_planner.runtime.observation import EngineSource, ObservationBuilder, engine_queues
 from disagg_planner.runtime.outcome import (
     Problem,
     ProblemKind,
     TickOutcome,
     build_snapshot,
+    decided_throughput_reason,
     held_reasons,
 )
+from disagg_planner.runtime.summary import summary_line
 from disagg_planner.wiring import build_core, profile_for
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 300.0
 SHUTDOWN_GRACE_S = 5.0
-
-# A scale the connector did not make, reported on the throughput enum (the load enum has no
-# such states; the per-role ``held`` map says it for both loops).
-_HOLD_TO_THROUGHPUT_REASON = {
-    "manual_override": ThroughputReason.MANUAL_OVERRIDE_HOLD,
-    "advisory": ThroughputReason.ADVISORY,
-    "awaiting_acknowledgement": ThroughputReason.SCALING_IN_PROGRESS,
-    # a change made before a restart, read back on adoption, still converging
-    "awaiting_convergence": ThroughputReason.SCALING_IN_PROGRESS,
-}
-_SCALING_REASONS = {ThroughputReason.SCALE.value, ThroughputReason.GPU_BUDGET_RECONCILE.value}
 
 
 @dataclass(frozen=True)
@@ -97,10 +88,6 @@ class DeploymentRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-class _Stoppable(Protocol):
-    def stop(self, timeout_s: float = ...) -> None: ...
 
 
 TrafficFactory = Callable[[str | None], TrafficObserver]
@@ -163,7 +150,7 @@ class DeploymentLoop:
         self.traffic: TrafficObserver | None = None
         self.engine_sources: dict[str, EngineSource] = {}
         self.observations = ObservationBuilder({})
-        self._owned_sources: list[_Stoppable] = []  # FPM sources and discovery, for close()
+        self._owned_sources: list[Stoppable] = []  # FPM sources and discovery, for close()
         self.last_outcome: TickOutcome | None = None
         self.ticks = 0
         self._gpu_hours = 0.0
@@ -203,8 +190,6 @@ class DeploymentLoop:
     def _watch_deployment(self) -> Callable[[], None]:
         """Wake this loop when its deployment appears or changes while it is failing (a
         DGD deleted and applied again), instead of waiting out the backoff."""
-        if not isinstance(self.connector, WatchesDeployment):
-            return lambda: None
         wake = self._wake = asyncio.Event()
         running = asyncio.get_running_loop()
 
@@ -212,7 +197,11 @@ class DeploymentLoop:
             if self._failures > 0:
                 running.call_soon_threadsafe(wake.set)
 
-        return self.connector.on_deployment_change(changed)
+        unwatch = self.connector.on_deployment_change(changed)
+        if unwatch is None:  # a connector that hears of no change: sleep out the backoff
+            self._wake = None
+            return lambda: None
+        return unwatch
 
     async def _sleep_until(self, at_s: float, stop: asyncio.Event) -> bool:
         """Sleep until ``at_s``, ``stop`` (then True) or a wake-up from the deployment's
@@ -251,7 +240,7 @@ class DeploymentLoop:
         while True:
             if stop.is_set():
                 return False
-            problem = await self._validate()
+            problem = await validate(self.connector, str(self.ref))
             if problem is None:
                 break
             self._failures += 1
@@ -284,18 +273,6 @@ class DeploymentLoop:
         except Exception:  # closing must never mask why the loop ended
             log.exception("%s: closing the connector failed", self.ref)
 
-    async def _validate(self) -> Problem | None:
-        try:
-            await self.connector.validate()
-        except DeploymentError as exc:
-            return Problem(ProblemKind.DEPLOYMENT_INVALID, "deployment_error", str(exc), "validate")
-        except ConnectorError as exc:
-            return Problem(ProblemKind.CONNECTOR_ERROR, "connector_error", str(exc), "validate")
-        except Exception as exc:
-            log.exception("%s: validating the deployment raised", self.ref)
-            return Problem(ProblemKind.TICK_FAILED, type(exc).__name__, str(exc), "validate")
-        return None
-
     async def _build(self) -> None:
         cfg = self.config
         model_name = self.connector.model_name
@@ -310,7 +287,14 @@ class DeploymentLoop:
             if self._given_engine_sources is not None:
                 self.engine_sources = dict(self._given_engine_sources)
             else:
-                self.engine_sources = self._start_subscribers()
+                self.engine_sources = start_engine_sources(
+                    cfg,
+                    self.connector,
+                    clock=self.clock.now,
+                    label=str(self.ref),
+                    name=self.ref.name,
+                    owned=self._owned_sources,
+                )
         self.observations = ObservationBuilder(self.engine_sources)
         try:
             profile = self._profile
@@ -346,69 +330,6 @@ class DeploymentLoop:
             else "off",
             " [ADVISORY: replicas are never changed]" if cfg.advisory else "",
         )
-
-    def _start_subscribers(self) -> dict[str, EngineSource]:
-        """One FPM source per role. On Kubernetes the engines' publishers are discovered
-        (Dynamo's worker metadata of the DGD's ready pods, followed by watches) unless the
-        config lists them (``prefill_fpm_endpoints`` / ``decode_fpm_endpoints``: the
-        override); elsewhere the config's lists are all there is."""
-        cfg = self.config
-        connector = self.connector
-        if isinstance(connector, RunsOnPods):
-            from disagg_planner.observe.fpm_discovery import DiscoveredEngines
-
-            # The services' roles are known once validate() read the DGD (start() ran it).
-            pods = connector.pod_discovery()
-            engines = DiscoveredEngines(
-                cfg,
-                api_client=pods.api_client,
-                namespace=pods.namespace,
-                dgd_name=pods.dgd_name,
-                service_roles=pods.service_roles,
-                clock=self.clock.now,
-                name=self.ref.name,
-            )
-            engines.start()
-            self._owned_sources.append(engines)
-            # A scale-down lets the least-loaded workers leave, after they drained.
-            connector.use_worker_loads(engines.in_flight_by_pod)
-            for role in cfg.roles:
-                static = (
-                    cfg.prefill_fpm_endpoints if role == "prefill" else cfg.decode_fpm_endpoints
-                )
-                log.info(
-                    "%s: %s engines' ForwardPassMetrics %s",
-                    self.ref,
-                    role,
-                    f"from the configured endpoints {list(static)}"
-                    if static
-                    else "from the publishers discovered in the cluster",
-                )
-            return dict(engines.sources)
-
-        from disagg_planner.observe.fpm_subscriber import FpmSubscriber
-
-        sources: dict[str, EngineSource] = {}
-        for role in cfg.roles:
-            endpoints = cfg.prefill_fpm_endpoints if role == "prefill" else cfg.decode_fpm_endpoints
-            if not endpoints:
-                log.warning(
-                    "%s: no ForwardPassMetrics endpoints for %s (set %s_fpm_endpoints); the "
-                    "load loop holds with no_fpm_data",
-                    self.ref,
-                    role,
-                    "prefill" if role == "prefill" else "decode",
-                )
-            subscriber = FpmSubscriber(
-                endpoints=endpoints,
-                staleness_s=cfg.fpm_staleness_seconds,
-                clock=self.clock.now,
-                name=f"{self.ref.name}-{role}",
-            )
-            subscriber.start()
-            self._owned_sources.append(subscriber)
-            sources[role] = subscriber
-        return sources
 
     # --- ticking ----------------------------------------------------------------------------
 
@@ -465,10 +386,10 @@ class DeploymentLoop:
         core = self.core
         problems: list[Problem] = []
         self.observations.learn(core)  # every iteration since the last tick, not only at ticks
-        status = await self._read_status(problems)
+        status = await read_status(self.connector, problems)
         traffic: TrafficObservation | MissingObservation | None = None
         if due.traffic_window is not None and self.traffic is not None:
-            traffic = await self._observe_traffic(due.traffic_window, problems)
+            traffic = await self._observe(due.traffic_window, problems)
             self._traffic_problem = next(
                 (p for p in problems if p.kind is ProblemKind.TRAFFIC_MISSING), None
             )
@@ -480,7 +401,7 @@ class DeploymentLoop:
         if due.fast_window is not None and self.traffic is not None:
             # The fast check's own outage is the core's hold reason; the throughput tick
             # reports the traffic problem (a 15 s cadence would flood the problem counters).
-            recent = await self._observe_traffic(due.fast_window, [])
+            recent = await self._observe(due.fast_window, [])
         observation, engines = self.observations.observation(
             now, due, status=status, traffic=traffic, recent=recent
         )
@@ -491,12 +412,12 @@ class DeploymentLoop:
             if traffic is not None:
                 queued = queued_prefill_tokens(observation, roles=(self.elastic.role,))
                 elastic = await self.elastic.tick(now, traffic, status, problems, queued)
-        applied, held = await self._apply(effects, status, problems)
-        tp_reason = effects.throughput_reason.value if effects.throughput_reason else None
-        if held and tp_reason in _SCALING_REASONS:
-            hold_reason = _HOLD_TO_THROUGHPUT_REASON.get(next(iter(held.values())))
-            if hold_reason is not None:
-                tp_reason = hold_reason.value
+        applied, holds = await apply_scale(
+            self.connector, effects, status, problems, advisory=self.config.advisory
+        )
+        held = held_reasons(holds)
+        decided = decided_throughput_reason(effects, holds)
+        tp_reason = decided.value if decided is not None else None
         load_reason = effects.load_reason.value if effects.load_reason else None
 
         status_ok = status if isinstance(status, DeploymentStatus) else None
@@ -553,8 +474,17 @@ class DeploymentLoop:
         if self.health is not None and outcome.observed_ok and not self.health.ready:
             self.health.mark_ready()
             log.info("%s: first successful observation; ready", self.ref)
-        self._log_summary(outcome)
+        if log.isEnabledFor(self._tick_log_level):  # replay ticks thousands of times
+            log.log(self._tick_log_level, "%s", summary_line(outcome, str(self.ref)))
         return outcome
+
+    async def _observe(
+        self, window: TrafficWindow, problems: list[Problem]
+    ) -> TrafficObservation | MissingObservation:
+        assert self.traffic is not None
+        return await observe_traffic(
+            self.traffic, window, problems, offload=self._offload, label=str(self.ref)
+        )
 
     def _without_elastic_role(
         self, effects: Effects, status: DeploymentStatus | MissingObservation
@@ -578,75 +508,6 @@ class DeploymentLoop:
             )
         rest = {r: n for r, n in effects.scale_to.items() if r != role}
         return replace(effects, scale_to=rest or None)
-
-    async def _read_status(self, problems: list[Problem]) -> DeploymentStatus | MissingObservation:
-        try:
-            return await self.connector.status()
-        except DeploymentError as exc:
-            problems.append(
-                Problem(ProblemKind.DEPLOYMENT_INVALID, "deployment_error", str(exc), "status")
-            )
-            return MissingObservation("deployment_error", str(exc))
-        except ConnectorError as exc:
-            problems.append(
-                Problem(ProblemKind.CONNECTOR_ERROR, "connector_error", str(exc), "status")
-            )
-            return MissingObservation("connector_error", str(exc))
-
-    async def _observe_traffic(
-        self, window: TrafficWindow, problems: list[Problem]
-    ) -> TrafficObservation | MissingObservation:
-        assert self.traffic is not None
-        try:
-            # The observer is blocking HTTP; the window is the one the schedule named.
-            traffic = await self._offload(
-                self.traffic.observe, end_s=window.end_s, duration_s=window.duration_s
-            )
-        except Exception as exc:  # an observer bug must not look like traffic, nor kill the loop
-            log.exception("%s: the traffic observer raised", self.ref)
-            traffic = MissingObservation("observer_failed", f"{type(exc).__name__}: {exc}")
-        if isinstance(traffic, MissingObservation):
-            problems.append(
-                Problem(ProblemKind.TRAFFIC_MISSING, str(traffic.reason), traffic.detail, "traffic")
-            )
-        elif traffic.missing_series:
-            detail = (
-                f"requests were counted but {', '.join(traffic.missing_series)} (_sum/_count) "
-                "have no series in the window; the decisions that need them hold"
-            )
-            problems.append(
-                Problem(ProblemKind.INPUT_INCOMPLETE, "histograms_missing", detail, "traffic")
-            )
-        return traffic
-
-    async def _apply(
-        self,
-        effects: Effects,
-        status: DeploymentStatus | MissingObservation,
-        problems: list[Problem],
-    ) -> tuple[dict[str, int], dict[str, str]]:
-        """Apply ``scale_to`` through the connector; (applied, held reasons by role)."""
-        target = effects.scale_to
-        if not target or not isinstance(status, DeploymentStatus):
-            return {}, {}
-        changed = {r: n for r, n in target.items() if status.desired(r) != n}
-        if self.config.advisory:
-            return {}, held_reasons(advisory_holds(changed))
-        holds = self.connector.holds()
-        if changed and all(role in holds for role in changed):
-            return {}, held_reasons({r: holds[r] for r in changed})
-        try:
-            result = await self.connector.set_replicas(target, blocking=False)
-        except (ConnectorError, DeploymentError) as exc:
-            kind = (
-                ProblemKind.CONNECTOR_ERROR
-                if isinstance(exc, ConnectorError)
-                else ProblemKind.DEPLOYMENT_INVALID
-            )
-            reason = "connector_error" if isinstance(exc, ConnectorError) else "deployment_error"
-            problems.append(Problem(kind, reason, str(exc), "scale"))
-            return {}, {}
-        return dict(result.applied), held_reasons(result.held)
 
     # --- bookkeeping ------------------------------------------------------------------------
 
@@ -714,58 +575,6 @@ class DeploymentLoop:
             raise
         except Exception:
             log.exception("%s: the outcome hook failed", self.ref)
-
-    def _log_summary(self, outcome: TickOutcome) -> None:
-        """One line per tick whose first word is what happened to the deployment: the action
-        written (from ``outcome.applied``), else HOLD, with what was recommended and why it
-        was not written when the recommendation was a change."""
-        if not log.isEnabledFor(self._tick_log_level):
-            return  # replay ticks thousands of times; its timeline.csv has these lines
-        status = outcome.status
-        current = (
-            " ".join(f"{r}={s.desired}" for r, s in status.roles.items()) if status else "unknown"
-        )
-        target = outcome.scale_to
-        recommended = current if target is None else " ".join(f"{r}={n}" for r, n in target.items())
-        action = "HOLD"
-        if status is not None:
-            action = _action_word(status, outcome.applied)
-            wanted = _action_word(status, target or {})
-            if action == "HOLD" and wanted != "HOLD":
-                if outcome.held:
-                    why = "held: " + ", ".join(
-                        f"{role} {reason}" for role, reason in outcome.held.items()
-                    )
-                else:
-                    failed = [p.reason for p in outcome.problems if p.source == "scale"]
-                    why = (
-                        f"not written: the scale call failed ({', '.join(failed)})"
-                        if failed
-                        else "not written: unchanged"
-                    )
-                action = f"HOLD (recommended {wanted}; {why})"
-        log.log(
-            self._tick_log_level,
-            "%s%s [summary] %s | current: %s | recommended: %s | throughput_reason=%s "
-            "load_reason=%s%s",
-            "[ADVISORY] " if outcome.advisory else "",
-            self.ref,
-            action,
-            current,
-            recommended,
-            outcome.throughput_reason or "-",
-            outcome.load_reason or "-",
-            "".join(f" | {p.render()}" for p in outcome.problems),
-        )
-
-
-def _action_word(status: DeploymentStatus, replicas: Mapping[str, int]) -> str:
-    """SCALE_UP, SCALE_DOWN, REBALANCE (both) or HOLD: ``replicas`` against the desired."""
-    ups = any(n > status.desired(r) for r, n in replicas.items())
-    downs = any(n < status.desired(r) for r, n in replicas.items())
-    if ups and downs:
-        return "REBALANCE"
-    return "SCALE_UP" if ups else "SCALE_DOWN" if downs else "HOLD"
 
 
 def is_spec_error(exc: BaseException) -> bool:

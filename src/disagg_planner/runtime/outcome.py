@@ -18,8 +18,11 @@ from typing import Any
 from disagg_planner.connectors.base import Hold
 from disagg_planner.core.elastic import ElasticDecision
 from disagg_planner.core.planner import Effects, forecast_rate
-from disagg_planner.core.types import DeploymentStatus, TrafficObservation
+from disagg_planner.core.types import DeploymentStatus, ThroughputReason, TrafficObservation
 from disagg_planner.report.recorder import EngineQueues, TickSnapshot
+
+# The throughput reasons of a tick that asks the connector for a change.
+_SCALING_REASONS = frozenset({ThroughputReason.SCALE, ThroughputReason.GPU_BUDGET_RECONCILE})
 
 
 class ProblemKind(StrEnum):
@@ -100,6 +103,19 @@ class TickOutcome:
 
     def problem(self, *kinds: ProblemKind) -> Problem | None:
         return next((p for p in self.problems if not kinds or p.kind in kinds), None)
+
+
+def decided_throughput_reason(
+    effects: Effects, holds: Mapping[str, Hold]
+) -> ThroughputReason | None:
+    """The tick's throughput reason, as named by the rule that decided what happened: the
+    throughput loop's own, unless it asked for a change and a connector hold kept the
+    replicas; then the hold's (:attr:`HoldReason.throughput_reason`, of the first held role;
+    a drain names none: the change goes ahead, later)."""
+    decided = effects.throughput_reason
+    if decided in _SCALING_REASONS and holds:
+        return next(iter(holds.values())).reason.throughput_reason or decided
+    return decided
 
 
 def held_reasons(held: Mapping[str, Hold]) -> dict[str, str]:

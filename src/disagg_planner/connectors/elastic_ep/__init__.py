@@ -2,10 +2,14 @@
 
 One module per piece:
 
-- :mod:`.admin_client`: the two resize routes, :class:`VllmElasticEpAdmin` (vLLM's API
-  server: ``/scale_elastic_ep``, ``/is_scaling_elastic_ep``) and :class:`DynamoElasticEpAdmin`
-  (Dynamo's vLLM worker: ``/engine/control/scale_elastic_ep``, ``/engine/control/ep_capacity``),
-  :func:`detect_api`, and the probes of joined GPUs (:class:`RayDashboardJoinProbe`);
+- :mod:`.admin_client`: :class:`ElasticEpAdmin`, what a resize route's client does, and
+  :class:`VllmElasticEpAdmin`, vLLM's API server (``/scale_elastic_ep``,
+  ``/is_scaling_elastic_ep``);
+- :mod:`.dynamo_admin`: :class:`DynamoElasticEpAdmin`, Dynamo's vLLM worker
+  (``/engine/control/scale_elastic_ep``, ``/engine/control/ep_capacity``);
+- :mod:`.join_probe`: :class:`JoinProbe`, whether new GPUs joined the engine's Ray cluster,
+  and :class:`RayDashboardJoinProbe`, read from the Ray dashboard;
+- :mod:`.routes`: the routes' paths, the HTTP calls the clients share, :func:`detect_api`;
 - :mod:`.coexistence`: :func:`dynamo_reconciler_claim`, whether Dynamo's own elastic-EP
   reconciler drives a DGD's engine (then the planner must not);
 - :mod:`.followers`: :class:`ElasticEpKubernetes`, the DGD connector plus the follower pods
@@ -15,31 +19,25 @@ One module per piece:
   what the controller needs of the follower side;
 - :mod:`.controller`: :class:`ElasticEpController`, single-flight resizes of one engine
   (grow: followers first; shrink: engine first; recovery of an unfinished resize);
+- :mod:`.resize`: :class:`ElasticEpSettings`, what the controller reads, and
+  :class:`ResizeResult`, what a resize did;
 - :mod:`.errors`: the typed errors of a resize.
 """
 
 from __future__ import annotations
 
 from disagg_planner.connectors.elastic_ep.admin_client import (
-    DynamoElasticEpAdmin,
     ElasticEpAdmin,
-    JoinProbe,
     MeasuredResize,
-    RayDashboardJoinProbe,
     VllmElasticEpAdmin,
-    detect_api,
 )
 from disagg_planner.connectors.elastic_ep.coexistence import (
     CLAIM_REASON,
     DYNAMO_FOLLOWER_SUFFIX,
     dynamo_reconciler_claim,
 )
-from disagg_planner.connectors.elastic_ep.controller import (
-    ElasticEpController,
-    ElasticEpSettings,
-    ResizeOutcome,
-    ResizeResult,
-)
+from disagg_planner.connectors.elastic_ep.controller import ElasticEpController
+from disagg_planner.connectors.elastic_ep.dynamo_admin import DynamoElasticEpAdmin
 from disagg_planner.connectors.elastic_ep.errors import (
     DrainTimeout,
     ElasticEpError,
@@ -56,6 +54,7 @@ from disagg_planner.connectors.elastic_ep.followers import (
     ElasticEpKubernetes,
     ElasticEpKubernetesSettings,
 )
+from disagg_planner.connectors.elastic_ep.join_probe import JoinProbe, RayDashboardJoinProbe
 from disagg_planner.connectors.elastic_ep.progress import (
     RECORD_ANNOTATION,
     FollowerObservation,
@@ -63,6 +62,12 @@ from disagg_planner.connectors.elastic_ep.progress import (
     ResizePhase,
     ResizeRecord,
 )
+from disagg_planner.connectors.elastic_ep.resize import (
+    ElasticEpSettings,
+    ResizeOutcome,
+    ResizeResult,
+)
+from disagg_planner.connectors.elastic_ep.routes import detect_api
 
 __all__ = [
     "CLAIM_REASON",

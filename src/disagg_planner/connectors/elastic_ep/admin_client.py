@@ -1,4 +1,5 @@
-"""Clients of the two elastic-EP admin routes, and of the readouts that say new GPUs joined.
+"""The client of bare vLLM's elastic-EP admin route (the protocol every resize route's
+client follows, :class:`ElasticEpAdmin`, is here too).
 
 **Bare vLLM** (:class:`VllmElasticEpAdmin`, ``elastic_ep_api = "vllm"``), the API server's
 unauthenticated admin endpoints. Current vLLM resizes in two steps, *prepare* then *commit*
@@ -35,74 +36,40 @@ running ones were told to reconfigure).
 
 Asking for the current size is a no-op 200.
 
-**Dynamo's worker** (:class:`DynamoElasticEpAdmin`, ``elastic_ep_api = "dynamo"``), the vLLM
-worker's system port (``DYN_SYSTEM_PORT``), where there is no vLLM API server::
-
-    POST /engine/control/scale_elastic_ep {"new_data_parallel_size": N}
-      200 {"status": "ok", "message": ..., "new_data_parallel_size": N}
-      200 {"status": "error", "message": ...}   refused, or a resize already in progress
-          ("... already in progress; rejecting concurrent request ...", every worker
-          version; "busy" is only what Dynamo's operator client expects, also accepted)
-      no reply: the current worker fails fast on a failed grow (the process exits and its
-          pod restarts; :class:`NoAnswer` here, the controller then reads the size back)
-      200 {"status": "error", "recoverable": bool, "data_parallel_size": D}   the rollback
-          variant of the worker: the engine is at D; not recoverable means it needs a restart
-    POST /engine/control/ep_capacity {} -> {"status": "ok", "data_parallel_size": D,
-          "tensor_parallel_size": T, "total_gpus": G, "available_gpus": F,
-          "nodes": [{"total_gpus": g, "available_gpus": f}, ...], ...}
-
-No ``is_scaling`` route and no ``drain_timeout``: single flight rests on the controller's lock
-and on "in progress" answers; a reply is a success only with ``"status": "ok"`` and the size
-asked. A grow fits only when the nodes' free GPUs hold each new rank's
-``tensor_parallel_size`` GPUs on one node (the worker's own rule).
-
-**Joined GPUs** (:class:`JoinProbe`): a follower pod being Ready proves nothing until its GPUs
-are in the engine's Ray cluster (vLLM places each new engine as a Ray actor whose
-``tensor_parallel_size`` GPUs are on one node). Dynamo's worker reports the nodes' free GPUs
-(``ep_capacity``); on bare vLLM the Ray dashboard's state API reports the alive nodes' GPUs
-(:class:`RayDashboardJoinProbe`, ``GET /api/v0/nodes``, ``resources_total.GPU``). Both
-answer :meth:`JoinProbe.placeable_ranks`: how many ranks of ``gpus_per_rank`` GPUs fit, node
-by node.
+The other route, Dynamo's worker, is :mod:`.dynamo_admin`; the paths, the shared HTTP calls
+and :func:`.routes.detect_api` are in :mod:`.routes`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import threading
 import time
 import urllib.error
-import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from disagg_planner.connectors.elastic_ep.errors import (
-    ConnectionLost,
     DrainTimeout,
     ElasticEpError,
-    GrowFailed,
     NoAnswer,
     PartialReconfiguration,
     ResizeInFlight,
     ResizeRefused,
 )
+from disagg_planner.connectors.elastic_ep.routes import (
+    IS_SCALING_PATH,
+    SCALE_PATH,
+    check_dp,
+    check_url,
+    error_detail,
+    http_call,
+    json_object,
+    lost,
+)
 from disagg_planner.errors import ConnectorError
 
-SCALE_PATH = "/scale_elastic_ep"
-IS_SCALING_PATH = "/is_scaling_elastic_ep"
-DYNAMO_SCALE_PATH = "/engine/control/scale_elastic_ep"
-DYNAMO_CAPACITY_PATH = "/engine/control/ep_capacity"
-RAY_NODES_PATH = "/api/v0/nodes"
-RAY_ACTORS_PATH = "/api/v0/actors"
-
-# What vLLM says, through Dynamo's "error" message (the worker passes the exception's text
-# on; bare vLLM hides it behind a 500 "Scale failed"), when an earlier prepare or commit
-# failed and left a reconfiguration active.
-_STUCK_MARKERS = ("reconfiguration is already active", "scaling is already prepared")
-# Every Dynamo worker version says this for a concurrent resize.
-_DYNAMO_CONCURRENT_MARKER = "already in progress"
 # vLLM's shrink floor (a ValueError of the engine client, answered 400 with its text).
 _MINIMUM_DP = re.compile(r"Cannot scale to data_parallel_size (\d+), minimum is (\d+)")
 # Phases of a resize in which the engine pauses serving (vLLM's is_scaling_elastic_ep).
@@ -142,86 +109,6 @@ class MeasuredResize:
 
     total_s: float
     pause_s: float | None
-
-
-class JoinProbe(Protocol):
-    """How many GPUs the engine's Ray cluster has now (its own and joined followers')."""
-
-    where: str
-
-    async def joined_gpus(self) -> int: ...
-
-    async def placeable_ranks(self, gpus_per_rank: int, *, current_dp: int) -> int:
-        """How many ranks beyond the ``current_dp`` running ones fit, each on one node with
-        ``gpus_per_rank`` GPUs."""
-        ...
-
-    async def empty_nodes(self) -> tuple[int, frozenset[str] | None]:
-        """Nodes of the engine's Ray cluster hosting no rank: how many, and their addresses
-        where the readout names them (None: anonymous nodes)."""
-        ...
-
-
-def _detail(body: bytes) -> str:
-    """The human part of an error body (FastAPI's ``detail``, the middleware's ``error``)."""
-    text = body.decode("utf-8", errors="replace").strip()
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return text[:300]
-    if isinstance(parsed, Mapping):
-        for key in ("detail", "error", "message"):
-            value = parsed.get(key)
-            if isinstance(value, str):
-                return value
-            if isinstance(value, Mapping) and isinstance(value.get("message"), str):
-                return str(value["message"])
-    return text[:300]
-
-
-def _is_stuck(detail: str) -> bool:
-    low = detail.lower()
-    return any(marker in low for marker in _STUCK_MARKERS)
-
-
-def _check_url(base_url: str) -> str:
-    if not base_url.startswith(("http://", "https://")):
-        raise ValueError(f"admin URL must be http:// or https://, got {base_url!r}")
-    return base_url.rstrip("/")
-
-
-def _request(url: str, body: Mapping[str, Any] | None, timeout_s: float) -> bytes:
-    """POST ``body`` as JSON (GET when None) and return the answer's bytes."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url,
-        data=data,
-        headers={"Content-Type": "application/json"} if data is not None else {},
-        method="POST" if data is not None else "GET",
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        payload: bytes = response.read()
-        return payload
-
-
-def _json_object(body: bytes, where: str, expected: str) -> Mapping[str, Any]:
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, Mapping):
-        raise ConnectorError(f"{where}: expected {expected}, got {body[:200]!r}")
-    return parsed
-
-
-def _lost(where: str, timeout_s: float, exc: BaseException) -> Exception:
-    """A resize call's transport failure: unreachable (nothing happened) or no answer."""
-    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-    if isinstance(reason, ConnectionRefusedError):
-        return ConnectorError(f"{where}: cannot reach the engine: {reason}")
-    if isinstance(reason, TimeoutError):
-        return NoAnswer(f"{where}: no answer within {timeout_s:g} s")
-    return ConnectionLost(f"{where}: connection lost: {reason}")
 
 
 class _PhaseWatch:
@@ -293,7 +180,7 @@ class VllmElasticEpAdmin:
     ) -> None:
         if isinstance(drain_timeout_s, bool) or drain_timeout_s < 1:
             raise ValueError(f"drain_timeout must be an integer >= 1, got {drain_timeout_s!r}")
-        self.base_url = _check_url(base_url)
+        self.base_url = check_url(base_url)
         self.drain_timeout_s = int(drain_timeout_s)
         self.drains_requests = drains_requests
         self.drain_grace_s = drain_grace_s
@@ -306,7 +193,7 @@ class VllmElasticEpAdmin:
         middleware's 503 to this route)."""
         where = f"POST {self.base_url}{IS_SCALING_PATH}"
         try:
-            body = _request(self.base_url + IS_SCALING_PATH, {}, self.status_timeout_s)
+            body = http_call(self.base_url + IS_SCALING_PATH, {}, self.status_timeout_s)
         except urllib.error.HTTPError as exc:
             if exc.code == 503:
                 return True, None  # the older middleware answers everything with 503
@@ -317,10 +204,12 @@ class VllmElasticEpAdmin:
                     "--enable-eplb, and elastic_ep_admin_url must name its API server; under "
                     "Dynamo set elastic_ep_api=dynamo and name the worker's system port)"
                 )
-            raise ConnectorError(f"{where}: HTTP {exc.code}: {_detail(exc.read())}{hint}") from None
+            raise ConnectorError(
+                f"{where}: HTTP {exc.code}: {error_detail(exc.read())}{hint}"
+            ) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ConnectorError(f"{where}: cannot reach the engine: {exc}") from None
-        reply = _json_object(body, where, "{'is_scaling_elastic_ep': bool}")
+        reply = json_object(body, where, "{'is_scaling_elastic_ep': bool}")
         value = reply.get("is_scaling_elastic_ep")
         if not isinstance(value, bool):
             raise ConnectorError(
@@ -336,14 +225,14 @@ class VllmElasticEpAdmin:
         self._measured = None
         with _PhaseWatch(self._status, self.phase_poll_s) as watch:
             try:
-                answer = _request(self.base_url + SCALE_PATH, body, timeout_s)
+                answer = http_call(self.base_url + SCALE_PATH, body, timeout_s)
             except urllib.error.HTTPError as exc:
-                code, detail = exc.code, _detail(exc.read())
+                code, detail = exc.code, error_detail(exc.read())
                 failed = True
             except TimeoutError as exc:
                 raise NoAnswer(f"{where}: no answer within {timeout_s:g} s ({exc})") from None
             except (urllib.error.URLError, OSError) as exc:
-                raise _lost(where, timeout_s, exc) from None
+                raise lost(where, timeout_s, exc) from None
             else:
                 failed = False
         elapsed = time.monotonic() - started
@@ -352,7 +241,7 @@ class VllmElasticEpAdmin:
         self._measured = MeasuredResize(
             total_s=elapsed, pause_s=watch.pause_s if watch.reports_phase else None
         )
-        message = _json_object(answer, where, "a JSON object").get("message")
+        message = json_object(answer, where, "a JSON object").get("message")
         return message if isinstance(message, str) else answer.decode(errors="replace")[:200]
 
     def _phase_after(self) -> str | None:
@@ -449,285 +338,5 @@ class VllmElasticEpAdmin:
         :class:`ResizeInFlight` (503), ConnectorError when unreachable; an internal
         ``NoAnswer`` when the outcome is unknown (the controller handles it).
         """
-        _check_dp(new_dp)
+        check_dp(new_dp)
         return await asyncio.to_thread(self._scale, new_dp, timeout_s)
-
-
-class DynamoElasticEpAdmin:
-    """Client of one Dynamo vLLM worker's control routes (see the module doc): the resize
-    and ``ep_capacity`` (a :class:`JoinProbe`)."""
-
-    api = "dynamo"
-    reports_scaling = False
-
-    def __init__(self, base_url: str, *, status_timeout_s: float = 10.0) -> None:
-        self.base_url = _check_url(base_url)
-        self.status_timeout_s = status_timeout_s
-        self.where = f"POST {self.base_url}{DYNAMO_CAPACITY_PATH}"
-        self._measured: MeasuredResize | None = None
-
-    async def is_scaling(self) -> bool:
-        """Dynamo has no such route: a resize in flight shows as a "busy" answer."""
-        return False
-
-    def _scale(self, new_dp: int, timeout_s: float) -> str:
-        where = f"POST {self.base_url}{DYNAMO_SCALE_PATH} new_data_parallel_size={new_dp}"
-        try:
-            answer = _request(
-                self.base_url + DYNAMO_SCALE_PATH, {"new_data_parallel_size": new_dp}, timeout_s
-            )
-        except urllib.error.HTTPError as exc:
-            hint = ""
-            if exc.code == 404:
-                hint = (
-                    " (no elastic-EP control route: elastic_ep_admin_url must name the Dynamo "
-                    "vLLM worker's system port, DYN_SYSTEM_PORT)"
-                )
-            raise ElasticEpError(
-                f"{where}: unexpected HTTP {exc.code}: {_detail(exc.read())}{hint}"
-            ) from None
-        except TimeoutError as exc:
-            raise NoAnswer(f"{where}: no answer within {timeout_s:g} s ({exc})") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise _lost(where, timeout_s, exc) from None
-        reply = _json_object(answer, where, "{'status': 'ok' | 'busy' | 'error', ...}")
-        status = reply.get("status")
-        message = str(reply.get("message") or "")
-        if status == "error" and "recoverable" in reply and not _is_stuck(message):
-            raise self._rolled_back(where, new_dp, message, reply)
-        if status == "ok":
-            echoed = reply.get("new_data_parallel_size")
-            if echoed != new_dp:
-                raise ElasticEpError(
-                    f"{where}: answered ok for new_data_parallel_size={echoed!r}, not {new_dp}; "
-                    "the engine's size is unknown"
-                )
-            return message or f"DP {new_dp}"
-        if status == "busy" or (status == "error" and _DYNAMO_CONCURRENT_MARKER in message):
-            raise ResizeInFlight(f"{where}: {status}: the engine is resizing ({message})")
-        if status == "error":
-            if _is_stuck(message):
-                raise PartialReconfiguration(
-                    f"{where}: error: {message}: an earlier resize left a reconfiguration "
-                    "active; restart the engine before resizing it again"
-                )
-            raise ResizeRefused(
-                f"{where}: error: the engine did not resize ({message}); it keeps its size",
-                status=200,
-                detail=message,
-            )
-        raise ElasticEpError(
-            f"{where}: status = {status!r}, expected 'ok', 'busy' or 'error': {answer[:200]!r}"
-        )
-
-    @staticmethod
-    def _rolled_back(
-        where: str, new_dp: int, message: str, reply: Mapping[str, Any]
-    ) -> ElasticEpError:
-        """The rollback variant's error: the engine at ``data_parallel_size``, or not
-        recoverable (it needs a restart)."""
-        dp = reply.get("data_parallel_size")
-        if reply.get("recoverable") is not True:
-            return PartialReconfiguration(
-                f"{where}: error, not recoverable ({message}); engine at DP {dp!r}: restart "
-                "the engine before resizing it again"
-            )
-        if isinstance(dp, int) and not isinstance(dp, bool) and dp != new_dp:
-            return GrowFailed(
-                f"{where}: error: the engine did not resize ({message}); the worker rolled "
-                f"back and keeps its size (DP {dp})",
-                status=200,
-                detail=message,
-            )
-        return ResizeRefused(
-            f"{where}: error: the engine did not resize ({message}); it keeps its size",
-            status=200,
-            detail=message,
-        )
-
-    async def scale(self, new_dp: int, *, timeout_s: float) -> str:
-        """Resize to ``new_dp`` ranks; the worker's message once done. Raises as
-        :meth:`VllmElasticEpAdmin.scale` ("busy" is :class:`ResizeInFlight`)."""
-        _check_dp(new_dp)
-        started = time.monotonic()
-        self._measured = None
-        message = await asyncio.to_thread(self._scale, new_dp, timeout_s)
-        self._measured = MeasuredResize(total_s=time.monotonic() - started, pause_s=None)
-        return message
-
-    def measured(self) -> MeasuredResize | None:
-        return self._measured
-
-    def _capacity(self) -> Mapping[str, Any]:
-        try:
-            body = _request(self.base_url + DYNAMO_CAPACITY_PATH, {}, self.status_timeout_s)
-        except urllib.error.HTTPError as exc:
-            raise ConnectorError(f"{self.where}: HTTP {exc.code}: {_detail(exc.read())}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise ConnectorError(f"{self.where}: cannot reach the worker: {exc}") from None
-        reply = _json_object(body, self.where, "{'status': 'ok', 'nodes': [...], ...}")
-        if reply.get("status") != "ok":
-            raise ConnectorError(
-                f"{self.where}: status = {reply.get('status')!r} ({reply.get('message')!r})"
-            )
-        return reply
-
-    async def capacity(self) -> Mapping[str, Any]:
-        """The worker's ``ep_capacity`` readout (status "ok"), else ConnectorError."""
-        return await asyncio.to_thread(self._capacity)
-
-    async def joined_gpus(self) -> int:
-        reply = await self.capacity()
-        return _sum_gpus(reply.get("nodes"), self.where, key="total_gpus", alive=None)
-
-    async def placeable_ranks(self, gpus_per_rank: int, *, current_dp: int) -> int:
-        """New ranks the nodes' free GPUs hold, ``gpus_per_rank`` on one node each (the
-        worker's running ranks already hold theirs)."""
-        del current_dp
-        reply = await self.capacity()
-        return _ranks_per_node(
-            reply.get("nodes"), self.where, key="available_gpus", alive=None, per=gpus_per_rank
-        )
-
-    async def empty_nodes(self) -> tuple[int, frozenset[str] | None]:
-        """Nodes whose GPUs are all free (the current handler's nodes are anonymous)."""
-        reply = await self.capacity()
-        nodes = reply.get("nodes")
-        totals = _node_gpus(nodes, self.where, key="total_gpus", alive=None)
-        free = _node_gpus(nodes, self.where, key="available_gpus", alive=None)
-        return sum(1 for t, f in zip(totals, free, strict=True) if t > 0 and f >= t), None
-
-    async def engine_dp(self) -> int:
-        """The engine's DP size (``ep_capacity``'s ``data_parallel_size``)."""
-        value = (await self.capacity()).get("data_parallel_size")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConnectorError(f"{self.where}: data_parallel_size = {value!r}, expected >= 1")
-        return value
-
-
-class RayDashboardJoinProbe:
-    """GPUs of the alive nodes of a Ray cluster, from its dashboard's state API
-    (``elastic_ep_ray_dashboard_url``, e.g. ``http://leader:8265``)."""
-
-    def __init__(self, base_url: str, *, timeout_s: float = 10.0) -> None:
-        self.base_url = _check_url(base_url)
-        self.timeout_s = timeout_s
-        self.where = f"GET {self.base_url}{RAY_NODES_PATH}"
-
-    def _nodes(self, path: str = RAY_NODES_PATH) -> Any:
-        where = f"GET {self.base_url}{path}"
-        try:
-            body = _request(self.base_url + path, None, self.timeout_s)
-        except urllib.error.HTTPError as exc:
-            raise ConnectorError(f"{where}: HTTP {exc.code}: {_detail(exc.read())}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise ConnectorError(f"{where}: cannot reach the Ray dashboard: {exc}") from None
-        reply = _json_object(body, where, "the state API's {'data': {'result': ...}}")
-        data = reply.get("data")
-        result = data.get("result") if isinstance(data, Mapping) else None
-        if isinstance(result, Mapping):  # list APIs wrap the rows once more
-            result = result.get("result")
-        return result
-
-    async def joined_gpus(self) -> int:
-        rows = await asyncio.to_thread(self._nodes)
-        return _sum_gpus(rows, self.where, key="resources_total", alive="ALIVE")
-
-    async def placeable_ranks(self, gpus_per_rank: int, *, current_dp: int) -> int:
-        """Ranks the alive nodes hold, ``gpus_per_rank`` GPUs on one node each, less the
-        ``current_dp`` running (the state API reports totals, not what is free)."""
-        rows = await asyncio.to_thread(self._nodes)
-        fits = _ranks_per_node(
-            rows, self.where, key="resources_total", alive="ALIVE", per=gpus_per_rank
-        )
-        return max(0, fits - current_dp)
-
-    async def empty_nodes(self) -> tuple[int, frozenset[str] | None]:
-        """Alive nodes with GPUs and no alive actor (vLLM's engines are Ray actors)."""
-        nodes = await asyncio.to_thread(self._nodes)
-        actors = await asyncio.to_thread(self._nodes, RAY_ACTORS_PATH)
-        if not isinstance(nodes, list) or not isinstance(actors, list):
-            raise ConnectorError(f"{self.where}: expected lists of nodes and actors")
-        busy = {
-            a.get("node_id") for a in actors if isinstance(a, Mapping) and a.get("state") == "ALIVE"
-        }
-        empty = frozenset(
-            str(n.get("node_ip"))
-            for n in nodes
-            if isinstance(n, Mapping)
-            and n.get("state") == "ALIVE"
-            and n.get("node_id") not in busy
-            and ((n.get("resources_total") or {}).get("GPU") or 0) > 0
-        )
-        return len(empty), empty
-
-
-def _sum_gpus(rows: Any, where: str, *, key: str, alive: str | None) -> int:
-    """Total GPUs of ``rows`` (alive ones only when ``alive`` names the state)."""
-    return int(sum(_node_gpus(rows, where, key=key, alive=alive)) + 1e-9)
-
-
-def _ranks_per_node(rows: Any, where: str, *, key: str, alive: str | None, per: int) -> int:
-    """Ranks of ``per`` GPUs that fit, each within one node (a rank never spans nodes)."""
-    if per < 1:
-        raise ValueError(f"gpus per rank must be >= 1, got {per}")
-    return sum(int(g / per + 1e-9) for g in _node_gpus(rows, where, key=key, alive=alive))
-
-
-def _node_gpus(rows: Any, where: str, *, key: str, alive: str | None) -> list[float]:
-    """Each node's ``key`` GPUs (alive ones only when ``alive`` names the state)."""
-    if not isinstance(rows, list):
-        raise ConnectorError(f"{where}: expected a list of nodes, got {rows!r:.200}")
-    gpus: list[float] = []
-    for row in rows:
-        if not isinstance(row, Mapping):
-            raise ConnectorError(f"{where}: a node is {row!r:.100}, expected an object")
-        if alive is not None and row.get("state") != alive:
-            continue
-        value = row.get(key)
-        if isinstance(value, Mapping):  # Ray's resources_total
-            value = value.get("GPU", 0)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ConnectorError(f"{where}: node {row.get('node_ip')!r} {key} = {value!r}")
-        gpus.append(float(value))
-    return gpus
-
-
-def _check_dp(new_dp: int) -> None:
-    if isinstance(new_dp, bool) or not isinstance(new_dp, int) or new_dp < 1:
-        raise ValueError(f"new_data_parallel_size must be an integer >= 1, got {new_dp!r}")
-
-
-def _answers(url: str, timeout_s: float) -> int | None:
-    """The HTTP status a POST {} to ``url`` gets, None when unreachable."""
-    try:
-        _request(url, {}, timeout_s)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (urllib.error.URLError, OSError):
-        return None
-    return 200
-
-
-async def detect_api(base_url: str, *, timeout_s: float = 10.0) -> str:
-    """Which route ``base_url`` serves (``elastic_ep_api = "auto"``): "vllm" when
-    ``/is_scaling_elastic_ep`` answers (200, or 503 while scaling), "dynamo" when
-    ``/engine/control/ep_capacity`` does; ConnectorError naming both otherwise."""
-    base = _check_url(base_url)
-    vllm = await asyncio.to_thread(_answers, base + IS_SCALING_PATH, timeout_s)
-    if vllm in (200, 503):
-        return "vllm"
-    dynamo = await asyncio.to_thread(_answers, base + DYNAMO_CAPACITY_PATH, timeout_s)
-    if dynamo == 200:
-        return "dynamo"
-    if vllm is None and dynamo is None:
-        raise ConnectorError(
-            f"elastic_ep_admin_url {base}: cannot reach the engine to tell its route "
-            "(elastic_ep_api=auto); asked again next tick"
-        )
-    raise ConnectorError(
-        f"elastic_ep_admin_url {base}: neither vLLM's {IS_SCALING_PATH} (got "
-        f"{vllm if vllm is not None else 'no answer'}) nor Dynamo's {DYNAMO_CAPACITY_PATH} "
-        f"(got {dynamo if dynamo is not None else 'no answer'}) answers; name vLLM's API "
-        "server or the Dynamo worker's system port, or set elastic_ep_api"
-    )
