@@ -44,8 +44,9 @@ from functools import cache
 from pathlib import Path
 
 from disagg_planner.predictors.traces import TraceRequest
-from disagg_planner.simulator import catalogue
+from disagg_planner.simulator import aic_engine, catalogue
 from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.engines import engine_for
 
 ENGINE_MODELS = ("sim", "aic")
 POINT_SETS = ("training", "validation")
@@ -183,8 +184,6 @@ class _Answer:
 def _value(point: CalibrationPoint, engine_model: str) -> _Answer:
     spec = point.spec(engine_model)
     if engine_model == "aic":
-        from disagg_planner.simulator import aic_engine
-
         # Each point's extrapolation flag is its own (the answers are shared by spec).
         aic_engine.forget_answers()
     value, model = _evaluate(point, spec)
@@ -196,7 +195,7 @@ def _value(point: CalibrationPoint, engine_model: str) -> _Answer:
 def _evaluate(point: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
     if point.kind == "offline_thpt":
         return _offline(point, spec)
-    model = EngineModel(spec)
+    model = engine_for(spec)
     return _compute(point, model), model
 
 

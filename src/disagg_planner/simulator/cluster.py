@@ -41,6 +41,7 @@ from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.simulator import catalogue, elastic_ep, startup
 from disagg_planner.simulator.engine_model import EngineCapabilities, EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec, coerce
+from disagg_planner.simulator.engines import engine_for
 from disagg_planner.simulator.errors import SimulatorInputError, WorkloadError
 from disagg_planner.simulator.metrics import FrontendMetrics
 from disagg_planner.simulator.request import RequestLike, RequestRecord, SimRequest
@@ -183,7 +184,7 @@ class Cluster:
         self.mode: Mode = mode
         self.roles: tuple[Role, ...] = roles
         self._specs: dict[Role, EngineSpec] = {r: coerce(engines[r]) for r in roles}
-        self._models: dict[Role, EngineModel] = {r: EngineModel(s) for r, s in self._specs.items()}
+        self._models: dict[Role, EngineModel] = {r: engine_for(s) for r, s in self._specs.items()}
         self._shortest_context = min(m.max_model_len for m in self._models.values())
         delays: dict[str, float | None]
         if isinstance(startup_delay_s, Mapping):
@@ -841,7 +842,7 @@ class Cluster:
         key = str(spec)
         model = self._resize_models.get(key)
         if model is None:
-            model = self._resize_models[key] = EngineModel(spec)
+            model = self._resize_models[key] = engine_for(spec)
         return model
 
     def _on_resize_phase(self, x: Replica, phase: str, now: float) -> None:

@@ -47,8 +47,8 @@ from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.profiles import EngineShape, ProfileManifest, write_profile
 from disagg_planner.signals.fpm import ForwardPassMetrics
 from disagg_planner.simulator.cluster import Cluster
-from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec, coerce
+from disagg_planner.simulator.engines import engine_for
 from disagg_planner.simulator.errors import ProfilingError
 from disagg_planner.simulator.request import RequestRecord
 
@@ -277,7 +277,7 @@ class SimulatedEngine:
 
     def __init__(self, spec: EngineSpec | str, *, seed: int = 0) -> None:
         self.spec = coerce(spec)
-        self.model = EngineModel(self.spec)
+        self.model = engine_for(self.spec)
         self.gpus = self.spec.gpus
         self.dp = self.spec.dp
         self.max_kv_tokens = self.model.max_kv_tokens * self.spec.dp
