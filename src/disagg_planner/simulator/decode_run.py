@@ -46,14 +46,14 @@ class DecodeRun:
     var: float | None = None
 
     @classmethod
-    def planned(cls, now: float, durs: list[float], *, k0: int, ctx: VarSource) -> DecodeRun:
+    def planned(cls, now: float, durs: list[float], k0: int, ctx: VarSource) -> DecodeRun:
         # ``now + cumsum(durs)``: numpy's cumsum adds in order, as this loop does.
         ends = []
         elapsed = 0.0
         for d in durs:
             elapsed += d
             ends.append(now + elapsed)
-        return cls(ends=ends, durs=durs, start=now, k0=k0, ctx=ctx)
+        return cls(ends, durs, now, k0, ctx)
 
     def decode_var(self) -> float:
         if self.var is None:

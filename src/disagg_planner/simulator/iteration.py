@@ -7,9 +7,9 @@
 - :class:`PassOutcome`: what a scheduling pass did besides scheduling (preempted, admitted);
 - :class:`Step`: the single iteration in progress (a planned run of decode-only iterations is
   a :class:`~disagg_planner.simulator.decode_run.DecodeRun`);
-- :class:`LastIteration`: the figures of the latest iteration, from which its FPM is built on
-  demand (:func:`build_fpm`): a replay reads only the latest FPM of each rank once per tick,
-  so most FPMs (and most variances) are never needed.
+- :class:`LastIteration`: the figures of the latest iteration (rewritten in place), from
+  which its FPM is built on demand (:func:`build_fpm`): a replay reads only the latest FPM of
+  each rank once per tick, so most FPMs (and most variances) are never needed.
 """
 
 from __future__ import annotations
@@ -153,13 +153,16 @@ class Step:
     end: float = 0.0
 
 
-class LastIteration(NamedTuple):
-    """The latest iteration (or idle heartbeat) of a rank, its FPM not yet built."""
+@dataclass(slots=True)
+class LastIteration:
+    """The latest iteration (or idle heartbeat) of a rank, its FPM not yet built. One per
+    rank, rewritten in place by each iteration: a replay runs millions of iterations and
+    builds the FPM of few."""
 
-    wall: float
-    scheduled: Scheduled
-    var: VarSource
-    queued: Queued
+    wall: float = 0.0
+    scheduled: Scheduled = IDLE
+    var: VarSource = 0.0
+    queued: Queued = EMPTY_QUEUE
 
 
 def build_fpm(

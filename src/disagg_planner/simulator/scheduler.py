@@ -31,6 +31,7 @@ from disagg_planner.simulator.iteration import (
     IDLE,
     LastIteration,
     Scheduled,
+    VarSource,
     build_fpm,
     variance,
     variance_of,
@@ -83,9 +84,10 @@ class EngineCore(RankBatch):
         self._token = 0
         # A planned run of decode-only iterations in progress (else the single ``_step``).
         self._run: DecodeRun | None = None
-        # Latest FPM, built lazily.
+        # The FPM counter (0: no iteration or heartbeat yet) and the latest FPM's figures,
+        # built into one lazily.
         self.counter_id = 0
-        self._last: LastIteration | None = None
+        self._last = LastIteration()
         self._was_active = False
         # Counters (tests and reports; ``preemptions`` is the batch's).
         self.iterations = 0
@@ -240,7 +242,7 @@ class EngineCore(RankBatch):
             b = group.n
             k = grouped_run_length(group, free=self.free_blocks, block_size=self.block_size)
         durs = self.model.decode_run_s(b, step.k, k)
-        run = self._run = DecodeRun.planned(now, durs, k0=step.k, ctx=var_src)
+        run = self._run = DecodeRun.planned(now, durs, step.k, var_src)
         self._token += 1
         self.sink.schedule(run.ends[-1], self, self._token)
 
@@ -307,10 +309,7 @@ class EngineCore(RankBatch):
         self.tokens_generated += n_decode
         wall = step.dur
         self.busy_time_s += wall
-        self._record_fpm(
-            LastIteration(wall, step.scheduled, step.var, self._queue),
-            emit=self.on_fpm is not None,
-        )
+        self._record_fpm(wall, step.scheduled, step.var, emit=self.on_fpm is not None)
         step.prefill = []
         step.decode = []
         if group is not None:
@@ -380,19 +379,18 @@ class EngineCore(RankBatch):
             )
         self.tokens_generated += m * b
         self.busy_time_s += seg_s
-        queued = self._queue
         if self.on_fpm is not None:
             var = run.decode_var()
             for j in range(c, c + m):
                 sched = Scheduled(0.0, 0.0, 0.0, 0.0, float(b), float(run.k0 + j * b))
-                self._record_fpm(LastIteration(durs[j], sched, var, queued), emit=True)
+                self._record_fpm(durs[j], sched, var, emit=True)
         else:
             j = c + m - 1
             sched = Scheduled(0.0, 0.0, 0.0, 0.0, float(b), float(run.k0 + j * b))
             self.counter_id += m - 1
             self.iterations += m - 1
             var_src = run.ctx if run.var is None else run.var
-            self._record_fpm(LastIteration(durs[j], sched, var_src, queued), emit=False)
+            self._record_fpm(durs[j], sched, var_src, emit=False)
         run.done = c + m
         if final:
             if group is not None:
@@ -404,30 +402,43 @@ class EngineCore(RankBatch):
     # -- forward-pass metrics ------------------------------------------------------------------
     # An FPM is kept as its figures (``LastIteration``) until one is actually built: a replay
     # reads only the latest FPM of each rank once per tick, so most are never needed.
-    def _record_fpm(self, last: LastIteration, *, emit: bool) -> None:
+    def _record_fpm(self, wall: float, scheduled: Scheduled, var: VarSource, *, emit: bool) -> None:
+        """The iteration that just ended: counted, and its figures (with the waiting queue's
+        totals now) kept as the latest."""
         self.counter_id += 1
         self.iterations += 1
-        self._last = last
+        last = self._last
+        last.wall = wall
+        last.scheduled = scheduled
+        last.var = var
+        last.queued = self._queue
         if emit and self.on_fpm is not None:
-            self.on_fpm(self._build_fpm(last))
+            self.on_fpm(self._build_fpm())
 
     def _emit_idle(self) -> None:
         self.counter_id += 1
-        last = self._last = LastIteration(0.0, IDLE, 0.0, self._queue)
+        last = self._last
+        last.wall = 0.0
+        last.scheduled = IDLE
+        last.var = 0.0
+        last.queued = self._queue
         if self.on_fpm is not None:
-            self.on_fpm(self._build_fpm(last))
+            self.on_fpm(self._build_fpm())
 
-    def _build_fpm(self, last: LastIteration) -> ForwardPassMetrics:
+    def _build_fpm(self) -> ForwardPassMetrics:
         return build_fpm(
-            worker_id=self.worker_id, dp_rank=self.dp_rank, counter=self.counter_id, last=last
+            worker_id=self.worker_id,
+            dp_rank=self.dp_rank,
+            counter=self.counter_id,
+            last=self._last,
         )
 
     def latest_fpm(self) -> ForwardPassMetrics | None:
         """The FPM of the last iteration (or idle heartbeat) this rank finished."""
-        last = self._last
-        if last is None:
+        if self.counter_id == 0:
             return None
+        last = self._last
         if not isinstance(last.var, float):
             # once: it is read again each tick while the rank idles
-            last = self._last = last._replace(var=variance_of(last.var))
-        return self._build_fpm(last)
+            last.var = variance_of(last.var)
+        return self._build_fpm()
