@@ -166,25 +166,32 @@ class LastIteration:
 
 
 def build_fpm(
-    *, worker_id: str, dp_rank: int, counter: int, last: LastIteration
+    *,
+    worker_id: str,
+    dp_rank: int,
+    counter: int,
+    wall: float,
+    scheduled: Scheduled,
+    var: VarSource,
+    queued: QueuedRequestMetrics,
 ) -> ForwardPassMetrics:
-    sched = last.scheduled
+    """The FPM of one iteration (``queued``: :meth:`Queued.metrics` of the queue then)."""
     return ForwardPassMetrics(
         version=FPM_VERSION,
         worker_id=worker_id,
         dp_rank=dp_rank,
         counter_id=counter,
-        wall_time=last.wall,
+        wall_time=wall,
         scheduled_requests=ScheduledRequestMetrics(
-            num_prefill_requests=int(sched.prefill_requests),
-            sum_prefill_tokens=int(sched.prefill_tokens),
-            var_prefill_length=float(sched.prefill_length_var),
-            sum_prefill_kv_tokens=int(sched.prefill_kv_tokens),
-            num_decode_requests=int(sched.decode_requests),
-            sum_decode_kv_tokens=int(sched.decode_kv_tokens),
-            var_decode_kv_tokens=float(variance_of(last.var)),
+            num_prefill_requests=int(scheduled.prefill_requests),
+            sum_prefill_tokens=int(scheduled.prefill_tokens),
+            var_prefill_length=float(scheduled.prefill_length_var),
+            sum_prefill_kv_tokens=int(scheduled.prefill_kv_tokens),
+            num_decode_requests=int(scheduled.decode_requests),
+            sum_decode_kv_tokens=int(scheduled.decode_kv_tokens),
+            var_decode_kv_tokens=float(variance_of(var)),
         ),
-        queued_requests=last.queued.metrics(),
+        queued_requests=queued,
     )
 
 

@@ -379,11 +379,25 @@ class EngineCore(RankBatch):
             )
         self.tokens_generated += m * b
         self.busy_time_s += seg_s
-        if self.on_fpm is not None:
+        on_fpm = self.on_fpm
+        if on_fpm is not None:
             var = run.decode_var()
+            # The waiting queue does not change during the run's iterations: one section.
+            queued = self._queue.metrics()
             for j in range(c, c + m):
                 sched = Scheduled(0.0, 0.0, 0.0, 0.0, float(b), float(run.k0 + j * b))
-                self._record_fpm(durs[j], sched, var, emit=True)
+                self._record_fpm(durs[j], sched, var, emit=False)
+                on_fpm(
+                    build_fpm(
+                        worker_id=self.worker_id,
+                        dp_rank=self.dp_rank,
+                        counter=self.counter_id,
+                        wall=durs[j],
+                        scheduled=sched,
+                        var=var,
+                        queued=queued,
+                    )
+                )
         else:
             j = c + m - 1
             sched = Scheduled(0.0, 0.0, 0.0, 0.0, float(b), float(run.k0 + j * b))
@@ -426,11 +440,15 @@ class EngineCore(RankBatch):
             self.on_fpm(self._build_fpm())
 
     def _build_fpm(self) -> ForwardPassMetrics:
+        last = self._last
         return build_fpm(
             worker_id=self.worker_id,
             dp_rank=self.dp_rank,
             counter=self.counter_id,
-            last=self._last,
+            wall=last.wall,
+            scheduled=last.scheduled,
+            var=last.var,
+            queued=last.queued.metrics(),
         )
 
     def latest_fpm(self) -> ForwardPassMetrics | None:
