@@ -8,8 +8,9 @@ understood, tested or moved one without the other.
 An edge goes to the module named, or, for ``from PACKAGE import NAME``, to the submodule
 ``PACKAGE.NAME`` when there is one. Importing ``a.b.c`` also runs the ``__init__`` of ``a`` and
 ``a.b``; those implicit edges are left out, so that a package whose ``__init__`` re-exports its
-modules' names is not a circle with each of them (it is the usual way to give a package a
-face, and the re-export is the only edge that package has to its module).
+modules' names (the usual way to give a package a face) is not a circle with each of them. A
+module that imports a name its package's ``__init__`` defines (``from a.b import NAME``, NAME
+no submodule) does depend on that ``__init__``, and that edge counts.
 
 Only modules inside the walked folder are nodes: ``import_cycles(src / "disagg_planner")``
 walks the whole package, ``import_cycles(src / "disagg_planner" / "simulator")`` one folder.
