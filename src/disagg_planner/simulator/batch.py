@@ -37,6 +37,8 @@ from disagg_planner.simulator.iteration import (
     PREEMPTED,
     PassOutcome,
     PrefillChunk,
+    Queued,
+    QueueTotals,
     Step,
 )
 from disagg_planner.simulator.prefix_cache import PrefixCache
@@ -65,7 +67,10 @@ class RankBatch:
         self._reserved = 0
         self._reserved_by: dict[int, int] = {}
         self.waiting: deque[SimRequest] = deque()
-        self._queue = EMPTY_QUEUE  # the waiting queue's totals, for the FPM and routing
+        # The waiting queue's totals (routing reads them), and their snapshot for the next
+        # FPM, taken once per change at most (None: changed since the last one).
+        self._queue = QueueTotals()
+        self._queued: Queued | None = EMPTY_QUEUE
         self._running: list[SimRequest] = []
         # Set while every running request decodes in lockstep (see the module doc); its
         # members are the first ``n`` of ``_running``, the rest are just admitted.
@@ -112,11 +117,24 @@ class RankBatch:
 
     # -- waiting queue -------------------------------------------------------------------------
     def _enqueue(self, req: SimRequest, *, front: bool = False) -> None:
-        self._queue = self._queue.changed(req, 1)
+        self._queue.add(req, 1)
+        self._queued = None
         if front:
             self.waiting.appendleft(req)
         else:
             self.waiting.append(req)
+
+    def _queue_now(self) -> Queued:
+        """The waiting queue's totals now, as an FPM keeps them."""
+        queued = self._queued
+        if queued is None:
+            queued = self._queued = self._queue.snapshot()
+        return queued
+
+    def _clear_queue(self) -> None:
+        self.waiting.clear()
+        self._queue = QueueTotals()
+        self._queued = EMPTY_QUEUE
 
     # -- the decode group ------------------------------------------------------------------------
     def _ungroup(self) -> None:
@@ -281,7 +299,8 @@ class RankBatch:
                 self._reserved += whole
                 self._reserved_by[id(req)] = whole
             waiting.popleft()
-            self._queue = self._queue.changed(req, -1)
+            self._queue.add(req, -1)
+            self._queued = None
             req.computed = computed
             if hit:
                 req.cached_tokens = hit

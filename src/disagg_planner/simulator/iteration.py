@@ -3,7 +3,8 @@
 - :class:`PrefillChunk`: one request's prompt tokens computed in an iteration;
 - :class:`Scheduled`: the iteration's scheduled work (the FPM's scheduled section, less the
   decode contexts' variance, which is kept as a :data:`VarSource` until an FPM is built);
-- :class:`Queued`: the waiting queue's totals (the FPM's queued section before its variances);
+- :class:`QueueTotals`: the waiting queue's totals, kept up to date, and :class:`Queued`, their
+  value at one moment (the FPM's queued section before its variances);
 - :class:`PassOutcome`: what a scheduling pass did besides scheduling (preempted, admitted);
 - :class:`Step`: the single iteration in progress (a planned run of decode-only iterations is
   a :class:`~disagg_planner.simulator.decode_run.DecodeRun`);
@@ -71,9 +72,10 @@ IDLE = Scheduled(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 class Queued(NamedTuple):
-    """The waiting queue's totals. A preempted request that had generated output counts as a
-    queued decode of its whole prompt (its KV is recomputed); any other as a queued prefill of
-    the prompt tokens it has left."""
+    """The waiting queue's totals at one moment (what an FPM's queued section is computed
+    from). A preempted request that had generated output counts as a queued decode of its
+    whole prompt (its KV is recomputed); any other as a queued prefill of the prompt tokens it
+    has left."""
 
     prefill_requests: int
     prefill_tokens: int
@@ -81,28 +83,6 @@ class Queued(NamedTuple):
     decode_requests: int
     decode_kv_tokens: int
     decode_kv_tokens_sq: int
-
-    def changed(self, req: SimRequest, sign: int) -> Queued:
-        """The totals with ``req`` added (``sign`` 1) or removed (-1)."""
-        if req.preemptions and req.generated:
-            v = req.prompt_len
-            return Queued(
-                self.prefill_requests,
-                self.prefill_tokens,
-                self.prefill_tokens_sq,
-                self.decode_requests + sign,
-                self.decode_kv_tokens + sign * v,
-                self.decode_kv_tokens_sq + sign * v * v,
-            )
-        v = req.prompt_len - req.computed
-        return Queued(
-            self.prefill_requests + sign,
-            self.prefill_tokens + sign * v,
-            self.prefill_tokens_sq + sign * v * v,
-            self.decode_requests,
-            self.decode_kv_tokens,
-            self.decode_kv_tokens_sq,
-        )
 
     def metrics(self) -> QueuedRequestMetrics:
         n_pf, s_pf, ss_pf = self.prefill_requests, self.prefill_tokens, self.prefill_tokens_sq
@@ -116,6 +96,43 @@ class Queued(NamedTuple):
             num_decode_requests=int(n_dc),
             sum_decode_kv_tokens=int(s_dc),
             var_decode_kv_tokens=float(max(0.0, var_dc)),
+        )
+
+
+@dataclass(slots=True)
+class QueueTotals:
+    """The waiting queue's totals kept up to date in place as requests join and leave it (a
+    request joins and leaves several queues on its way: an immutable record per change would
+    cost more than the changes); :meth:`snapshot` is the :class:`Queued` an FPM keeps."""
+
+    prefill_requests: int = 0
+    prefill_tokens: int = 0
+    prefill_tokens_sq: int = 0
+    decode_requests: int = 0
+    decode_kv_tokens: int = 0
+    decode_kv_tokens_sq: int = 0
+
+    def add(self, req: SimRequest, sign: int) -> None:
+        """Count ``req`` in (``sign`` 1) or out (-1) as :class:`Queued` says."""
+        if req.preemptions and req.generated:
+            v = req.prompt_len
+            self.decode_requests += sign
+            self.decode_kv_tokens += sign * v
+            self.decode_kv_tokens_sq += sign * v * v
+        else:
+            v = req.prompt_len - req.computed
+            self.prefill_requests += sign
+            self.prefill_tokens += sign * v
+            self.prefill_tokens_sq += sign * v * v
+
+    def snapshot(self) -> Queued:
+        return Queued(
+            self.prefill_requests,
+            self.prefill_tokens,
+            self.prefill_tokens_sq,
+            self.decode_requests,
+            self.decode_kv_tokens,
+            self.decode_kv_tokens_sq,
         )
 
 
@@ -204,6 +221,7 @@ __all__ = [
     "LastIteration",
     "PassOutcome",
     "PrefillChunk",
+    "QueueTotals",
     "Queued",
     "Scheduled",
     "Step",

@@ -27,7 +27,6 @@ from disagg_planner.simulator.decode_run import (
 )
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.iteration import (
-    EMPTY_QUEUE,
     IDLE,
     LastIteration,
     Scheduled,
@@ -165,8 +164,7 @@ class EngineCore(RankBatch):
             self._step.decode = []
         out = list(self._running) + list(self.waiting)
         self._running = []
-        self.waiting.clear()
-        self._queue = EMPTY_QUEUE
+        self._clear_queue()
         for req in out:
             if req.computed or req.generated:
                 req.preemptions += 1  # it loses its KV like a preempted request
@@ -383,7 +381,7 @@ class EngineCore(RankBatch):
         if on_fpm is not None:
             var = run.decode_var()
             # The waiting queue does not change during the run's iterations: one section.
-            queued = self._queue.metrics()
+            queued = self._queue_now().metrics()
             for j in range(c, c + m):
                 sched = Scheduled(0.0, 0.0, 0.0, 0.0, float(b), float(run.k0 + j * b))
                 self._record_fpm(durs[j], sched, var, emit=False)
@@ -425,7 +423,7 @@ class EngineCore(RankBatch):
         last.wall = wall
         last.scheduled = scheduled
         last.var = var
-        last.queued = self._queue
+        last.queued = self._queue_now()
         if emit and self.on_fpm is not None:
             self.on_fpm(self._build_fpm())
 
@@ -435,7 +433,7 @@ class EngineCore(RankBatch):
         last.wall = 0.0
         last.scheduled = IDLE
         last.var = 0.0
-        last.queued = self._queue
+        last.queued = self._queue_now()
         if self.on_fpm is not None:
             self.on_fpm(self._build_fpm())
 
