@@ -61,8 +61,8 @@ from disagg_planner.replay.oracle import (
 )
 from disagg_planner.replay.runner import ClusterSetup, run_policy
 from disagg_planner.simulator.cluster import Cluster
-from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec
+from disagg_planner.simulator.engines import engine_for
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.startup import planning_lead_s
 
@@ -469,7 +469,7 @@ def admitted(requests: Sequence[RequestLike], specs: Mapping[str, EngineSpec]) -
 
 @cache
 def _max_model_len(spec: EngineSpec) -> int:
-    return EngineModel(spec).max_model_len
+    return engine_for(spec).max_model_len
 
 
 def refused_warning(requests: Sequence[RequestLike], specs: Mapping[str, EngineSpec]) -> str:

@@ -32,216 +32,22 @@ without the extra, and an ``aic:`` spec without it says how to install it.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from disagg_planner.simulator import catalogue
+from disagg_planner.simulator import aic_tables
 from disagg_planner.simulator.catalogue import Efficiency
 from disagg_planner.simulator.engine_model import EngineModel, FloatArray
 from disagg_planner.simulator.engine_spec import EngineSpec, coerce
-from disagg_planner.simulator.errors import CatalogueError, EngineSpecError
+from disagg_planner.simulator.errors import EngineSpecError
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'disagg-planner[aic]'"
-_PACKAGE = "aiconfigurator_core"
-
-# The models AIConfigurator ships configs for that the catalogue has the architecture of:
-# catalogue name -> (hub id of the shipped config, GEMM quant mode; None: the config's own
-# quantisation config says it). Llama 3.1 70B and 3.3 70B share the architecture.
-_FROM_CATALOGUE: dict[str, tuple[str, str | None]] = {
-    "llama-3.1-8b": ("meta-llama/Meta-Llama-3.1-8B", "bfloat16"),
-    "llama-3.1-8b-fp8": ("meta-llama/Meta-Llama-3.1-8B", "fp8"),
-    "llama-3.3-70b": ("meta-llama/Meta-Llama-3.1-70B", "bfloat16"),
-    "llama-3.3-70b-fp8": ("nvidia/Llama-3.1-70B-Instruct-FP8", None),
-    "qwen3-32b": ("Qwen/Qwen3-32B", "bfloat16"),
-    "qwen3-32b-fp8": ("Qwen/Qwen3-32B-FP8", None),
-}
-# Hub id -> the catalogue name of its architecture and precision.
-_FROM_HUB: dict[str, str] = {
-    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
-    "meta-llama/Meta-Llama-3.1-70B": "llama-3.3-70b",
-    "nvidia/Llama-3.1-70B-Instruct-FP8": "llama-3.3-70b-fp8",
-    "Qwen/Qwen3-32B": "qwen3-32b",
-    "Qwen/Qwen3-32B-FP8": "qwen3-32b-fp8",
-}
-# Catalogue GPU -> AIConfigurator system name.
-SYSTEMS: dict[str, str] = {
-    "a100_sxm": "a100_sxm",
-    "h100_sxm": "h100_sxm",
-    "h200_sxm": "h200_sxm",
-    "b200": "b200_sxm",
-    "gb200": "gb200",
-}
 _KV_QUANT = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
-
-
-def _package_dir() -> Path:
-    try:
-        found = importlib.util.find_spec(_PACKAGE)
-    except (ImportError, ValueError):  # a broken install counts as none
-        found = None
-    if found is None or not found.submodule_search_locations:
-        raise EngineSpecError(
-            f"the aic engine needs aiconfigurator-core, which is not installed: {INSTALL_HINT}"
-        )
-    return Path(next(iter(found.submodule_search_locations)))
-
-
-def supported_models() -> list[str]:
-    """The ``MODEL`` names an ``aic:`` spec accepts (hub ids and catalogue names)."""
-    return sorted(_FROM_HUB) + sorted(_FROM_CATALOGUE)
-
-
-def resolve_model(name: str, *, spec: str) -> tuple[str, str]:
-    """``(hub id of the shipped config, catalogue model name)`` for an ``aic:`` spec's MODEL.
-
-    Refused with a clear error: the extra not installed; a name AIConfigurator would fetch
-    from the model hub (anything it does not ship a config for, and local folders); a shipped
-    config whose architecture the catalogue lacks.
-    """
-    package = _package_dir()
-    key = name.strip()
-    hub = {k.lower(): k for k in _FROM_HUB}
-    if key.lower() in hub:
-        hub_id = hub[key.lower()]
-        catalogue_name = _FROM_HUB[hub_id]
-    elif key.lower() in _FROM_CATALOGUE:
-        catalogue_name = key.lower()
-        hub_id = _FROM_CATALOGUE[catalogue_name][0]
-    else:
-        shipped = (package / "model_configs" / f"{key.replace('/', '--')}_config.json").exists()
-        if shipped:
-            why = (
-                "aiconfigurator-core ships its config, but the simulator's catalogue lacks "
-                "its architecture"
-            )
-        elif _in_catalogue(key):
-            why = "no AIConfigurator config is mapped to this catalogue model (MoE or absent)"
-        else:
-            why = (
-                "aiconfigurator-core ships no config for it and would fetch one from the "
-                "model hub, which the planner never does at run time"
-            )
-        raise EngineSpecError(
-            f"engine spec {spec!r}: model {name!r} is refused: {why}; use one of "
-            + ", ".join(supported_models())
-        )
-    config = package / "model_configs" / f"{hub_id.replace('/', '--')}_config.json"
-    if not config.exists():
-        raise EngineSpecError(
-            f"engine spec {spec!r}: the installed aiconfigurator-core does not ship {config.name} "
-            f"for {hub_id}; install the pinned version: {INSTALL_HINT}"
-        )
-    return hub_id, catalogue_name
-
-
-def _in_catalogue(name: str) -> bool:
-    try:
-        catalogue.model(name)
-    except CatalogueError:
-        return False
-    return True
-
-
-def check_supported(spec: EngineSpec, *, spec_text: str | None = None) -> None:
-    """Refuse what the aic engine cannot time: an unknown GPU, no measured tables for the
-    backend on it, a MoE model (its expert-parallel mapping is not wired), ``ep``."""
-    text = spec_text or str(spec)
-    problems = []
-    system = SYSTEMS.get(spec.gpu.name)
-    if system is None:
-        problems.append(
-            f"GPU {spec.gpu.name!r} has no AIConfigurator system; known: {', '.join(SYSTEMS)}"
-        )
-    elif not _measured_versions(system, spec.backend, "gemm"):
-        problems.append(f"AIConfigurator has no {spec.backend} tables for {system}")
-    if spec.model.moe is not None or spec.ep != 1:
-        problems.append("MoE models and expert parallelism are not supported by the aic engine")
-    if spec.model.weight_dtype == "fp8" and spec.gpu.fp8_flops is None:
-        problems.append(f"{spec.gpu.name} has no FP8 tensor cores for {spec.model.name}")
-    if problems:
-        raise EngineSpecError(f"engine spec {text!r}: " + "; ".join(problems))
-
-
-def _measured_versions(system: str, backend: str, family: str) -> list[Path]:
-    root = _package_dir() / "systems" / "data" / system / family / backend
-    return sorted(p for p in root.glob("*") if p.is_dir()) if root.is_dir() else []
-
-
-@dataclass(frozen=True)
-class MeasuredGrid:
-    """The largest arguments AIConfigurator measured for one system and backend (over every
-    version of its tables, since it fills gaps from older versions)."""
-
-    gemm_tokens: int  # GEMM rows (tokens of one iteration)
-    prefill_batch: int  # context-attention batch
-    prefill_sequence: int  # context-attention sequence length (prefix + new tokens)
-    decode_batch: int  # generation-attention batch
-    decode_sequence: int  # generation-attention KV length
-
-    def notes(
-        self, tokens: int, prefill_requests: int, prefill_sequence: float, batch: int, kv: float
-    ) -> list[tuple[str, str]]:
-        """``(kind, note)`` for each argument beyond the grid (empty: inside)."""
-        out = []
-        if tokens > self.gemm_tokens:
-            out.append(("gemm", f"{tokens} tokens per iteration > measured {self.gemm_tokens}"))
-        if prefill_requests > self.prefill_batch:
-            out.append(
-                (
-                    "prefill batch",
-                    f"{prefill_requests} prefills in one iteration > measured {self.prefill_batch}",
-                )
-            )
-        if prefill_sequence > self.prefill_sequence:
-            out.append(
-                (
-                    "prefill sequence",
-                    f"prefill sequence {prefill_sequence:.0f} > measured {self.prefill_sequence}",
-                )
-            )
-        if batch > self.decode_batch:
-            out.append(("decode batch", f"decode batch {batch} > measured {self.decode_batch}"))
-        if kv > self.decode_sequence:
-            out.append(
-                ("decode context", f"decode context {kv:.0f} > measured {self.decode_sequence}")
-            )
-        return out
-
-
-def _column_max(files: list[Path], column: str) -> int:
-    import pandas as pd  # type: ignore[import-untyped]  # a dependency of aiconfigurator-core
-
-    best = 0
-    for f in files:
-        best = max(best, int(pd.read_parquet(f, columns=[column])[column].max()))
-    return best
-
-
-def _grid(system: str, backend: str) -> MeasuredGrid:
-    def files(family: str, name: str) -> list[Path]:
-        return [
-            v / name for v in _measured_versions(system, backend, family) if (v / name).exists()
-        ]
-
-    gemm = files("gemm", "gemm_perf.parquet")
-    ctx = files("attention", "context_attention_perf.parquet")
-    gen = files("attention", "generation_attention_perf.parquet")
-    return MeasuredGrid(
-        gemm_tokens=_column_max(gemm, "m"),
-        prefill_batch=_column_max(ctx, "batch_size"),
-        prefill_sequence=_column_max(ctx, "isl"),
-        decode_batch=_column_max(gen, "batch_size"),
-        # ``step`` is the KV length the measured decode token attends to
-        decode_sequence=_column_max(gen, "step") + 1,
-    )
 
 
 def _refuse_download(hf_id: str, filename: str, **_: object) -> dict[str, Any] | None:
@@ -258,14 +64,14 @@ def _sdk() -> dict[str, Any]:
     """AIConfigurator's modules, imported once, with the hub download disabled and its
     per-table loading chatter (INFO/WARNING logs about fallback rows) kept out of our logs."""
     if not _SDK:
-        _package_dir()
+        aic_tables.package_dir()
         from aiconfigurator_core.sdk import memory, perf_database, utils
         from aiconfigurator_core.sdk.engine import EngineHandle
 
         # Every hub fetch of the library goes through this function (config.json and
         # hf_quant_config.json): replaced, no model name can reach the network.
         utils._download_hf_json = _refuse_download
-        logging.getLogger(_PACKAGE).setLevel(logging.ERROR)
+        logging.getLogger(aic_tables.PACKAGE).setLevel(logging.ERROR)
         _SDK.update(
             EngineHandle=EngineHandle,
             estimate_num_gpu_blocks=memory.estimate_num_gpu_blocks,
@@ -300,7 +106,7 @@ class _Compiled:
     handle: Any  # aiconfigurator_core.sdk.engine.EngineHandle
     version: str
     kv_blocks: int
-    grid: MeasuredGrid
+    grid: aic_tables.MeasuredGrid
     answers: _Answers
 
 
@@ -318,8 +124,9 @@ def _compiled(spec: EngineSpec) -> _Compiled:
     """The compiled AIConfigurator engine of ``spec`` (1-5 s the first time; shared by every
     engine model of the same spec in the process)."""
     assert spec.aic_model is not None
-    system = SYSTEMS[spec.gpu.name]
-    gemm_quant = _FROM_CATALOGUE[spec.model.name][1] if spec.model.name in _FROM_CATALOGUE else None
+    system = aic_tables.SYSTEMS[spec.gpu.name]
+    from_catalogue = aic_tables.FROM_CATALOGUE
+    gemm_quant = from_catalogue[spec.model.name][1] if spec.model.name in from_catalogue else None
     kv_quant = _KV_QUANT.get(spec.model.kv_dtype)
     key = (
         spec.aic_model,
@@ -368,7 +175,7 @@ def _compiled(spec: EngineSpec) -> _Compiled:
             f"engine spec {spec}: AIConfigurator's memory model leaves no KV cache "
             f"({blocks} blocks); use more GPUs (tp) or a smaller precision"
         )
-    grid = _grid(system, spec.backend)
+    grid = aic_tables.measured_grid(system, spec.backend)
     found = _COMPILED[key] = _Compiled(handle, version, blocks, grid, _Answers())
     return found
 
@@ -399,7 +206,7 @@ def _bucket_end(n: int) -> int:
 
 class AicEngineModel(EngineModel):
     """:class:`EngineModel` with AIConfigurator's step times and KV capacity (see the module
-    doc). Built by ``EngineModel(spec)`` for a spec parsed from ``aic:...``."""
+    doc). Built by ``engines.engine_for(spec)`` for a spec parsed from ``aic:...``."""
 
     def __init__(self, spec: EngineSpec | str, *, efficiency: Efficiency | None = None) -> None:
         spec = coerce(spec)
@@ -572,12 +379,4 @@ class AicEngineModel(EngineModel):
         return out
 
 
-__all__ = [
-    "INSTALL_HINT",
-    "SYSTEMS",
-    "AicEngineModel",
-    "MeasuredGrid",
-    "check_supported",
-    "resolve_model",
-    "supported_models",
-]
+__all__ = ["AicEngineModel", "forget_answers"]

@@ -65,21 +65,19 @@ class EngineCapabilities:
 
 
 class EngineModel:
-    """Timing and memory model of one engine spec; stateless and cheap to call."""
+    """Timing and memory model of one ``sim:`` engine spec; stateless and cheap to call.
 
-    def __new__(
-        cls, spec: EngineSpec | str, *, efficiency: Efficiency | None = None
-    ) -> EngineModel:
-        # An ``aic:`` spec is timed by AIConfigurator's tables: every ``EngineModel(spec)``
-        # of the simulator gets that engine model without knowing which one it asked for.
-        if cls is EngineModel and coerce(spec).timing == "aic":
-            from disagg_planner.simulator.aic_engine import AicEngineModel
-
-            return super().__new__(AicEngineModel)
-        return super().__new__(cls)
+    Build engines with :func:`disagg_planner.simulator.engines.engine_for`, which picks this
+    model or AIConfigurator's by the spec's timing."""
 
     def __init__(self, spec: EngineSpec | str, *, efficiency: Efficiency | None = None) -> None:
         self.spec = coerce(spec)
+        if self.spec.timing == "aic" and type(self) is EngineModel:
+            # The roofline would time it silently: an aic: spec is built by the factory.
+            raise EngineSpecError(
+                f"engine spec {self.spec}: an aic: spec is timed by AIConfigurator's tables; "
+                "build its engine with disagg_planner.simulator.engines.engine_for"
+            )
         self.eff = efficiency or catalogue.efficiency()
         s, m, g, e = self.spec, self.spec.model, self.spec.gpu, self.eff
         wbytes = DTYPE_BYTES[m.weight_dtype]

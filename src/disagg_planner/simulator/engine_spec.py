@@ -39,7 +39,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from disagg_planner.simulator import catalogue
+from disagg_planner.simulator import aic_tables, catalogue
 from disagg_planner.simulator.catalogue import GpuSpec, ModelSpec
 from disagg_planner.simulator.errors import CatalogueError, EngineSpecError
 
@@ -234,11 +234,9 @@ def parse(text: str) -> EngineSpec:
         raise EngineSpecError(f"engine spec {text!r}: empty model or GPU name")
     fields: dict[str, object] = {}
     if timing == "aic":
-        # Imported here: the aic module is the optional extra's front door and says how to
-        # install it; it never reaches the network (see its module doc).
-        from disagg_planner.simulator import aic_engine
-
-        aic_model, model_name = aic_engine.resolve_model(model_name, spec=text)
+        # The optional extra's front door: it says how to install it and never reaches the
+        # network (see its module doc).
+        aic_model, model_name = aic_tables.resolve_model(model_name, spec=text)
         fields.update(timing="aic", aic_model=aic_model)
     try:
         model = catalogue.model(model_name)
@@ -304,9 +302,9 @@ def parse(text: str) -> EngineSpec:
         fields["ep"] = int(str(fields.get("tp", 1))) * int(str(fields.get("dp", 1)))
     parsed = EngineSpec(model=model, gpu=gpu, **fields)  # type: ignore[arg-type]
     if timing == "aic":
-        from disagg_planner.simulator import aic_engine
-
-        aic_engine.check_supported(parsed, spec_text=text)
+        aic_tables.check_supported(
+            model=parsed.model, gpu=parsed.gpu, backend=parsed.backend, ep=parsed.ep, spec_text=text
+        )
     return parsed
 
 

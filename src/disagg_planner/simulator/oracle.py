@@ -34,6 +34,7 @@ from disagg_planner.simulator import catalogue
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec
+from disagg_planner.simulator.engines import engine_for
 from disagg_planner.simulator.heap import FrozenHeap
 from disagg_planner.simulator.request import RequestRecord
 
@@ -114,7 +115,7 @@ def capacity(
     ttft_quantile: float | None = None,
 ) -> EngineCapacity:
     """Prefill and decode capacity of one replica of ``spec`` (disaggregated serving)."""
-    model = EngineModel(spec)
+    model = engine_for(spec)
     transfer = 0.0
     if kv_transfer_bandwidth_bps:
         transfer = isl * model.kv_bytes_per_token / kv_transfer_bandwidth_bps

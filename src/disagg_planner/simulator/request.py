@@ -157,7 +157,7 @@ class SimRequest:
         self.prefill_worker: str | None = None
         self.decode_worker: str | None = None
         # Set by the engine while the request decodes in lockstep with its batch
-        # (``scheduler._DecodeGroup``): context minus the group's iteration count, and the
+        # (``decode_group.DecodeGroup``): context minus the group's iteration count, and the
         # iteration count at which the request has generated its last token.
         self.group_offset = 0
         self.group_finish = 0

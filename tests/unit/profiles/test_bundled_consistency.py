@@ -14,6 +14,7 @@ import pytest
 
 from disagg_planner.profiles import Profile, list_bundled, load_profile, resolve_profile
 from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.engines import engine_for
 
 SLA_TTFT_MS = 2000.0
 SLA_ITL_MS = 50.0
@@ -33,7 +34,7 @@ def bundled(request: pytest.FixtureRequest) -> tuple[Profile, EngineModel]:
     assert profile.manifest is not None and profile.manifest.source == "modelled"
     spec = profile.manifest.extra.get("engine_spec")
     assert isinstance(spec, str), f"{request.param}: profile.yaml records no engine_spec"
-    return profile, EngineModel(spec)
+    return profile, engine_for(spec)
 
 
 def engine_ttft_ms(model: EngineModel, isl: float) -> float:

@@ -19,10 +19,12 @@ import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.simulator import aic_engine
-from disagg_planner.simulator.aic_engine import INSTALL_HINT, AicEngineModel
+from disagg_planner.simulator.aic_engine import AicEngineModel
+from disagg_planner.simulator.aic_tables import INSTALL_HINT
 from disagg_planner.simulator.calibration import POINTS
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import parse
+from disagg_planner.simulator.engines import engine_for
 from disagg_planner.simulator.errors import EngineSpecError
 
 H200_8B_FP8 = "aic:llama-3.1-8b-fp8@h200_sxm:tp1"
@@ -30,7 +32,7 @@ H200_8B_FP8 = "aic:llama-3.1-8b-fp8@h200_sxm:tp1"
 
 @pytest.fixture(scope="module")
 def h200_8b() -> EngineModel:
-    return EngineModel(H200_8B_FP8)
+    return engine_for(H200_8B_FP8)
 
 
 @pytest.fixture
@@ -66,9 +68,14 @@ def test_an_aic_spec_names_a_shipped_config_and_round_trips() -> None:
 
 def test_the_engine_model_of_an_aic_spec_is_the_aic_one(h200_8b: EngineModel) -> None:
     assert isinstance(h200_8b, AicEngineModel)
-    assert type(EngineModel("sim:llama-3.1-8b-fp8@h200_sxm:tp1")) is EngineModel
-    sim = EngineModel("sim:llama-3.1-8b-fp8@h200_sxm:tp1")
+    assert type(engine_for("sim:llama-3.1-8b-fp8@h200_sxm:tp1")) is EngineModel
+    sim = engine_for("sim:llama-3.1-8b-fp8@h200_sxm:tp1")
     assert h200_8b.decode_step_time_s(64, 3000) != sim.decode_step_time_s(64, 3000)
+
+
+def test_the_roofline_refuses_an_aic_spec_instead_of_timing_it_silently() -> None:
+    with pytest.raises(EngineSpecError, match="engine_for"):
+        EngineModel(H200_8B_FP8)
 
 
 def test_a_model_it_would_fetch_from_the_hub_is_refused_before_any_network(
@@ -164,19 +171,19 @@ def test_kv_capacity_comes_from_its_memory_model(h200_8b: EngineModel) -> None:
         kvcache_quant_mode="fp8",
     )
     assert h200_8b.kv_blocks == expected
-    assert h200_8b.kv_blocks != EngineModel("sim:llama-3.1-8b-fp8@h200_sxm:tp1").kv_blocks
+    assert h200_8b.kv_blocks != engine_for("sim:llama-3.1-8b-fp8@h200_sxm:tp1").kv_blocks
     assert h200_8b.capabilities.total_kv_blocks == expected
     assert h200_8b.max_kv_tokens == expected * 16
-    smaller = EngineModel(H200_8B_FP8 + ":mem=0.5")
+    smaller = engine_for(H200_8B_FP8 + ":mem=0.5")
     assert 0 < smaller.kv_blocks < h200_8b.kv_blocks
-    bf16_kv = EngineModel(H200_8B_FP8 + ":kv=bf16")
+    bf16_kv = engine_for(H200_8B_FP8 + ":kv=bf16")
     assert bf16_kv.kv_blocks < h200_8b.kv_blocks * 0.6
 
 
 def test_answers_outside_the_measured_grid_are_flagged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    model = EngineModel(H200_8B_FP8 + ":max_model_len=100000")
+    model = engine_for(H200_8B_FP8 + ":max_model_len=100000")
     assert isinstance(model, AicEngineModel)
     assert model.grid.prefill_sequence == 16384
     assert model.outside_grid(3000, 0, 0, 0) == []
@@ -287,7 +294,7 @@ def test_a_profile_swept_from_the_aic_engine_replays_on_it(
 
 def test_building_and_timing_an_engine_opens_no_connection(no_network: list[object]) -> None:
     # A spec no other test compiles: its config, tables and memory model all load offline.
-    model = EngineModel("aic:Qwen/Qwen3-32B-FP8@h100_sxm:sglang:tp2")
+    model = engine_for("aic:Qwen/Qwen3-32B-FP8@h100_sxm:sglang:tp2")
     assert isinstance(model, AicEngineModel) and model.kv_blocks > 0
     assert 0 < model.decode_step_time_s(16, 2000) < model.prefill_time_s(4000)
     assert no_network == []

@@ -11,7 +11,7 @@ from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.simulator import catalogue, fit
 from disagg_planner.simulator.calibration import POINTS
 from disagg_planner.simulator.cluster import Cluster
-from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.engines import engine_for
 from disagg_planner.simulator.errors import CatalogueError
 
 H200_8B = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
@@ -28,10 +28,10 @@ def test_prefill_and_decode_gemms_have_their_own_efficiency() -> None:
     base = fit.build({p.path: p.start for p in fit.PARAMS})
     faster_decode = _with("backends.vllm.gemm_decode.fp8", 0.9)
     with catalogue.trial_fit(base):
-        m = EngineModel(H200_8B)
+        m = engine_for(H200_8B)
         prefill, decode = m.iteration_time_s(4096, 0, 0, 0), m.iteration_time_s(0, 0, 4096, 0)
     with catalogue.trial_fit(faster_decode):
-        m2 = EngineModel(H200_8B)
+        m2 = engine_for(H200_8B)
         # Only the prompt's last (sampling) row of 4,096 runs at the decode efficiency.
         assert prefill > m2.iteration_time_s(4096, 0, 0, 0) > (1 - 1e-3) * prefill
         assert m2.iteration_time_s(0, 0, 4096, 0) < 0.8 * decode
@@ -47,19 +47,19 @@ def test_kv_read_efficiency_moves_decode_attention_only() -> None:
     slow_kv = _with("backends.vllm.kv_read", 0.4)
     fast_kv = _with("backends.vllm.kv_read", 0.9)
     with catalogue.trial_fit(slow_kv):
-        slow = EngineModel(H200_8B)
+        slow = engine_for(H200_8B)
         s_long, s_short = slow.decode_step_time_s(64, 8000), slow.decode_step_time_s(64, 1)
     with catalogue.trial_fit(fast_kv):
-        fast = EngineModel(H200_8B)
+        fast = engine_for(H200_8B)
         f_long, f_short = fast.decode_step_time_s(64, 8000), fast.decode_step_time_s(64, 1)
     assert f_long < 0.8 * s_long
     assert f_short == pytest.approx(s_short, rel=0.01)  # no KV: weights and overheads only
 
 
 def test_backends_time_differently_and_sglang_uses_vllms_factors() -> None:
-    vllm = EngineModel(H200_8B)
-    sglang = EngineModel(H200_8B + ":backend=sglang")
-    trtllm = EngineModel(H200_8B + ":backend=trtllm")
+    vllm = engine_for(H200_8B)
+    sglang = engine_for(H200_8B + ":backend=sglang")
+    trtllm = engine_for(H200_8B + ":backend=trtllm")
     args = (0, 0, 512, 512 * 2000)
     assert sglang.iteration_time_s(*args) == vllm.iteration_time_s(*args)
     assert trtllm.iteration_time_s(*args) != vllm.iteration_time_s(*args)
@@ -68,10 +68,10 @@ def test_backends_time_differently_and_sglang_uses_vllms_factors() -> None:
 
 def test_trtllm_sizes_its_kv_cache_from_free_memory() -> None:
     # kv_cache_free_gpu_mem_fraction: 0.9 of what the weights and reserve leave.
-    m = EngineModel(H200_8B + ":backend=trtllm")
+    m = engine_for(H200_8B + ":backend=trtllm")
     expected = (141e9 - m.weight_bytes_per_gpu - 2e9) * 0.9 / 65536
     assert m.max_kv_tokens == pytest.approx(expected, rel=0.001)
-    assert m.max_kv_tokens > EngineModel(H200_8B).max_kv_tokens
+    assert m.max_kv_tokens > engine_for(H200_8B).max_kv_tokens
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from disagg_planner.simulator.calibration import POINTS
-from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.engines import engine_for
 
 H200_8B = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 
@@ -31,7 +31,7 @@ def test_required_h200_8b_points_are_targets():
 
 
 def test_prefill_time_grows_with_tokens_and_context():
-    m = EngineModel(H200_8B)
+    m = engine_for(H200_8B)
     times = [m.iteration_time_s(p, 0, 0, 0) for p in (16, 256, 1024, 4096, 8192)]
     assert times == sorted(times) and times[0] < times[-1] / 20
     assert m.iteration_time_s(2048, 8192, 0, 0) > m.iteration_time_s(2048, 0, 0, 0)
@@ -40,7 +40,7 @@ def test_prefill_time_grows_with_tokens_and_context():
 
 
 def test_decode_step_grows_with_batch_and_kv():
-    m = EngineModel(H200_8B)
+    m = engine_for(H200_8B)
     by_batch = [m.decode_step_time_s(b, 1000) for b in (1, 8, 64, 256)]
     by_context = [m.decode_step_time_s(32, c) for c in (100, 1000, 8000, 32000)]
     assert by_batch == sorted(by_batch)
@@ -50,7 +50,7 @@ def test_decode_step_grows_with_batch_and_kv():
 
 
 def test_vectorised_decode_times_equal_scalar_calls():
-    m = EngineModel("sim:llama-3.3-70b-fp8@h100_sxm:tp4")
+    m = engine_for("sim:llama-3.3-70b-fp8@h100_sxm:tp4")
     kv = np.arange(1000.0, 200000.0, 7919.0)
     vec = m.iteration_time_s(0, 0, 48, kv)
     scalar = [m.iteration_time_s(0, 0, 48, float(k)) for k in kv]
@@ -58,26 +58,26 @@ def test_vectorised_decode_times_equal_scalar_calls():
 
 
 def test_tensor_parallelism_speeds_up_but_adds_communication():
-    tp1 = EngineModel("sim:llama-3.3-70b-fp8@h200_sxm:tp1")
-    tp4 = EngineModel("sim:llama-3.3-70b-fp8@h200_sxm:tp4")
+    tp1 = engine_for("sim:llama-3.3-70b-fp8@h200_sxm:tp1")
+    tp4 = engine_for("sim:llama-3.3-70b-fp8@h200_sxm:tp4")
     t1, t4 = tp1.decode_step_time_s(32, 2000), tp4.decode_step_time_s(32, 2000)
     assert t4 < t1 < 4 * t4  # faster, but not 4x (all-reduce, fixed overheads)
 
 
 def test_kv_capacity_from_memory():
-    m = EngineModel(H200_8B)
+    m = engine_for(H200_8B)
     # 141 GB * 0.9 - 8 GB of FP8 weights - 2 GB reserve, 64 KiB per token (FP8 KV).
     expected = (141e9 * 0.9 - m.weight_bytes_per_gpu - 2e9) / 65536
     assert m.max_kv_tokens == pytest.approx(expected, rel=0.001)
     assert m.max_kv_tokens % m.spec.block_size == 0
     assert m.capabilities.total_kv_blocks * 16 == m.max_kv_tokens
     assert m.max_model_len == 131072
-    small = EngineModel("sim:llama-3.1-8b-fp8@h100_sxm:tp1:mem=0.14")
+    small = engine_for("sim:llama-3.1-8b-fp8@h100_sxm:tp1:mem=0.14")
     assert small.max_model_len == small.max_kv_tokens < 131072
 
 
 def test_moe_wide_ep_reads_only_touched_experts():
-    m = EngineModel("sim:deepseek-r1@gb200:tp1:dp16")
+    m = engine_for("sim:deepseek-r1@gb200:tp1:dp16")
     # One token touches 8 of 256 experts: a lone decode is much cheaper than a big batch.
     assert m.decode_step_time_s(1, 1000) < 0.5 * m.decode_step_time_s(256, 1000)
     assert m.max_kv_tokens > 100_000
@@ -85,4 +85,4 @@ def test_moe_wide_ep_reads_only_touched_experts():
 
 def test_negative_input_is_rejected():
     with pytest.raises(ValueError, match="negative input"):
-        EngineModel(H200_8B).iteration_time_s(-1, 0, 0, 0)
+        engine_for(H200_8B).iteration_time_s(-1, 0, 0, 0)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from disagg_planner.cli.profile_cmd import bundled_profile_of
-from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import parse
+from disagg_planner.simulator.engines import engine_for
 from disagg_planner.simulator.errors import EngineSpecError
 
 OUT_OF_RANGE = (
@@ -37,15 +37,15 @@ STEPS = [
 def test_every_step_takes_one_over_speed_as_long(
     base: str, speed: float, name: str, args: tuple[int, ...], kwargs: dict[str, int]
 ) -> None:
-    own = EngineModel(base)
-    slowed = EngineModel(f"{base}:speed={speed:g}")
+    own = engine_for(base)
+    slowed = engine_for(f"{base}:speed={speed:g}")
     expected = own.iteration_time_s(*args, **kwargs) / speed
     assert slowed.iteration_time_s(*args, **kwargs) == pytest.approx(expected, rel=1e-12), name
 
 
 @pytest.mark.parametrize("base", [SIM, AIC])
 def test_decode_runs_arrays_and_the_convenience_views_slow_down_alike(base: str) -> None:
-    own, half = EngineModel(base), EngineModel(f"{base}:speed=0.5")
+    own, half = engine_for(base), engine_for(f"{base}:speed=0.5")
     run, slow_run = own.decode_run_s(16, 16 * 1000, 100), half.decode_run_s(16, 16 * 1000, 100)
     assert slow_run == pytest.approx([2 * d for d in run], rel=1e-12)
     kv = np.array([1000.0, 5000.0, 20000.0])
@@ -59,7 +59,7 @@ def test_decode_runs_arrays_and_the_convenience_views_slow_down_alike(base: str)
 
 
 def test_speed_changes_the_timing_only() -> None:
-    own, fast = EngineModel(SIM), EngineModel(f"{SIM}:speed=1.4")
+    own, fast = engine_for(SIM), engine_for(f"{SIM}:speed=1.4")
     assert fast.capabilities == own.capabilities
     assert fast.max_decode_batch(3000) == own.max_decode_batch(3000)
     # the spec is the same engine otherwise, and prints and parses back with its speed

@@ -1,0 +1,503 @@
+"""The calibration points: public measurements, where each comes from, and how an engine model
+computes each (the kinds of point are listed in :mod:`disagg_planner.simulator.calibration`,
+which reports them).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from functools import cache
+
+from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.simulator import aic_engine, catalogue
+from disagg_planner.simulator.engine_model import EngineModel
+from disagg_planner.simulator.engines import engine_for
+
+ENGINE_MODELS = ("sim", "aic")
+POINT_SETS = ("training", "validation")
+# The issue's targets: TTFT within 15%, ITL and throughput within 10%.
+TARGET = {"ttft": 0.15, "itl": 0.10, "throughput": 0.10}
+_METRIC_OF_KIND = {
+    "prefill_ttft": "ttft",
+    "prefill_thpt": "throughput",
+    "decode_thpt_at_itl": "throughput",
+    "decode_step": "itl",
+    "offline_thpt": "throughput",
+}
+
+
+@dataclass(frozen=True)
+class LengthSample:
+    """Request lengths of an offline point: constant (``sigma`` 0) or lognormal around a
+    mean, clipped as the benchmark filters its prompts."""
+
+    isl_mean: float
+    osl_mean: float
+    sigma: float = 0.0
+    max_isl: int | None = None
+    max_total: int | None = None
+
+    def draw(self, n: int, seed: int) -> list[tuple[int, int]]:
+        if self.sigma == 0.0:
+            return [(round(self.isl_mean), round(self.osl_mean))] * n
+        rng = random.Random(seed)
+        shrink = math.exp(-(self.sigma**2) / 2)  # median of a lognormal of this mean
+        out: list[tuple[int, int]] = []
+        while len(out) < n:
+            isl = max(4, round(self.isl_mean * shrink * math.exp(rng.gauss(0.0, self.sigma))))
+            osl = max(4, round(self.osl_mean * shrink * math.exp(rng.gauss(0.0, self.sigma))))
+            if self.max_isl is not None and isl > self.max_isl:
+                continue
+            if self.max_total is not None and isl + osl > self.max_total:
+                continue
+            out.append((isl, osl))
+        return out
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    name: str
+    engine: str  # the sim: spec; the aic: spec is derived from it (see ``spec``)
+    kind: str  # prefill_ttft | prefill_thpt | decode_thpt_at_itl | decode_step | offline_thpt
+    target: float  # the published reference value
+    unit: str
+    source: str  # a key of SOURCES
+    point_set: str = "training"
+    backend: str = "vllm"  # the engine the reference was measured on
+    setting: str = ""  # what the reference ran (shown in the table)
+    isl: int = 0
+    context: float = 0.0
+    batch: int = 0
+    itl_ms: float = 0.0
+    requests: int = 0
+    lengths: LengthSample | None = None
+    per_request: bool = False  # offline_thpt in requests/s (else output tokens/s/GPU)
+    # Regression guard of the roofline on its own training points (see test_engine_model);
+    # None: not a fitted point.
+    tolerance: float | None = None
+    assumptions: tuple[str, ...] = field(default=())
+    # A training point the fit reports but does not fit to, and why (empty: fitted).
+    outlier: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in _METRIC_OF_KIND:
+            raise ValueError(f"calibration point {self.name!r}: unknown kind {self.kind!r}")
+        if self.point_set not in POINT_SETS:
+            raise ValueError(f"calibration point {self.name!r}: set {self.point_set!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"calibration point {self.name!r}: unknown source {self.source!r}")
+        if not self.target > 0:
+            raise ValueError(
+                f"calibration point {self.name!r}: reference {self.target!r} {self.unit}: "
+                "expected a positive number"
+            )
+        if self.outlier and self.point_set != "training":
+            raise ValueError(
+                f"calibration point {self.name!r}: outlier is a mark of training points only "
+                f"(this one is in the {self.point_set} set, which nothing is fitted to)"
+            )
+        if self.outlier and self.tolerance is not None:
+            raise ValueError(
+                f"calibration point {self.name!r}: an outlier is not fitted, so it has no "
+                f"regression tolerance (tolerance={self.tolerance})"
+            )
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the fit fits to this point (a training point not marked outlier)."""
+        return self.point_set == "training" and not self.outlier
+
+    @property
+    def metric(self) -> str:
+        return _METRIC_OF_KIND[self.kind]
+
+    @property
+    def target_tolerance(self) -> float:
+        """The issue's target for this metric (15% TTFT, 10% ITL and throughput)."""
+        return TARGET[self.metric]
+
+    def spec(self, engine_model: str = "sim") -> str:
+        """The engine spec this point runs on with ``engine_model`` (``sim`` or ``aic``)."""
+        if engine_model == "sim":
+            return self.engine
+        if engine_model != "aic":
+            raise ValueError(f"engine model {engine_model!r}: expected one of {ENGINE_MODELS}")
+        head, *options = self.engine[len("sim:") :].split(":")
+        # the sim spec names a non-vLLM backend as an option; the aic spec as a bare word
+        options = [o for o in options if not o.startswith("backend=")]
+        return ":".join(["aic:" + head, self.backend, *options])
+
+    def model_value(self, engine_model: str = "sim") -> float:
+        return _value(self, engine_model).value
+
+    def extrapolated(self, engine_model: str = "sim") -> bool:
+        """Whether ``engine_model`` answered outside its measured grid (aic only)."""
+        return _value(self, engine_model).extrapolated
+
+    def error(self, engine_model: str = "sim") -> float:
+        """Relative error of the engine model, (model - reference) / reference."""
+        return (self.model_value(engine_model) - self.target) / self.target
+
+
+@dataclass(frozen=True)
+class _Answer:
+    value: float
+    extrapolated: bool
+
+
+@cache
+def _value(point: CalibrationPoint, engine_model: str) -> _Answer:
+    spec = point.spec(engine_model)
+    if engine_model == "aic":
+        # Each point's extrapolation flag is its own (the answers are shared by spec).
+        aic_engine.forget_answers()
+    value, model = _evaluate(point, spec)
+    # Only the aic engine model has a measured grid to leave.
+    outside = sum(getattr(model, "extrapolations", {}).values())
+    return _Answer(value, outside > 0)
+
+
+def _evaluate(point: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
+    if point.kind == "offline_thpt":
+        return _offline(point, spec)
+    model = engine_for(spec)
+    return _compute(point, model), model
+
+
+def compute_sim(point: CalibrationPoint) -> float:
+    """The roofline's value for ``point`` with the efficiency factors in force now (not
+    cached: the fitting tool calls it inside ``catalogue.trial_fit``)."""
+    return _evaluate(point, point.spec("sim"))[0]
+
+
+def _compute(p: CalibrationPoint, model: EngineModel) -> float:
+    if p.kind in ("prefill_ttft", "prefill_thpt"):
+        ttft = model.prefill_time_s(p.isl) + catalogue.efficiency().ttft_overhead_s
+        if p.kind == "prefill_ttft":
+            return ttft * 1000.0
+        return p.isl / ttft / model.spec.gpus
+    if p.kind == "decode_step":
+        return model.decode_step_time_s(p.batch, p.context) * 1000.0
+    if p.kind == "decode_thpt_at_itl":
+        best = 0.0
+        for b in range(1, model.max_decode_batch(p.context) + 1):
+            step = model.decode_step_time_s(b, p.context)
+            if step * 1000.0 > p.itl_ms:
+                break
+            best = b / step / model.spec.gpus
+        return best
+    raise ValueError(f"calibration point {p.name!r}: {p.kind} is not an engine-model formula")
+
+
+def _offline(p: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
+    # Imported here: the cluster pulls in the whole scheduler, which the other kinds skip.
+    from disagg_planner.simulator.cluster import Cluster
+
+    assert p.lengths is not None
+    cluster = Cluster(engines={"agg": spec}, mode="agg", replicas={"agg": 1})
+    lengths = p.lengths.draw(p.requests, seed=0)
+    cluster.submit(TraceRequest(0.0, isl, osl) for isl, osl in lengths)
+    cluster.run_to_completion()
+    records = cluster.records
+    failed = [r for r in records if not r.ok]
+    if failed or len(records) != p.requests:
+        raise RuntimeError(
+            f"calibration point {p.name!r}: {len(failed)} of {p.requests} requests failed "
+            f"({failed[0].error if failed else 'missing records'})"
+        )
+    span = max(r.finish_s for r in records)
+    model = cluster.engine_model("agg")
+    if p.per_request:
+        return len(records) / span, model
+    return sum(r.osl for r in records) / span / model.spec.gpus, model
+
+
+SOURCES: dict[str, str] = {
+    "dynamo": (
+        "Dynamo profiler test data for nvidia/Llama-3.1-8B-Instruct-FP8, H200 TP1 prefill and "
+        "TP1 decode, ISL/OSL 3000/150: '40k tokens/s/gpu prefill with 80ms TTFT and 10k "
+        "tokens/s/gpu decode with 10ms ITL' (ai-dynamo/dynamo tests/planner/README.md)"
+    ),
+    "dynamo-raw": (
+        "the raw data of the same Dynamo profile (its prefill interpolator's example in "
+        "ai-dynamo/dynamo tests/planner): ISL 3000 -> TTFT 0.027 s, 110,893 tok/s/GPU, a lone "
+        "request"
+    ),
+    "aic-vllm": (
+        "AIConfigurator's measured vLLM 0.24.0 kernel tables (aiconfigurator-core 0.12.0, "
+        "h100_sxm/h200_sxm) composed by simulator/aic_engine.py into one lone request's "
+        "prefill, plus the simulated frontend's 6 ms: the aic column of the same point, "
+        "recorded by python -m disagg_planner.simulator.calibration --aic-references"
+    ),
+    "vllm-latency": (
+        "vLLM nightly performance benchmark, latency test (input 32, output 128, batch 8), "
+        "buildkite vllm/performance-benchmark build 9515: mean latency / 128 steps "
+        "(8B TP1: 997.5 ms H100, 833.4 ms H200; 70B TP4: 2,444.5 ms H100, 2,077.5 ms H200)"
+    ),
+    "vllm-throughput": (
+        "vLLM nightly performance benchmark, throughput test (200 ShareGPT prompts, offline, "
+        "batch chosen by vLLM), build 9515: 8B TP1 19.50 req/s H100, 22.57 req/s H200; "
+        "70B TP4 8.86 req/s H100, 9.84 req/s H200"
+    ),
+    "aic-queueing": (
+        "AIConfigurator queueing-model validation (docs/design/queueing_model.md), vLLM 0.24.0, "
+        "Llama-3.1-8B on H200, ISL/OSL 4096/256, concurrency 32: itl_p50 9.3 ms "
+        "(precision not stated; BF16 assumed)"
+    ),
+    "trtllm": (
+        "TensorRT-LLM docs/source/performance/perf-overview.md (trtllm-bench max throughput, "
+        "PyTorch backend, fixed ISL/OSL, CUDA graphs padded up to batch 8192; request counts "
+        "per shape as the page lists them, 128/128 run with 10,000 of its 30,000): total "
+        "output tokens/s of the TP group"
+    ),
+}
+
+_H200_8B_FP8 = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
+# ShareGPT as vLLM's throughput test samples it: mean lengths 230 input and 203 output
+# tokens (vLLM PR #18566: 1,000 ShareGPT prompts under the Llama-3.1-8B tokenizer, 229,711
+# input and 203,068 generated tokens; vLLM PR #14036's benchmark_throughput run on 1,000
+# prompts of ShareGPT_V3 gives 224 and 188 from its tokens/s over requests/s). The spread
+# (lognormal sigma 1) is assumed, and the benchmark's filter keeps prompts <= 1024 tokens
+# and prompt + output <= 2048. (The PagedAttention paper's 161/338 are of its own ShareGPT
+# processing, not of this benchmark's sample.)
+_SHAREGPT = LengthSample(230.0, 203.0, sigma=1.0, max_isl=1024, max_total=2048)
+_SHAREGPT_NOTE = (
+    "ShareGPT lengths: means 230/203 (vLLM PR #18566, Llama-3.1-8B tokenizer), lognormal "
+    "sigma 1 assumed, the benchmark's 200 prompts themselves not available"
+)
+# vLLM's offline defaults on GPUs with >= 70 GiB (engine-calibration.md 6.2).
+_VLLM_OFFLINE = ":seqs=1024:mnbt=16384"
+# trtllm-bench max-throughput runs large batches (CUDA graphs padded up to batch 8192).
+_TRTLLM_BENCH = ":seqs=2048:mnbt=8192"
+
+
+def _trtllm(
+    model: str,
+    label: str,
+    isl: int,
+    osl: int,
+    tok_s: float,
+    n: int,
+    point_set: str = "validation",
+) -> CalibrationPoint:
+    return CalibrationPoint(
+        f"H200 {label} TP1 offline output throughput, {isl}/{osl} (TensorRT-LLM)",
+        f"sim:{model}@h200_sxm:tp1{_TRTLLM_BENCH}:backend=trtllm",
+        "offline_thpt",
+        tok_s,
+        "tok/s/GPU",
+        "trtllm",
+        point_set=point_set,
+        backend="trtllm",
+        setting=f"{n:,} requests {isl}/{osl}, max batch 2048",
+        requests=n,
+        lengths=LengthSample(isl, osl),
+        tolerance=0.15 if point_set == "training" else None,
+    )
+
+
+def _vllm_throughput(engine: str, label: str, req_s: float) -> CalibrationPoint:
+    return CalibrationPoint(
+        f"{label} offline throughput, 200 ShareGPT prompts",
+        engine + _VLLM_OFFLINE,
+        "offline_thpt",
+        req_s,
+        "req/s",
+        "vllm-throughput",
+        point_set="validation",
+        setting="200 prompts at t=0, max_num_seqs 1024, 16k tokens/step",
+        requests=200,
+        lengths=_SHAREGPT,
+        per_request=True,
+        assumptions=(_SHAREGPT_NOTE,),
+    )
+
+
+_DYNAMO_OUTLIER = (
+    "the profiler's loaded operating point, not a lone request: its own raw profile gives 27 ms "
+    "and AIConfigurator's measured vLLM tables 54 ms for the same request, and no FP8 prefill "
+    "efficiency meets 80 ms and the aic-vllm prefill points together"
+)
+_RAW_OUTLIER = (
+    "below what the FP8 dense peak allows: 3000 tokens of an 8B model are 48 TFLOP, 1.8 PFLOPS "
+    "in 27 ms (90% of the peak, before attention and the frontend); the roofline at the "
+    "largest plausible efficiency (0.95) still takes 39 ms"
+)
+
+
+def _aic_prefill(engine: str, label: str, isl: int, ms: float) -> CalibrationPoint:
+    return CalibrationPoint(
+        f"{label} prefill TTFT, ISL {isl} (AIConfigurator vLLM tables)",
+        engine,
+        "prefill_ttft",
+        ms,
+        "ms",
+        "aic-vllm",
+        setting="one request alone",
+        isl=isl,
+        tolerance=0.15,
+    )
+
+
+POINTS: tuple[CalibrationPoint, ...] = (
+    # ---- training: the roofline's efficiency factors were fitted to these -------------------
+    CalibrationPoint(
+        "H200 8B-FP8 prefill TTFT, ISL 3000",
+        _H200_8B_FP8,
+        "prefill_ttft",
+        80.0,
+        "ms",
+        "dynamo",
+        setting="one request alone",
+        isl=3000,
+        outlier=_DYNAMO_OUTLIER,
+    ),
+    CalibrationPoint(
+        "H200 8B-FP8 prefill TTFT, ISL 3000, raw profile",
+        _H200_8B_FP8,
+        "prefill_ttft",
+        27.0,
+        "ms",
+        "dynamo-raw",
+        setting="one request alone",
+        isl=3000,
+        outlier=_RAW_OUTLIER,
+    ),
+    CalibrationPoint(
+        "H200 8B-FP8 prefill throughput, ISL 3000",
+        _H200_8B_FP8,
+        "prefill_thpt",
+        40000.0,
+        "tok/s/GPU",
+        "dynamo",
+        setting="ISL / TTFT",
+        isl=3000,
+        outlier=_DYNAMO_OUTLIER,
+    ),
+    CalibrationPoint(
+        "H200 8B-FP8 decode throughput at ITL 10 ms, context 3075",
+        _H200_8B_FP8,
+        "decode_thpt_at_itl",
+        10000.0,
+        "tok/s/GPU",
+        "dynamo",
+        setting="largest batch within 10 ms",
+        context=3075,
+        itl_ms=10.0,
+        tolerance=0.15,
+    ),
+    CalibrationPoint(
+        "H100 Llama-3.1-8B BF16 TP1 decode step, batch 8",
+        "sim:llama-3.1-8b@h100_sxm:tp1",
+        "decode_step",
+        7.8,
+        "ms",
+        "vllm-latency",
+        setting="batch 8, context 96",
+        batch=8,
+        context=96,
+        tolerance=0.15,
+    ),
+    CalibrationPoint(
+        "H200 Llama-3.1-8B BF16 TP1 decode step, batch 8",
+        "sim:llama-3.1-8b@h200_sxm:tp1",
+        "decode_step",
+        6.5,
+        "ms",
+        "vllm-latency",
+        setting="batch 8, context 96",
+        batch=8,
+        context=96,
+        tolerance=0.15,
+    ),
+    CalibrationPoint(
+        "H100 Llama-3-70B BF16 TP4 decode step, batch 8",
+        "sim:llama-3.3-70b@h100_sxm:tp4",
+        "decode_step",
+        19.1,
+        "ms",
+        "vllm-latency",
+        setting="batch 8, context 96",
+        batch=8,
+        context=96,
+        tolerance=0.15,
+    ),
+    CalibrationPoint(
+        "H200 Llama-3-70B BF16 TP4 decode step, batch 8",
+        "sim:llama-3.3-70b@h200_sxm:tp4",
+        "decode_step",
+        16.2,
+        "ms",
+        "vllm-latency",
+        setting="batch 8, context 96",
+        batch=8,
+        context=96,
+        tolerance=0.15,
+    ),
+    # vLLM's FP8 prefill by AIConfigurator's measured vLLM tables: short, middle and long
+    # prompts (GEMMs against attention) on both GPUs and at TP4 (values: --aic-references).
+    _aic_prefill(_H200_8B_FP8, "H200 8B-FP8 TP1", 1024, 21.18),
+    _aic_prefill(_H200_8B_FP8, "H200 8B-FP8 TP1", 4096, 67.88),
+    _aic_prefill(_H200_8B_FP8, "H200 8B-FP8 TP1", 16384, 323.6),
+    _aic_prefill("sim:llama-3.1-8b-fp8@h100_sxm:tp1", "H100 8B-FP8 TP1", 1024, 23.29),
+    _aic_prefill("sim:llama-3.1-8b-fp8@h100_sxm:tp1", "H100 8B-FP8 TP1", 4096, 77.07),
+    _aic_prefill("sim:llama-3.1-8b-fp8@h100_sxm:tp1", "H100 8B-FP8 TP1", 16384, 353.31),
+    _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 1024, 56.79),
+    _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 4096, 196.84),
+    _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 16384, 833.11),
+    # TensorRT-LLM's perf-overview rows at the shapes kept for training (the request counts
+    # are the page's own); the shapes the issue names are in the validation set below.
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 500, 2000, 20770.0, 3000, "training"),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 1000, 1000, 17744.0, 3000, "training"),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 5000, 500, 3902.0, 1500, "training"),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 500, 2000, 3666.0, 3000, "training"),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 1000, 1000, 2909.0, 3000, "training"),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 5000, 500, 566.0, 1500, "training"),
+    # ---- validation: fitted to neither engine model ---------------------------------------
+    CalibrationPoint(
+        "H200 Llama-3.1-8B decode step, batch 32, context 4224 (agg itl_p50)",
+        "sim:llama-3.1-8b@h200_sxm:tp1",
+        "decode_step",
+        9.3,
+        "ms",
+        "aic-queueing",
+        point_set="validation",
+        setting="batch 32, context 4096 + 256/2",
+        batch=32,
+        context=4224,
+        assumptions=("precision not stated by the source; BF16 assumed",),
+    ),
+    _vllm_throughput("sim:llama-3.1-8b@h100_sxm:tp1", "H100 Llama-3.1-8B BF16 TP1", 19.50),
+    _vllm_throughput("sim:llama-3.1-8b@h200_sxm:tp1", "H200 Llama-3.1-8B BF16 TP1", 22.57),
+    _vllm_throughput("sim:llama-3.3-70b@h100_sxm:tp4", "H100 Llama-3-70B BF16 TP4", 8.86),
+    _vllm_throughput("sim:llama-3.3-70b@h200_sxm:tp4", "H200 Llama-3-70B BF16 TP4", 9.84),
+    # 128/128 ran 30,000 requests; 10,000 keep the run as steady (batch <= 2048) and shorter.
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 128, 128, 27911.0, 10000),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 128, 2048, 26221.0, 3000),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 2048, 128, 3538.0, 3000),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 2048, 2048, 12194.0, 1500),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 128, 128, 3803.0, 10000),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 128, 2048, 4336.0, 3000),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 2048, 128, 442.0, 3000),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 2048, 2048, 2003.0, 1500),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 128, 4096, 18027.0, 1500),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 1000, 2000, 16828.0, 1500),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 20000, 2000, 1804.0, 1000),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 128, 4096, 2872.0, 1500),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 1000, 2000, 2994.0, 1500),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 20000, 2000, 283.0, 1000),
+)
+
+
+__all__ = [
+    "ENGINE_MODELS",
+    "POINTS",
+    "POINT_SETS",
+    "SOURCES",
+    "TARGET",
+    "CalibrationPoint",
+    "LengthSample",
+    "compute_sim",
+]
