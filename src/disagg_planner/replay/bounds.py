@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -59,15 +59,13 @@ from disagg_planner.replay.oracle import (
     lone_limits,
     plan_feasible,
 )
+from disagg_planner.replay.plan import ReplayPlan
 from disagg_planner.replay.runner import ClusterSetup, run_policy
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.startup import planning_lead_s
-
-if TYPE_CHECKING:
-    from disagg_planner.replay.session import ReplayPlan
 
 log = logging.getLogger(__name__)
 

@@ -56,9 +56,10 @@ from disagg_planner.core.fleet import (
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.connector import ScaleListener, SimulatedConnector, run_now
 from disagg_planner.replay.default_workload import replay_config
+from disagg_planner.replay.plan import ReplayPlan
 from disagg_planner.replay.report import replay_report_sections, slo_of
 from disagg_planner.replay.runner import PolicyRun, ReplayResult, write_outputs
-from disagg_planner.replay.session import ReplayPlan, WorkloadSpec, make_policy, prepare
+from disagg_planner.replay.session import WorkloadSpec, make_policy, prepare
 from disagg_planner.report.html import (
     SLO_COLOUR,
     Page,

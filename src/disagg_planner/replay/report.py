@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.profiles import Profile
+from disagg_planner.replay.plan import ReplayPlan
 from disagg_planner.replay.runner import ReplayResult
 from disagg_planner.report.html import (
     SLO_COLOUR,
@@ -38,9 +39,6 @@ from disagg_planner.report.html import (
     policy_colour,
     render_page,
 )
-
-if TYPE_CHECKING:
-    from disagg_planner.replay.session import ReplayPlan
 
 _MAX_POINTS = 20_000  # keep the HTML small; a regular subsample keeps the shape
 LATENCY_WINDOW_S = 60.0

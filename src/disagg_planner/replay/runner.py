@@ -37,7 +37,8 @@ from disagg_planner.replay.summary import (
     write_requests_csv,
     write_timeline_csv,
 )
-from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
+from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.report.snapshot import TickSnapshot
 from disagg_planner.runtime.observation import engine_queues
 from disagg_planner.simulator import elastic_ep
 from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S, Cluster, Replica

@@ -23,7 +23,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from disagg_planner.report.recorder import TickSnapshot
+from disagg_planner.report.snapshot import TickSnapshot
 
 ROLE_COLOURS = {"prefill": "#1f77b4", "decode": "#ff7f0e", "agg": "#2ca02c"}
 _OTHER_ROLE_COLOUR = "#7f7f7f"

@@ -22,7 +22,7 @@ from disagg_planner.report.html import (
     render_report,
     replicas_figure,
 )
-from disagg_planner.report.recorder import TickSnapshot
+from disagg_planner.report.snapshot import TickSnapshot
 
 
 def snap(t: float, desired: dict[str, int], **kw: object) -> TickSnapshot:
