@@ -128,7 +128,7 @@ def breach_and_recovery(
         score = score_requests(
             done[i], submitted=offered[i], ttft_slo_ms=ttft_ms, itl_slo_ms=itl_ms
         )
-        ok = score["slo_attainment"]["both"] >= target
+        ok = score.slo_attainment.both >= target
         if breach is None and not ok:
             breach = i * window_s
         elif breach is not None and ok:

@@ -60,6 +60,7 @@ from disagg_planner.replay.oracle import (
     plan_feasible,
 )
 from disagg_planner.replay.plan import ReplayPlan
+from disagg_planner.replay.replay_summary import BestStaticFigures, ReferenceFigures, ReplaySummary
 from disagg_planner.replay.runner import ClusterSetup, run_policy
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_model import EngineModel
@@ -143,8 +144,8 @@ class RunFigures:
     slo_attainment: float  # both targets
 
     @classmethod
-    def of(cls, summary: Mapping[str, Any]) -> RunFigures:
-        return cls(float(summary["gpu_hours"]), float(summary["slo_attainment"]["both"]))
+    def of(cls, summary: ReplaySummary) -> RunFigures:
+        return cls(float(summary.gpu_hours), float(summary.slo_attainment.both))
 
 
 @dataclass(frozen=True)
@@ -338,28 +339,28 @@ def _run(plan: ReplayPlan, policy: Any, initial: Mapping[str, int]) -> RunFigure
     return RunFigures.of(result.summary)
 
 
-def reference_summary(gpu_hours: float, refs: References) -> dict[str, Any]:
-    """The ``summary.json`` keys comparing a run's ``gpu_hours`` with the references."""
+def reference_summary(gpu_hours: float, refs: References) -> ReferenceFigures:
+    """What ``summary.json`` says comparing a run's ``gpu_hours`` with the references."""
     fluid = refs.fluid_bound_gpu_hours
-    return {
-        "slo_target": refs.slo.target,
-        "unservable_requests": refs.unservable,
-        "oracle_plan": refs.oracle_source,
-        "oracle_gpu_hours": refs.oracle.gpu_hours,
-        "oracle_slo_attainment": refs.oracle.slo_attainment,
-        "gpu_hours_ratio_to_oracle": _ratio(gpu_hours, refs.oracle.gpu_hours),
-        "best_static": {
-            "replicas": refs.best_static.replicas,
-            "gpu_hours": refs.best_static_run.gpu_hours,
-            "slo_attainment": refs.best_static_run.slo_attainment,
-            "meets_target": refs.best_static_run.slo_attainment >= refs.slo.target,
+    return ReferenceFigures(
+        search_attainment_target=refs.slo.target,
+        unservable_requests=refs.unservable,
+        oracle_plan=refs.oracle_source,
+        oracle_gpu_hours=refs.oracle.gpu_hours,
+        oracle_attainment_both=refs.oracle.slo_attainment,
+        gpu_hours_ratio_to_oracle=_ratio(gpu_hours, refs.oracle.gpu_hours),
+        best_static=BestStaticFigures(
+            replicas=refs.best_static.replicas,
+            gpu_hours=refs.best_static_run.gpu_hours,
+            attainment_both=refs.best_static_run.slo_attainment,
+            meets_target=refs.best_static_run.slo_attainment >= refs.slo.target,
             # the target held over the requests some deployment can serve
-            "qualifies": refs.best_static.qualifies,
-        },
-        "gpu_hours_ratio_to_best_static": _ratio(gpu_hours, refs.best_static_run.gpu_hours),
-        "fluid_bound_gpu_hours": fluid,
-        "gpu_hours_ratio_to_fluid_bound": None if fluid is None else _ratio(gpu_hours, fluid),
-    }
+            qualifies=refs.best_static.qualifies,
+        ),
+        gpu_hours_ratio_to_best_static=_ratio(gpu_hours, refs.best_static_run.gpu_hours),
+        fluid_bound_gpu_hours=fluid,
+        gpu_hours_ratio_to_fluid_bound=None if fluid is None else _ratio(gpu_hours, fluid),
+    )
 
 
 def _ratio(value: float, reference: float) -> float | None:

@@ -57,7 +57,8 @@ from disagg_planner.errors import SpecError
 from disagg_planner.replay.connector import ScaleListener, SimulatedConnector, run_now
 from disagg_planner.replay.default_workload import replay_config
 from disagg_planner.replay.plan import ReplayPlan
-from disagg_planner.replay.report import replay_report_sections, slo_of
+from disagg_planner.replay.replay_summary import FleetShare, RunSetup, SloTargets
+from disagg_planner.replay.report import replay_report_sections
 from disagg_planner.replay.runner import PolicyRun, ReplayResult, write_outputs
 from disagg_planner.replay.session import WorkloadSpec, make_policy, prepare
 from disagg_planner.report.html import (
@@ -466,21 +467,30 @@ def run_fleet(
     for x in members:
         cfg = x.plan.config
         result = x.run.result(ttft_slo_ms=cfg.ttft_ms, itl_slo_ms=cfg.itl_ms)
-        result.summary["startup_delay_s"] = x.plan.setup.startup_delay_s
-        result.summary["initial_replicas"] = x.plan.setup.initial_replicas
-        result.summary["slo"] = slo_of(cfg)
-        result.summary["fleet"] = {
-            "split": split,
-            "priority": x.spec.priority,
-            "floor_gpus": x.spec.floor_gpus,
-            "static_share_gpus": shares[x.spec.name],
-            "capped_by_grant": x.connector.capped if x.connector is not None else 0,
-        }
+        result.summary = replace(
+            result.summary,
+            setup=RunSetup(
+                startup_delay_s=x.plan.setup.startup_delay_s,
+                startup=None,
+                initial_replicas=x.plan.setup.initial_replicas,
+                engine=None,
+                slo=SloTargets.of(cfg),
+            ),
+            fleet=FleetShare(
+                split=split,
+                priority=x.spec.priority,
+                floor_gpus=x.spec.floor_gpus,
+                static_share_gpus=shares[x.spec.name],
+                capped_by_grant=x.connector.capped if x.connector is not None else 0,
+            ),
+        )
         results[x.spec.name] = result
         if out_dir is not None:
             write_outputs(out_dir / x.spec.name, result, config=cfg, roles=x.run.roles)
             if x.recorder is not None:
-                x.recorder.write_report(**replay_report_sections(result, x.plan))
+                x.recorder.write_report(
+                    **replay_report_sections(result, x.plan, title=x.recorder.title)
+                )
 
     series = pool_series(results)
     fleet = fleet_summary(spec, split, results, series, state.events, state.grant_log, shares)
@@ -621,9 +631,9 @@ def fleet_summary(
             "priority": m.priority,
             "floor_gpus": m.floor_gpus,
             "static_share_gpus": shares[m.name],
-            "slo_attainment": r.summary["slo_attainment"],
-            "requests": r.summary["requests"],
-            "gpu_hours": r.summary["gpu_hours"],
+            "slo_attainment": r.summary.slo_attainment.to_json(),
+            "requests": r.summary.requests,
+            "gpu_hours": r.summary.gpu_hours,
             "peak_gpus": max((row.gpus_in_use for row in r.timeline), default=0),
             "reclaims": sum(1 for e in events if e["member"] == m.name and e["kind"] == "reclaim"),
             "borrows": sum(1 for e in events if e["member"] == m.name and e["kind"] == "borrow"),
@@ -634,13 +644,13 @@ def fleet_summary(
         "pool": spec.pool.model_dump(),
         "max_gpus_in_use": max(totals, default=0),
         "budget_exceeded": max(totals, default=0) > spec.pool.max_total_gpus,
-        "gpu_hours": sum(r.summary["gpu_hours"] for r in results.values()),
+        "gpu_hours": sum(r.summary.gpu_hours for r in results.values()),
         "members": members,
         "priorities": {
             str(p): {
                 "slo_attainment_both": (
-                    sum(r.summary["slo_attainment"]["both"] * r.summary["requests"] for r in rs)
-                    / max(1, sum(r.summary["requests"] for r in rs))
+                    sum(r.summary.slo_attainment.both * r.summary.requests for r in rs)
+                    / max(1, sum(r.summary.requests for r in rs))
                 ),
                 "members": [r.policy for r in rs],
             }

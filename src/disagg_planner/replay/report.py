@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bisect
 import csv
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +17,11 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.profiles import Profile
+from disagg_planner.replay.headline import headline_card
 from disagg_planner.replay.plan import ReplayPlan
+from disagg_planner.replay.replay_summary import SUMMARY_FILE, ElasticFigures, ReplaySummary
 from disagg_planner.replay.runner import ReplayResult
 from disagg_planner.report.html import (
     SLO_COLOUR,
@@ -34,7 +34,6 @@ from disagg_planner.report.html import (
     fmt_number,
     fmt_percent,
     fmt_ratio,
-    headline_from_summary,
     ordered_roles,
     policy_colour,
     render_page,
@@ -44,9 +43,6 @@ _MAX_POINTS = 20_000  # keep the HTML small; a regular subsample keeps the shape
 LATENCY_WINDOW_S = 60.0
 LOAD_WINDOW_S = 30.0
 COMPARISON_FILE = "comparison.html"
-# Scored against this share of requests meeting both SLOs when the config sets no target
-# (dynamo-default's has none): the planner's own default ``ttft_attainment_target``.
-DEFAULT_ATTAINMENT_TARGET: float = PlannerConfig.model_fields["ttft_attainment_target"].default
 
 
 # --- per-request series ---------------------------------------------------------------------------
@@ -239,22 +235,11 @@ def timeline_dicts(result: ReplayResult) -> list[dict[str, Any]]:
     ]
 
 
-def slo_of(config: PlannerConfig) -> dict[str, Any]:
-    """The targets a replay is scored against (``summary.json``'s ``slo``), so that a report
-    of any policy, baselines included, can say whether it met them."""
-    return {
-        "ttft_ms": config.ttft_ms,
-        "itl_ms": config.itl_ms,
-        "attainment_target": config.ttft_attainment_target
-        if config.ttft_attainment_target is not None
-        else DEFAULT_ATTAINMENT_TARGET,
-    }
-
-
-def replay_report_sections(result: ReplayResult, plan: ReplayPlan) -> dict[str, Any]:
-    """:func:`policy_report_sections` for a policy of ``plan``."""
+def replay_report_sections(result: ReplayResult, plan: ReplayPlan, *, title: str) -> dict[str, Any]:
+    """:func:`policy_report_sections` for a policy of ``plan`` (``title``: the page's)."""
     return policy_report_sections(
         result,
+        title=title,
         profile=plan.profile,
         gpus_per_replica={role: spec.gpus for role, spec in plan.setup.specs.items()},
         ttft_slo_ms=plan.config.ttft_ms,
@@ -265,6 +250,7 @@ def replay_report_sections(result: ReplayResult, plan: ReplayPlan) -> dict[str, 
 def policy_report_sections(
     result: ReplayResult,
     *,
+    title: str,
     profile: Profile | None,
     gpus_per_replica: Mapping[str, int],
     ttft_slo_ms: float,
@@ -274,21 +260,22 @@ def policy_report_sections(
     (pass as keyword arguments to ``DiagnosticsRecorder.write_report``)."""
     requests = RequestSeries.of_records(result.records)
     timeline = timeline_dicts(result)
-    elastic = result.summary.get("elastic_ep")
+    setup = result.summary.setup
+    elastic = result.summary.elastic_ep
     panels = []
     if elastic is not None:
         panels.append(
             Panel(
                 "elastic",
-                f"Elastic EP: the {elastic['role']} engine's serving DP size and its GPUs "
+                f"Elastic EP: the {elastic.role} engine's serving DP size and its GPUs "
                 "(followers included while they start); shaded: resizes pausing serving, "
-                f"{result.summary.get('rejected', 0)} request(s) rejected with 503 in them",
+                f"{result.summary.rejected} request(s) rejected with 503 in them",
                 elastic_figure(result, elastic),
                 "",
             )
         )
     return {
-        "summary": result.summary,
+        "headline": headline_card(result.summary, title=title),
         "latency": latency_windows(requests),
         "load": load_capacity(
             requests,
@@ -298,7 +285,7 @@ def policy_report_sections(
             itl_slo_ms=itl_slo_ms,
         ),
         "timeline": timeline,
-        "initial_desired": result.summary.get("initial_replicas"),
+        "initial_desired": None if setup is None else setup.initial_replicas,
         "extra_panels": [
             Panel(
                 "requests",
@@ -311,9 +298,9 @@ def policy_report_sections(
     }
 
 
-def elastic_figure(result: ReplayResult, elastic: Mapping[str, Any]) -> Any:
+def elastic_figure(result: ReplayResult, elastic: ElasticFigures) -> Any:
     """DP size (steps) and GPUs in use over time, with each resize's pause shaded."""
-    role = elastic["role"]
+    role = elastic.role
     t = [row.t_s for row in result.timeline]
     fig = go.Figure()
     fig.add_trace(
@@ -334,10 +321,10 @@ def elastic_figure(result: ReplayResult, elastic: Mapping[str, Any]) -> Any:
             name="GPUs in use",
         )
     )
-    for resize in elastic["resizes"]:
+    for resize in elastic.resizes:
         fig.add_vrect(
-            x0=resize["pause_start_s"],
-            x1=resize["end_s"],
+            x0=resize.pause_start_s,
+            x1=resize.end_s,
             fillcolor="red",
             opacity=0.2,
             line_width=0,
@@ -404,13 +391,13 @@ class RunFolder:
     """One policy's output folder, read back."""
 
     path: Path
-    summary: dict[str, Any]
+    summary: ReplaySummary
     timeline: list[dict[str, Any]]
     requests: RequestSeries
 
     @property
     def policy(self) -> str:
-        return str(self.summary.get("policy", self.path.name))
+        return self.summary.policy
 
 
 def read_run(path: Path) -> RunFolder:
@@ -418,19 +405,13 @@ def read_run(path: Path) -> RunFolder:
     path = Path(path)
     if not path.is_dir():
         raise SpecError(f"{path}: not a directory (expected a replay output folder)")
-    summary_path = path / "summary.json"
+    summary_path = path / SUMMARY_FILE
     if not summary_path.is_file():
         raise SpecError(
-            f"{path}: no summary.json (expected a folder planner replay wrote for one "
+            f"{path}: no {SUMMARY_FILE} (expected a folder planner replay wrote for one "
             "policy, e.g. replay-out/planner)"
         )
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{summary_path}: not JSON ({exc})") from exc
-    for key in ("policy", "slo_attainment", "gpu_hours"):
-        if key not in summary:
-            raise SpecError(f"{summary_path}: missing field {key!r}")
+    summary = ReplaySummary.read(summary_path)
     for name in ("timeline.csv", "requests.csv"):
         if not (path / name).is_file():
             raise SpecError(f"{path}: no {name} (planner replay writes it beside summary.json)")
@@ -473,18 +454,20 @@ def _comparison_table(runs: Sequence[RunFolder]) -> str:
     rows = []
     for k, run in enumerate(runs):
         s = run.summary
-        att = s.get("slo_attainment", {})
+        att = s.slo_attainment
+        refs = s.references
         rows.append(
             f"<tr><td><span style='color:{policy_colour(k)}'>&#9632;</span> {run.policy}</td>"
-            f"<td>{fmt_percent(att.get('both'))}</td><td>{fmt_percent(att.get('ttft'))}</td>"
-            f"<td>{fmt_percent(att.get('itl'))}</td>"
-            f"<td>{fmt_number((s.get('ttft_ms') or {}).get('p99'), 0)}</td>"
-            f"<td>{fmt_number((s.get('itl_ms') or {}).get('p99'), 1)}</td>"
-            f"<td>{fmt_number(s.get('gpu_hours'))}</td>"
-            f"<td>{fmt_ratio(s.get('gpu_hours_ratio_to_oracle'))}</td>"
-            f"<td>{fmt_ratio(s.get('gpu_hours_ratio_to_best_static'))}</td>"
-            f"<td>{sum((s.get('scale_actions') or {}).values())}</td>"
-            f"<td>{sum((s.get('flaps') or {}).values())}</td></tr>"
+            f"<td>{fmt_percent(att.both)}</td><td>{fmt_percent(att.ttft)}</td>"
+            f"<td>{fmt_percent(att.itl)}</td>"
+            f"<td>{fmt_number(s.ttft_ms.p99, 0)}</td>"
+            f"<td>{fmt_number(s.itl_ms.p99, 1)}</td>"
+            f"<td>{fmt_number(s.gpu_hours)}</td>"
+            f"<td>{fmt_ratio(None if refs is None else refs.gpu_hours_ratio_to_oracle)}</td>"
+            f"<td>{fmt_ratio(None if refs is None else refs.gpu_hours_ratio_to_best_static)}"
+            "</td>"
+            f"<td>{sum(s.scale_actions.values())}</td>"
+            f"<td>{sum(s.flaps.values())}</td></tr>"
         )
     return (
         "<section class='decisions comparison-table'><h3>Side by side</h3>"
@@ -501,7 +484,7 @@ def render_comparison(
         raise SpecError("nothing to compare: give at least one replay output folder")
     headlines = (
         "<div class='cards'>"
-        + "".join(headline_from_summary(r.summary, title=r.policy) for r in runs)
+        + "".join(headline_card(r.summary, title=r.policy) for r in runs)
         + "</div>"
     )
     roles = ordered_roles(role for r in runs for row in r.timeline for role in row["desired"])
@@ -553,16 +536,14 @@ def render_comparison(
     gpus.update_yaxes(title_text="GPUs", rangemode="tozero")
     gpus.update_xaxes(title_text="time (s)")
     _layout(gpus, height=300)
-    first = runs[0].summary
-    slo = first.get("slo") or {}
-    config = first.get("config") or {}
+    slo = runs[0].summary.slo
     panels = [
         Panel("cmp-replicas", "Desired replicas per role, each policy", replicas),
         Panel("cmp-gpus", "GPUs in use, each policy", gpus),
     ]
     for key, fig, name, slo_ms in (
-        ("cmp-ttft", ttft, "TTFT", slo.get("ttft_ms") or config.get("ttft_ms")),
-        ("cmp-itl", itl, "ITL", slo.get("itl_ms") or config.get("itl_ms")),
+        ("cmp-ttft", ttft, "TTFT", None if slo is None else slo.ttft_target_ms),
+        ("cmp-itl", itl, "ITL", None if slo is None else slo.itl_target_ms),
     ):
         if slo_ms:
             end = max(

@@ -20,7 +20,8 @@ from disagg_planner.replay.oracle import initial_replicas, plan_needs
 from disagg_planner.replay.plan import ReplayPlan
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
 from disagg_planner.replay.progress import RunProgress
-from disagg_planner.replay.report import replay_report_sections, slo_of
+from disagg_planner.replay.replay_summary import RunSetup, SloTargets
+from disagg_planner.replay.report import replay_report_sections
 from disagg_planner.replay.runner import (
     ClusterSetup,
     ReplayResult,
@@ -273,6 +274,7 @@ def run(
         recorder=recorder,
         progress=_progress_callback(progress, plan),
     )
+    figures = None
     if references:
         # a callable: what hands over the references found elsewhere (replay/parallel)
         refs = (
@@ -280,16 +282,22 @@ def run(
             if callable(references)
             else compute_references(plan, window_s=ORACLE_WINDOW_S)
         )
-        result.summary |= reference_summary(result.summary["gpu_hours"], refs)
-    result.summary["startup_delay_s"] = setup.startup_delay_s
-    result.summary["startup"] = startup.describe(setup.startup_delay_s, setup.specs)
-    result.summary["initial_replicas"] = setup.initial_replicas
-    result.summary["engine"] = str(next(iter(plan.setup.specs.values())))
-    result.summary["slo"] = slo_of(plan.config)
+        figures = reference_summary(result.summary.gpu_hours, refs)
+    result.summary = replace(
+        result.summary,
+        references=figures,
+        setup=RunSetup(
+            startup_delay_s=setup.startup_delay_s,
+            startup=startup.describe(setup.startup_delay_s, setup.specs),
+            initial_replicas=setup.initial_replicas,
+            engine=str(next(iter(plan.setup.specs.values()))),
+            slo=SloTargets.of(plan.config),
+        ),
+    )
     if out_dir is not None:
         write_outputs(out_dir, result, config=effective, roles=tuple(plan.setup.specs))
         if recorder is not None:
-            recorder.write_report(**replay_report_sections(result, plan))
+            recorder.write_report(**replay_report_sections(result, plan, title=recorder.title))
     return result
 
 

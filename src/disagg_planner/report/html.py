@@ -131,136 +131,8 @@ def fmt_ratio(value: float | None) -> str:
     return "not computed" if value is None else f"{value:.2f}x"
 
 
-def _esc(text: Any) -> str:
+def esc(text: Any) -> str:
     return html.escape(str(text), quote=True)
-
-
-# --- the headline card --------------------------------------------------------------------------
-
-
-def attainment_target(summary: Mapping[str, Any]) -> float | None:
-    """The SLO attainment target a summary was scored against, when it says."""
-    slo = summary.get("slo") or {}
-    target = slo.get("attainment_target")
-    if target is None:
-        target = (summary.get("config") or {}).get("ttft_attainment_target")
-    return float(target) if target is not None else None
-
-
-def headline_from_summary(summary: Mapping[str, Any], *, title: str = "") -> str:
-    """The verdict card of one scored run (``summary.json``). Every number carries a
-    ``data-key`` naming the summary field it shows."""
-    slo = summary.get("slo") or {}
-    att = summary.get("slo_attainment") or {}
-    target = attainment_target(summary)
-    both = att.get("both")
-    if both is None or target is None:
-        verdict, verdict_class = "scored without an attainment target", "neutral"
-    elif both >= target:
-        verdict, verdict_class = f"meets the SLO target ({target:.0%})", "pass"
-    else:
-        verdict, verdict_class = f"misses the SLO target ({target:.0%})", "fail"
-    ttft_slo = slo.get("ttft_ms") or (summary.get("config") or {}).get("ttft_ms")
-    itl_slo = slo.get("itl_ms") or (summary.get("config") or {}).get("itl_ms")
-    gpu_by_role = summary.get("gpu_hours_by_role") or {}
-    by_role = ", ".join(f"{r} {v:.2f}" for r, v in gpu_by_role.items())
-    best = summary.get("best_static")
-    best_note = ""
-    if isinstance(best, Mapping) and best.get("replicas") is not None:
-        replicas = best["replicas"]
-        shape = (
-            ",".join(f"{r}={n}" for r, n in replicas.items())
-            if isinstance(replicas, Mapping)
-            else str(replicas)
-        )
-        best_note = f"static {shape}: {fmt_number(best.get('gpu_hours'))} GPU-h"
-    oracle = summary.get("oracle_gpu_hours")
-    flaps = summary.get("flaps") or {}
-    actions = summary.get("scale_actions") or {}
-    ttft_p = summary.get("ttft_ms") or {}
-    itl_p = summary.get("itl_ms") or {}
-
-    def tile(
-        key: str, label: str, value: str, sub: str = "", css: str = "", big: bool = False
-    ) -> str:
-        cls = "tile big" if big else "tile"
-        return (
-            f"<div class='{cls} {css}'><div class='label'>{_esc(label)}</div>"
-            f"<div class='value' data-key='{_esc(key)}'>{_esc(value)}</div>"
-            f"<div class='sub'>{_esc(sub)}</div></div>"
-        )
-
-    def pass_class(value: float | None) -> str:
-        if value is None or target is None:
-            return ""
-        return "pass" if value >= target else "fail"
-
-    tiles = [
-        tile(
-            "slo_attainment.both",
-            "SLO attainment, TTFT and ITL",
-            fmt_percent(both),
-            f"target {target:.0%}" if target is not None else "no target set",
-            pass_class(both),
-            big=True,
-        ),
-        tile(
-            "slo_attainment.ttft",
-            f"TTFT <= {fmt_number(ttft_slo, 0)} ms",
-            fmt_percent(att.get("ttft")),
-            f"p50 {fmt_number(ttft_p.get('p50'), 0)} / p99 {fmt_number(ttft_p.get('p99'), 0)} ms",
-            pass_class(att.get("ttft")),
-        ),
-        tile(
-            "slo_attainment.itl",
-            f"ITL <= {fmt_number(itl_slo, 0)} ms",
-            fmt_percent(att.get("itl")),
-            f"p50 {fmt_number(itl_p.get('p50'), 1)} / p99 {fmt_number(itl_p.get('p99'), 1)} ms",
-            pass_class(att.get("itl")),
-        ),
-        tile("gpu_hours", "GPU-hours", fmt_number(summary.get("gpu_hours")), by_role, big=True),
-        tile(
-            "gpu_hours_ratio_to_oracle",
-            "vs oracle",
-            fmt_ratio(summary.get("gpu_hours_ratio_to_oracle")),
-            f"oracle {fmt_number(oracle)} GPU-h" if oracle is not None else "",
-        ),
-        tile(
-            "gpu_hours_ratio_to_best_static",
-            "vs best static",
-            fmt_ratio(summary.get("gpu_hours_ratio_to_best_static")),
-            best_note,
-        ),
-        tile(
-            "gpu_hours_ratio_to_fluid_bound",
-            "vs fluid bound",
-            fmt_ratio(summary.get("gpu_hours_ratio_to_fluid_bound")),
-            f"bound {fmt_number(summary.get('fluid_bound_gpu_hours'))} GPU-h"
-            if summary.get("fluid_bound_gpu_hours") is not None
-            else "",
-        ),
-        tile(
-            "flaps",
-            "flaps",
-            str(sum(flaps.values())) if flaps else "not computed",
-            f"reversals within {fmt_number(summary.get('flap_window_s'), 0)} s; "
-            f"{sum(actions.values())} scale actions"
-            if flaps
-            else "",
-        ),
-        tile(
-            "requests",
-            "requests",
-            str(summary.get("requests", "not computed")),
-            f"{summary.get('failed', 0)} failed",
-        ),
-    ]
-    heading = title or f"policy {summary.get('policy', '?')}"
-    return (
-        f"<section class='headline' data-policy='{_esc(summary.get('policy', ''))}'>"
-        f"<h2>{_esc(heading)} <span class='verdict {verdict_class}'>{_esc(verdict)}</span></h2>"
-        f"<div class='tiles'>{''.join(tiles)}</div></section>"
-    )
 
 
 def headline_live(snapshots: Sequence[TickSnapshot], *, title: str) -> str:
@@ -271,7 +143,7 @@ def headline_live(snapshots: Sequence[TickSnapshot], *, title: str) -> str:
     replicas = ", ".join(f"{r} {n}" for r, n in sorted(last.ready.items()))
     return (
         "<section class='headline'>"
-        f"<h2>{_esc(title)} <span class='verdict neutral'>live controller</span></h2>"
+        f"<h2>{esc(title)} <span class='verdict neutral'>live controller</span></h2>"
         "<div class='tiles'>"
         "<div class='tile big'><div class='label'>SLO attainment</div>"
         "<div class='value' data-key='slo_attainment.both'>not computed</div>"
@@ -283,7 +155,7 @@ def headline_live(snapshots: Sequence[TickSnapshot], *, title: str) -> str:
         f"<div class='value' data-key='ticks'>{len(snapshots)}</div>"
         f"<div class='sub'>{changes} changed replicas</div></div>"
         "<div class='tile'><div class='label'>ready now</div>"
-        f"<div class='value' data-key='ready'>{_esc(replicas or '-')}</div>"
+        f"<div class='value' data-key='ready'>{esc(replicas or '-')}</div>"
         f"<div class='sub'>at t = {last.t_s:.0f} s</div></div>"
         "</div></section>"
     )
@@ -336,7 +208,7 @@ def decisions_table(
     held = ""
     if tally:
         tally_rows = "".join(
-            f"<tr><td>{_esc(reason)}</td><td>{count}</td></tr>" for reason, count in tally
+            f"<tr><td>{esc(reason)}</td><td>{count}</td></tr>" for reason, count in tally
         )
         held = (
             f"<h4>Every decision of the {ticks} ticks, by reason</h4>"
@@ -350,8 +222,8 @@ def decisions_table(
         )
     rows = "".join(
         f"<tr><td>{d.t_s:.0f}</td><td><span class='role' style='color:{role_colour(d.role)}'>"
-        f"{_esc(d.role)}</span></td><td>{d.before} &rarr; {d.after}</td>"
-        f"<td>{_esc(d.reason)}</td><td class='message'>{_esc(d.message)}</td></tr>"
+        f"{esc(d.role)}</span></td><td>{d.before} &rarr; {d.after}</td>"
+        f"<td>{esc(d.reason)}</td><td class='message'>{esc(d.message)}</td></tr>"
         for d in decisions
     )
     return (
@@ -819,7 +691,7 @@ if(d.open){d.querySelectorAll('.js-plotly-plot').forEach(function(p){Plotly.Plot
 def _panel_html(panel: Panel, *, first_plot: list[bool]) -> str:
     body: str
     if panel.figure is None:
-        body = f"<p class='empty'>No data: {_esc(panel.empty_reason)}</p>"
+        body = f"<p class='empty'>No data: {esc(panel.empty_reason)}</p>"
         has = "0"
     else:
         include = first_plot[0]
@@ -831,10 +703,10 @@ def _panel_html(panel: Panel, *, first_plot: list[bool]) -> str:
             config={"displaylogo": False, "responsive": True},
         )
         has = "1"
-    note = f"<p class='note'>{_esc(panel.note)}</p>" if panel.note else ""
+    note = f"<p class='note'>{esc(panel.note)}</p>" if panel.note else ""
     return (
-        f"<section class='panel' id='panel-{_esc(panel.key)}' data-has-plot='{has}'>"
-        f"<h3>{_esc(panel.title)}</h3>{note}{body}</section>"
+        f"<section class='panel' id='panel-{esc(panel.key)}' data-has-plot='{has}'>"
+        f"<h3>{esc(panel.title)}</h3>{note}{body}</section>"
     )
 
 
@@ -845,7 +717,7 @@ def render_page(page: Page) -> str:
         f"<span style='color:{c}'>&#9632; {r}</span>" for r, c in ROLE_COLOURS.items()
     )
     parts = [
-        f"<h1>{_esc(page.title)}</h1>",
+        f"<h1>{esc(page.title)}</h1>",
         page.headline_html,
     ]
     main = [_panel_html(p, first_plot=first_plot) for p in page.panels]
@@ -859,13 +731,13 @@ def render_page(page: Page) -> str:
             f"per-engine queues, every request</summary>{inner}</details>"
         )
     parts.append(
-        f"<footer><div class='legend-roles'>Colours: {role_key}</div>{_esc(page.footer)}</footer>"
+        f"<footer><div class='legend-roles'>Colours: {role_key}</div>{esc(page.footer)}</footer>"
     )
     # with no figure at all plotly.js was never loaded: no script to run
     script = "" if first_plot[0] else f"<script>{_SCRIPT}</script>"
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>{_esc(page.title)}</title><style>{_CSS}</style></head>"
+        f"<title>{esc(page.title)}</title><style>{_CSS}</style></head>"
         f"<body>{''.join(parts)}{script}</body></html>"
     )
 
@@ -876,7 +748,7 @@ def render_report(
     title: str,
     ttft_slo_ms: float | None,
     itl_slo_ms: float | None,
-    summary: Mapping[str, Any] | None = None,
+    headline: str | None = None,
     load: LoadCapacity | None = None,
     latency: LatencyWindows | None = None,
     timeline: Sequence[Mapping[str, Any]] | None = None,
@@ -884,14 +756,13 @@ def render_report(
     extra_panels: Sequence[Panel] = (),
     footer: str = "",
 ) -> str:
-    """One run's page. Replay passes its score (``summary``), the load and capacity per
-    window, latency percentiles from every request, and the replica timeline; the live
-    controller passes its ticks alone and every panel says what it is built from."""
-    headline = (
-        headline_from_summary(summary, title=title)
-        if summary is not None
-        else headline_live(snapshots, title=title)
-    )
+    """One run's page. Replay passes its score's card (``headline``: the HTML of
+    :func:`disagg_planner.replay.headline.headline_card`), the load and capacity per window,
+    latency percentiles from every request, and the replica timeline; the live controller
+    passes its ticks alone (its card is what they measured) and every panel says what it is
+    built from."""
+    if headline is None:
+        headline = headline_live(snapshots, title=title)
     decisions = decisions_of(snapshots, initial=initial_desired)
     if load is None:
         load = load_from_snapshots(snapshots)
