@@ -109,7 +109,7 @@ def _run(job: tuple[str, str, int, dict[str, int]]) -> dict[str, Any]:
     out = dict(result.fleet)
     out.pop("events")
     out["fleet"] = fleet
-    out["span_h"] = max(r.summary["metered_span_s"] for r in result.results.values()) / 3600.0
+    out["span_h"] = max(r.summary.metered_span_s for r in result.results.values()) / 3600.0
     out["shares"] = static_shares(spec)
     out["wall_s"] = time.perf_counter() - t0
     return out

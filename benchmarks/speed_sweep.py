@@ -160,7 +160,7 @@ def _run_planner(
     plan = scorecard._plan(scenario, {}, startup)
     adopt_references(*found)
     result = run(plan, "planner", progress=False)
-    s = result.summary
+    s = result.summary.to_json()
     # Requests no deployment serves within the SLO (the references' lone limits: a prompt
     # too long for the TTFT target even alone) or admits at all (longer than the engine's
     # context) miss under every policy, best-static's too: they say nothing about the

@@ -242,7 +242,8 @@ def _replay(args: argparse.Namespace) -> int:
     )
     summaries = [r.summary for r in results]
     if args.json:
-        print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2, default=str))
+        as_json = [s.to_json() for s in summaries]
+        print(json.dumps(as_json if len(as_json) > 1 else as_json[0], indent=2, default=str))
     else:
         print(summary_table(summaries))
         print(outputs_message(out_dir, policies))

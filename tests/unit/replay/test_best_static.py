@@ -36,7 +36,7 @@ def static_attainment(plan: ReplayPlan, replicas: Mapping[str, int]) -> float:
         itl_slo_ms=plan.config.itl_ms,
         flap_window_s=600,
     ).summary
-    return float(s["slo_attainment"]["both"])
+    return float(s.slo_attainment.both)
 
 
 def test_the_best_static_meets_the_target_and_one_replica_fewer_does_not(
