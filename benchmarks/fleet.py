@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_block import markers, write_block
 
-from disagg_planner.replay.fleet import FleetSpec, run_fleet, static_shares
+from disagg_planner.replay.fleet import run_fleet
+from disagg_planner.replay.fleet_model import FleetSpec, static_shares
 from disagg_planner.replay.parallel import resolve_jobs
 from tests.traces import servegen_folder
 

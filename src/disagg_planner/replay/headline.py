@@ -6,7 +6,7 @@ each policy's page and on the comparison page; the live controller's card is
 from __future__ import annotations
 
 from disagg_planner.replay.replay_summary import ReplaySummary
-from disagg_planner.report.html import esc, fmt_number, fmt_percent, fmt_ratio
+from disagg_planner.report.elements import esc, fmt_number, fmt_percent, fmt_ratio
 
 
 def _tile(key: str, label: str, value: str, sub: str = "", css: str = "", big: bool = False) -> str:

@@ -32,9 +32,9 @@ from disagg_planner.replay.bounds import (
     compute_references,
     references_key,
 )
+from disagg_planner.replay.comparison import write_comparison
 from disagg_planner.replay.plan import ReplayPlan
 from disagg_planner.replay.progress import REDRAW_S, RunProgress, size_line
-from disagg_planner.replay.report import write_comparison
 from disagg_planner.replay.runner import ReplayResult
 from disagg_planner.replay.session import ORACLE_WINDOW_S, make_policy, run
 

@@ -15,7 +15,8 @@ import pytest
 from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.profiles import Profile, load_profile, resolve_profile
 from disagg_planner.replay import bounds
-from disagg_planner.replay.bounds import admitted, compute_references, fluid_bound_gpu_hours
+from disagg_planner.replay.bounds import admitted, compute_references
+from disagg_planner.replay.fluid import fluid_bound_gpu_hours
 from disagg_planner.replay.oracle import OraclePolicy
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, WorkloadSpec, prepare, run
 from tests.unit.replay.test_oracle_plan import PROFILE, WORKLOADS, config, plan_for

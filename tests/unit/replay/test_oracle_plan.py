@@ -15,8 +15,9 @@ import pytest
 from disagg_planner.config import PlannerConfig
 from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.replay.bounds import References, compute_references
-from disagg_planner.replay.oracle import LoneLimits, OraclePolicy, Slo, lone_limits
+from disagg_planner.replay.oracle import OraclePolicy
 from disagg_planner.replay.runner import run_policy
+from disagg_planner.replay.search import LoneLimits, Slo, lone_limits
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, WorkloadSpec, prepare, run
 from disagg_planner.simulator.cluster import Cluster
 

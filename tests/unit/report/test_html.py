@@ -17,12 +17,9 @@ from disagg_planner.replay.parallel import run_policies
 from disagg_planner.replay.replay_summary import ReplaySummary
 from disagg_planner.replay.report import RequestSeries, latency_windows
 from disagg_planner.replay.session import WorkloadSpec, prepare
-from disagg_planner.report.html import (
-    decisions_of,
-    detail_panels,
-    render_report,
-    replicas_figure,
-)
+from disagg_planner.report.decisions import decisions_of
+from disagg_planner.report.figures import detail_panels, replicas_figure
+from disagg_planner.report.html import render_report
 from disagg_planner.report.snapshot import TickSnapshot
 
 
