@@ -30,7 +30,7 @@ import bisect
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -504,7 +504,7 @@ def fleet_summary(
             "priority": m.priority,
             "floor_gpus": m.floor_gpus,
             "static_share_gpus": shares[m.name],
-            "slo_attainment": r.summary.slo_attainment.to_json(),
+            "slo_attainment": asdict(r.summary.slo_attainment),
             "requests": r.summary.requests,
             "gpu_hours": r.summary.gpu_hours,
             "peak_gpus": max((row.gpus_in_use for row in r.timeline), default=0),

@@ -18,10 +18,11 @@ they were always written, so one run's file is byte for byte what it was.
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
@@ -111,6 +112,84 @@ class _Fields:
         ]
 
 
+# --- the JSON of the records below, from their fields -------------------------------------------
+# A field is written under its own name, or its metadata's "json" name; an optional one
+# (metadata _OPTIONAL) is left out while None (a block what adds it has not added); a flat one
+# (_FLAT: a record, or None) puts its keys at this level, and is there when its first key is.
+# Records are written in their fields' order, the order summary.json has always had.
+
+_T = TypeVar("_T")
+
+
+_OPTIONAL = {"optional": True}
+_FLAT = {"optional": True, "flat": True}
+
+
+def _json_name(f: Field[Any]) -> str:
+    return str(f.metadata.get("json", f.name))
+
+
+def _to_json(record: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if value is None and f.metadata.get("optional"):
+            continue
+        if is_dataclass(value):
+            value = _to_json(value)
+        elif isinstance(value, tuple):
+            value = [_to_json(v) for v in value]
+        if f.metadata.get("flat"):
+            out |= value
+        else:
+            out[_json_name(f)] = value
+    return out
+
+
+def _from_json(kind: type[_T], data: _Fields) -> _T:
+    hints = get_type_hints(kind)
+    values: dict[str, Any] = {}
+    for f in fields(cast(Any, kind)):
+        name, hint = _json_name(f), hints[f.name]
+        if f.metadata.get("flat"):
+            inner = _not_none(hint)
+            present = data.has(_json_name(fields(inner)[0]))
+            values[f.name] = _from_json(inner, data) if present else None
+        elif f.metadata.get("optional") and not data.has(name):
+            values[f.name] = None
+        else:
+            values[f.name] = _read(data, name, hint)
+    return kind(**values)
+
+
+def _not_none(hint: Any) -> Any:
+    """``X`` of ``X | None``."""
+    return next(a for a in get_args(hint) if a is not type(None))
+
+
+def _read(data: _Fields, name: str, hint: Any) -> Any:
+    if get_origin(hint) in (Union, types.UnionType):
+        if data.raw(name) is None:
+            return None
+        hint = _not_none(hint)
+    readers = {float: data.number, int: data.count, str: data.text, bool: data.flag}
+    if hint in readers:
+        return readers[hint](name)
+    if get_origin(hint) is dict:
+        values = get_args(hint)[1]
+        if values is int:
+            return data.counts(name)
+        if values is float:
+            return data.numbers(name)
+        return dict(data.obj(name).data)  # a free-form object (the config, the start-up model)
+    if get_origin(hint) is tuple:
+        item = get_args(hint)[0]
+        return tuple(_from_json(item, x) for x in data.items(name))
+    if is_dataclass(hint):
+        return _from_json(cast(type, hint), data.obj(name))
+    raise TypeError(f"summary.json has no reader for {hint!r} ({name})")
+
+
 @dataclass(frozen=True)
 class Attainment:
     """The share of every submitted request meeting the TTFT target, the ITL target, and
@@ -119,13 +198,6 @@ class Attainment:
     ttft: float
     itl: float
     both: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ttft": self.ttft, "itl": self.itl, "both": self.both}
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> Attainment:
-        return cls(f.number("ttft"), f.number("itl"), f.number("both"))
 
 
 @dataclass(frozen=True)
@@ -137,14 +209,6 @@ class Percentiles:
     p95: float | None
     p99: float | None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"p50": self.p50, "p90": self.p90, "p95": self.p95, "p99": self.p99}
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> Percentiles:
-        p = f.number_or_none
-        return cls(p("p50"), p("p90"), p("p95"), p("p99"))
-
 
 @dataclass(frozen=True)
 class DrainFigures:
@@ -153,13 +217,6 @@ class DrainFigures:
     grace_s: float | None  # None: drains are not bounded
     cancelled: int
     migrated: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"grace_s": self.grace_s, "cancelled": self.cancelled, "migrated": self.migrated}
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> DrainFigures:
-        return cls(f.number_or_none("grace_s"), f.count("cancelled"), f.count("migrated"))
 
 
 @dataclass(frozen=True)
@@ -177,35 +234,6 @@ class ElasticResize:
     pause_s: float
     arrived_in_pause: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "from_dp": self.from_dp,
-            "to_dp": self.to_dp,
-            "mode": self.mode,
-            "requested_s": self.requested_s,
-            "followers_ready_s": self.followers_ready_s,
-            "start_s": self.start_s,
-            "pause_start_s": self.pause_start_s,
-            "end_s": self.end_s,
-            "pause_s": self.pause_s,
-            "arrived_in_pause": self.arrived_in_pause,
-        }
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> ElasticResize:
-        return cls(
-            from_dp=f.count("from_dp"),
-            to_dp=f.count("to_dp"),
-            mode=f.text("mode"),
-            requested_s=f.number("requested_s"),
-            followers_ready_s=f.number_or_none("followers_ready_s"),
-            start_s=f.number("start_s"),
-            pause_start_s=f.number("pause_start_s"),
-            end_s=f.number("end_s"),
-            pause_s=f.number("pause_s"),
-            arrived_in_pause=f.count("arrived_in_pause"),
-        )
-
 
 @dataclass(frozen=True)
 class ElasticFigures:
@@ -221,33 +249,6 @@ class ElasticFigures:
     paused_s: float
     aborted_at_shrink: int  # requests a shrink aborted on its removed ranks: failed
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "dp_initial": self.dp_initial,
-            "dp_final": self.dp_final,
-            "dp_min": self.dp_min,
-            "dp_max": self.dp_max,
-            "dp_mean": self.dp_mean,
-            "resizes": [r.to_json() for r in self.resizes],
-            "paused_s": self.paused_s,
-            "aborted_at_shrink": self.aborted_at_shrink,
-        }
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> ElasticFigures:
-        return cls(
-            role=f.text("role"),
-            dp_initial=f.count_or_none("dp_initial"),
-            dp_final=f.count_or_none("dp_final"),
-            dp_min=f.count_or_none("dp_min"),
-            dp_max=f.count_or_none("dp_max"),
-            dp_mean=f.number_or_none("dp_mean"),
-            resizes=tuple(ElasticResize.from_fields(r) for r in f.items("resizes")),
-            paused_s=f.number("paused_s"),
-            aborted_at_shrink=f.count("aborted_at_shrink"),
-        )
-
 
 @dataclass(frozen=True)
 class BestStaticFigures:
@@ -255,28 +256,9 @@ class BestStaticFigures:
 
     replicas: dict[str, int]
     gpu_hours: float
-    attainment_both: float  # JSON: slo_attainment (both targets)
+    attainment_both: float = field(metadata={"json": "slo_attainment"})  # both targets
     meets_target: bool  # over every request
     qualifies: bool  # over the requests some deployment can serve
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "replicas": self.replicas,
-            "gpu_hours": self.gpu_hours,
-            "slo_attainment": self.attainment_both,
-            "meets_target": self.meets_target,
-            "qualifies": self.qualifies,
-        }
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> BestStaticFigures:
-        return cls(
-            replicas=f.counts("replicas"),
-            gpu_hours=f.number("gpu_hours"),
-            attainment_both=f.number("slo_attainment"),
-            meets_target=f.flag("meets_target"),
-            qualifies=f.flag("qualifies"),
-        )
 
 
 @dataclass(frozen=True)
@@ -284,47 +266,18 @@ class ReferenceFigures:
     """The run compared with the references of its replay
     (:mod:`disagg_planner.replay.bounds`); top-level keys of ``summary.json``."""
 
-    # JSON slo_target: the share of requests meeting both targets the oracle and best-static
-    # searches hold (not the policy's own attainment target: SloTargets.attainment_target)
-    search_attainment_target: float
+    # the share of requests meeting both targets the oracle and best-static searches hold
+    # (not the policy's own attainment target: SloTargets.attainment_target)
+    search_attainment_target: float = field(metadata={"json": "slo_target"})
     unservable_requests: int
     oracle_plan: str  # "windows" or "best-static"
     oracle_gpu_hours: float
-    oracle_attainment_both: float  # JSON: oracle_slo_attainment
+    oracle_attainment_both: float = field(metadata={"json": "oracle_slo_attainment"})
     gpu_hours_ratio_to_oracle: float | None
     best_static: BestStaticFigures
     gpu_hours_ratio_to_best_static: float | None
-    fluid_bound_gpu_hours: float | None  # None without a profile
+    fluid_bound_gpu_hours: float | None  # None: no profile
     gpu_hours_ratio_to_fluid_bound: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "slo_target": self.search_attainment_target,
-            "unservable_requests": self.unservable_requests,
-            "oracle_plan": self.oracle_plan,
-            "oracle_gpu_hours": self.oracle_gpu_hours,
-            "oracle_slo_attainment": self.oracle_attainment_both,
-            "gpu_hours_ratio_to_oracle": self.gpu_hours_ratio_to_oracle,
-            "best_static": self.best_static.to_json(),
-            "gpu_hours_ratio_to_best_static": self.gpu_hours_ratio_to_best_static,
-            "fluid_bound_gpu_hours": self.fluid_bound_gpu_hours,
-            "gpu_hours_ratio_to_fluid_bound": self.gpu_hours_ratio_to_fluid_bound,
-        }
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> ReferenceFigures:
-        return cls(
-            search_attainment_target=f.number("slo_target"),
-            unservable_requests=f.count("unservable_requests"),
-            oracle_plan=f.text("oracle_plan"),
-            oracle_gpu_hours=f.number("oracle_gpu_hours"),
-            oracle_attainment_both=f.number("oracle_slo_attainment"),
-            gpu_hours_ratio_to_oracle=f.number_or_none("gpu_hours_ratio_to_oracle"),
-            best_static=BestStaticFigures.from_fields(f.obj("best_static")),
-            gpu_hours_ratio_to_best_static=f.number_or_none("gpu_hours_ratio_to_best_static"),
-            fluid_bound_gpu_hours=f.number_or_none("fluid_bound_gpu_hours"),
-            gpu_hours_ratio_to_fluid_bound=f.number_or_none("gpu_hours_ratio_to_fluid_bound"),
-        )
 
 
 @dataclass(frozen=True)
@@ -332,16 +285,9 @@ class SloTargets:
     """The targets the run was scored against (JSON ``slo``: ``ttft_ms``, ``itl_ms``,
     ``attainment_target``)."""
 
-    ttft_target_ms: float
-    itl_target_ms: float
-    attainment_target: float  # the share of requests meeting both that passes
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ttft_ms": self.ttft_target_ms,
-            "itl_ms": self.itl_target_ms,
-            "attainment_target": self.attainment_target,
-        }
+    ttft_target_ms: float = field(metadata={"json": "ttft_ms"})
+    itl_target_ms: float = field(metadata={"json": "itl_ms"})
+    attainment_target: float  # the share of both that passes
 
     @classmethod
     def of(cls, config: PlannerConfig) -> SloTargets:
@@ -354,47 +300,24 @@ class SloTargets:
             attainment_target=DEFAULT_ATTAINMENT_TARGET if target is None else target,
         )
 
-    @classmethod
-    def from_fields(cls, f: _Fields) -> SloTargets:
-        return cls(f.number("ttft_ms"), f.number("itl_ms"), f.number("attainment_target"))
-
     def met_by(self, attainment: Attainment) -> bool:
         """Whether ``attainment`` of both targets reaches the attainment target."""
         return attainment.both >= self.attainment_target
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunSetup:
     """How the run was set up; what :func:`disagg_planner.replay.session.run` and the fleet
     replay add to the runner's score."""
 
     startup_delay_s: float | None  # None: the start-up phase model
     # what the start-up model is (simulator/startup.py describe); the fleet replay omits it
-    startup: dict[str, Any] | None
+    startup: dict[str, Any] | None = field(default=None, metadata=_OPTIONAL)
     initial_replicas: dict[str, int]
-    engine: str | None  # the simulated engine; the fleet replay omits it
-    slo: SloTargets | None  # None: a summary written before it said
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"startup_delay_s": self.startup_delay_s}
-        if self.startup is not None:
-            out["startup"] = self.startup
-        out["initial_replicas"] = self.initial_replicas
-        if self.engine is not None:
-            out["engine"] = self.engine
-        if self.slo is not None:
-            out["slo"] = self.slo.to_json()
-        return out
-
-    @classmethod
-    def from_fields(cls, f: _Fields) -> RunSetup:
-        return cls(
-            startup_delay_s=f.number_or_none("startup_delay_s"),
-            startup=dict(f.obj("startup").data) if f.has("startup") else None,
-            initial_replicas=f.counts("initial_replicas"),
-            engine=f.text("engine") if f.has("engine") else None,
-            slo=SloTargets.from_fields(f.obj("slo")) if f.has("slo") else None,
-        )
+    # the simulated engine; the fleet replay omits it
+    engine: str | None = field(default=None, metadata=_OPTIONAL)
+    # None: a summary written before it said
+    slo: SloTargets | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -407,27 +330,8 @@ class FleetShare:
     static_share_gpus: int
     capped_by_grant: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "split": self.split,
-            "priority": self.priority,
-            "floor_gpus": self.floor_gpus,
-            "static_share_gpus": self.static_share_gpus,
-            "capped_by_grant": self.capped_by_grant,
-        }
 
-    @classmethod
-    def from_fields(cls, f: _Fields) -> FleetShare:
-        return cls(
-            split=f.text("split"),
-            priority=f.count("priority"),
-            floor_gpus=f.count("floor_gpus"),
-            static_share_gpus=f.count("static_share_gpus"),
-            capped_by_grant=f.count("capped_by_grant"),
-        )
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplaySummary:
     """One policy's ``summary.json``. The runner fills the score; ``references``, ``setup``,
     ``fleet`` and ``config`` are None until what adds them has (and then absent from the
@@ -449,92 +353,27 @@ class ReplaySummary:
     scale_actions: dict[str, int]
     drain: DrainFigures
     rejected: int  # answered 503 in an elastic-EP resize's pause
-    elastic_ep: ElasticFigures | None
+    elastic_ep: ElasticFigures | None = field(default=None, metadata=_OPTIONAL)
     flaps: dict[str, int]
     flap_window_s: float
     max_replicas: dict[str, int]
     duration_s: float
     wall_s: float
-    references: ReferenceFigures | None = None
-    setup: RunSetup | None = None
-    fleet: FleetShare | None = None
-    config: dict[str, Any] | None = None  # the planner's config (PlannerConfig, as JSON)
+    references: ReferenceFigures | None = field(default=None, metadata=_FLAT)
+    setup: RunSetup | None = field(default=None, metadata=_FLAT)
+    fleet: FleetShare | None = field(default=None, metadata=_OPTIONAL)
+    # the planner's config (PlannerConfig, as JSON)
+    config: dict[str, Any] | None = field(default=None, metadata=_OPTIONAL)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object, its keys in the order ``summary.json`` has always had."""
-        out: dict[str, Any] = {
-            "policy": self.policy,
-            "requests": self.requests,
-            "completed": self.completed,
-            "failed": self.failed,
-            "slo_attainment": self.slo_attainment.to_json(),
-            "ttft_ms": self.ttft_ms.to_json(),
-            "itl_ms": self.itl_ms.to_json(),
-            "unfinished": self.unfinished,
-            "gpu_hours": self.gpu_hours,
-            "gpu_hours_by_role": self.gpu_hours_by_role,
-            "replica_hours": self.replica_hours,
-            "metered_span_s": self.metered_span_s,
-            "last_arrival_s": self.last_arrival_s,
-            "scale_actions": self.scale_actions,
-            "drain": self.drain.to_json(),
-            "rejected": self.rejected,
-        }
-        if self.elastic_ep is not None:
-            out["elastic_ep"] = self.elastic_ep.to_json()
-        out |= {
-            "flaps": self.flaps,
-            "flap_window_s": self.flap_window_s,
-            "max_replicas": self.max_replicas,
-            "duration_s": self.duration_s,
-            "wall_s": self.wall_s,
-        }
-        if self.references is not None:
-            out |= self.references.to_json()
-        if self.setup is not None:
-            out |= self.setup.to_json()
-        if self.fleet is not None:
-            out["fleet"] = self.fleet.to_json()
-        if self.config is not None:
-            out["config"] = self.config
-        return out
+        return _to_json(self)
 
     @classmethod
     def from_json(cls, data: Any, *, source: str = SUMMARY_FILE) -> ReplaySummary:
         """The summary :meth:`to_json` wrote; a :class:`SpecError` naming ``source`` and the
         field that is missing or not what it should be."""
-        f = _Fields(data, source=source)
-        return cls(
-            policy=f.text("policy"),
-            requests=f.count("requests"),
-            completed=f.count("completed"),
-            failed=f.count("failed"),
-            slo_attainment=Attainment.from_fields(f.obj("slo_attainment")),
-            ttft_ms=Percentiles.from_fields(f.obj("ttft_ms")),
-            itl_ms=Percentiles.from_fields(f.obj("itl_ms")),
-            unfinished=f.count("unfinished"),
-            gpu_hours=f.number("gpu_hours"),
-            gpu_hours_by_role=f.numbers("gpu_hours_by_role"),
-            replica_hours=f.numbers("replica_hours"),
-            metered_span_s=f.number("metered_span_s"),
-            last_arrival_s=f.number("last_arrival_s"),
-            scale_actions=f.counts("scale_actions"),
-            drain=DrainFigures.from_fields(f.obj("drain")),
-            rejected=f.count("rejected"),
-            elastic_ep=ElasticFigures.from_fields(f.obj("elastic_ep"))
-            if f.has("elastic_ep")
-            else None,
-            flaps=f.counts("flaps"),
-            flap_window_s=f.number("flap_window_s"),
-            max_replicas=f.counts("max_replicas"),
-            duration_s=f.number("duration_s"),
-            wall_s=f.number("wall_s"),
-            # the references' keys come together: slo_target says they are there
-            references=ReferenceFigures.from_fields(f) if f.has("slo_target") else None,
-            setup=RunSetup.from_fields(f) if f.has("initial_replicas") else None,
-            fleet=FleetShare.from_fields(f.obj("fleet")) if f.has("fleet") else None,
-            config=dict(f.obj("config").data) if f.has("config") else None,
-        )
+        return _from_json(cls, _Fields(data, source=source))
 
     def write(self, path: Path) -> None:
         """``path`` (a ``summary.json``)."""
