@@ -365,20 +365,21 @@ def run_through_replay(name: str, requests: Sequence[TraceRequest], *, seed: int
     records = list(result.records)
     last_arrival = requests[-1].arrival_s
     series = rolling_p95(records, end_s=last_arrival)
-    elastic = result.summary.get("elastic_ep") or {"resizes": []}
+    elastic = result.summary.elastic_ep
+    resizes = () if elastic is None else elastic.resizes
     return PolicyResult(
         name=name,
         requests=len(requests),
         completed=sum(1 for r in records if completed(r)),
         max_rolling_p95_ttft_s=max((v for _, v in series), default=0.0),
         seconds_above_slo=seconds_above(series, TTFT_SLO_S, 1.0),
-        gpu_hours=result.summary["gpu_hours"],
-        arrived_in_pause=sum(p["arrived_in_pause"] for p in elastic["resizes"]),
-        rejected=result.summary["rejected"],
+        gpu_hours=result.summary.gpu_hours,
+        arrived_in_pause=sum(p.arrived_in_pause for p in resizes),
+        rejected=result.summary.rejected,
         resizes=[
-            f"{p['from_dp']}->{p['to_dp']} {p['mode']} at {p['start_s']:.0f} s, serving paused "
-            f"{p['pause_s']:.1f} s from {p['pause_start_s']:.0f} s"
-            for p in elastic["resizes"]
+            f"{p.from_dp}->{p.to_dp} {p.mode} at {p.start_s:.0f} s, serving paused "
+            f"{p.pause_s:.1f} s from {p.pause_start_s:.0f} s"
+            for p in resizes
         ],
         decisions=[
             f"{row.t_s:.0f} s {row.message[row.message.index('elastic') :]}"

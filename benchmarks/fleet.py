@@ -42,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_block import markers, write_block
 
-from disagg_planner.replay.fleet import FleetSpec, run_fleet, static_shares
+from disagg_planner.replay.fleet import run_fleet
+from disagg_planner.replay.fleet_model import FleetSpec, static_shares
 from disagg_planner.replay.parallel import resolve_jobs
 from tests.traces import servegen_folder
 
@@ -109,7 +110,7 @@ def _run(job: tuple[str, str, int, dict[str, int]]) -> dict[str, Any]:
     out = dict(result.fleet)
     out.pop("events")
     out["fleet"] = fleet
-    out["span_h"] = max(r.summary["metered_span_s"] for r in result.results.values()) / 3600.0
+    out["span_h"] = max(r.summary.metered_span_s for r in result.results.values()) / 3600.0
     out["shares"] = static_shares(spec)
     out["wall_s"] = time.perf_counter() - t0
     return out

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from results_block import markers, write_block
 
+from disagg_planner.replay.replay_summary import SUMMARY_FILE, ReplaySummary
 from tests.traces import MOONCAKE_CONV, for_script
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
@@ -38,7 +39,7 @@ RUNS = {"no discount (kv_hit_rate 0)": {"kv_hit_rate": 0}, "observed KV hit rate
 
 def replay(
     trace: Path, out: Path, config: dict[str, Any], args: argparse.Namespace
-) -> dict[str, Any]:
+) -> ReplaySummary:
     argv = [
         sys.executable, "-m", "disagg_planner", "replay", "--trace", str(trace),
         "--duration", args.duration, "--scale-load", str(args.scale_load),
@@ -46,8 +47,7 @@ def replay(
         "--jobs", "1", "--config", json.dumps(config), "-o", str(out),
     ]  # fmt: skip
     subprocess.run(argv, check=True, capture_output=True, text=True)
-    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
-    return summary
+    return ReplaySummary.read(out / SUMMARY_FILE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, config) in enumerate(RUNS.items()):
             rows.append((name, replay(trace, Path(tmp) / str(i), config, args)))
-    base = rows[0][1]["gpu_hours"]
+    base = rows[0][1].gpu_hours
     lines = [
         f"Mooncake conversation trace, first {args.duration}, x{args.scale_load:g}; {PROFILE}; "
         "TTFT 5000 ms, ITL 20 ms",
@@ -72,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for name, s in rows:
         lines.append(
-            f"| {name} | {s['slo_attainment']['both']:.2%} | {s['ttft_ms']['p99']:.0f} | "
-            f"{s['gpu_hours']:.2f} | {s['gpu_hours_by_role'].get('prefill', 0.0):.2f} | "
-            f"{s['gpu_hours'] / base:.2f} |"
+            f"| {name} | {s.slo_attainment.both:.2%} | {s.ttft_ms.p99:.0f} | "
+            f"{s.gpu_hours:.2f} | {s.gpu_hours_by_role.get('prefill', 0.0):.2f} | "
+            f"{s.gpu_hours / base:.2f} |"
         )
     lines += ["", f"{len(rows)} runs in {time.perf_counter() - t0:.0f} s"]
     text = "\n".join(lines)

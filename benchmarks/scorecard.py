@@ -265,7 +265,7 @@ def _run_one(
         peak = {r: max(n.replicas[r] for n in plan.needs) for r in plan.setup.specs}
         name = "static:" + ",".join(str(peak[r]) for r in plan.setup.specs)
         plan = replace(plan, setup=replace(plan.setup, initial_replicas=peak))
-    summary = run(plan, name, progress=False).summary
+    summary = run(plan, name, progress=False).summary.to_json()
     summary["policy"] = policy if policy in ("elastic-ep", "fixed-dp16") else summary["policy"]
     summary["scenario"] = scenario.name
     summary["real_traffic"] = scenario.real

@@ -168,7 +168,8 @@ def run_planner(args: argparse.Namespace) -> dict[str, Any]:
     cpu0 = time.process_time()
     result = run(plan, "planner", progress=False, **kwargs)
     wall = time.perf_counter() - start
-    s = result.summary
+    # the baseline's tree (--baseline REV) may predate the typed summary: a dict there
+    s = result.summary if isinstance(result.summary, dict) else result.summary.to_json()
     return {
         "sim_s": float(s["duration_s"]),
         "wall_s": wall,

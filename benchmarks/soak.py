@@ -47,12 +47,8 @@ if str(REPO / "src") not in sys.path:
 
 from results_block import markers, write_block  # noqa: E402
 
-from disagg_planner.report.recorder import (  # noqa: E402
-    MAX_SNAPSHOTS,
-    DiagnosticsRecorder,
-    EngineQueues,
-    TickSnapshot,
-)
+from disagg_planner.report.recorder import MAX_SNAPSHOTS, DiagnosticsRecorder  # noqa: E402
+from disagg_planner.report.snapshot import EngineQueues, TickSnapshot  # noqa: E402
 
 BEGIN, END = markers("soak")
 DAY_S = 86_400

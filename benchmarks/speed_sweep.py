@@ -128,7 +128,7 @@ def breach_and_recovery(
         score = score_requests(
             done[i], submitted=offered[i], ttft_slo_ms=ttft_ms, itl_slo_ms=itl_ms
         )
-        ok = score["slo_attainment"]["both"] >= target
+        ok = score.slo_attainment.both >= target
         if breach is None and not ok:
             breach = i * window_s
         elif breach is not None and ok:
@@ -160,7 +160,7 @@ def _run_planner(
     plan = scorecard._plan(scenario, {}, startup)
     adopt_references(*found)
     result = run(plan, "planner", progress=False)
-    s = result.summary
+    s = result.summary.to_json()
     # Requests no deployment serves within the SLO (the references' lone limits: a prompt
     # too long for the TTFT target even alone) or admits at all (longer than the engine's
     # context) miss under every policy, best-static's too: they say nothing about the

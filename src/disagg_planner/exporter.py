@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, E
 from prometheus_client.exposition import generate_latest
 
 from disagg_planner.core.types import LoadReason, ThroughputReason
-from disagg_planner.report.recorder import TickSnapshot
+from disagg_planner.report.snapshot import TickSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_pr
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.errors import SpecError
+from disagg_planner.replay.comparison import outputs_message
 from disagg_planner.replay.default_workload import (
     DEFAULT_DURATION_S,
     DEFAULT_POLICIES,
@@ -29,7 +30,6 @@ from disagg_planner.replay.default_workload import (
     replay_config,
 )
 from disagg_planner.replay.parallel import available_cores, resolve_jobs, run_policies
-from disagg_planner.replay.report import outputs_message
 from disagg_planner.replay.session import WorkloadSpec, prepare
 from disagg_planner.replay.summary import summary_table
 from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S
@@ -242,7 +242,8 @@ def _replay(args: argparse.Namespace) -> int:
     )
     summaries = [r.summary for r in results]
     if args.json:
-        print(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2, default=str))
+        as_json = [s.to_json() for s in summaries]
+        print(json.dumps(as_json if len(as_json) > 1 else as_json[0], indent=2, default=str))
     else:
         print(summary_table(summaries))
         print(outputs_message(out_dir, policies))
@@ -251,7 +252,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _replay_fleet(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     """``--fleet FILE``: the members' own words replace the workload and policy flags."""
-    from disagg_planner.replay.fleet import fleet_table, load_fleet, run_fleet
+    from disagg_planner.replay.fleet import run_fleet
+    from disagg_planner.replay.fleet_model import load_fleet
+    from disagg_planner.replay.fleet_page import fleet_table
 
     given = [
         name

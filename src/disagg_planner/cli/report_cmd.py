@@ -101,7 +101,7 @@ def _fetch_live(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from disagg_planner.replay.report import write_comparison
+    from disagg_planner.replay.comparison import write_comparison
 
     if args.live is not None:
         return _fetch_live(args)

@@ -35,8 +35,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from disagg_planner.replay.oracle import ClusterFactory, LoneLimits, MissTally, SearchLog, Slo
 from disagg_planner.replay.policies import StaticPolicy
+from disagg_planner.replay.search import ClusterFactory, LoneLimits, MissTally, SearchLog, Slo
 from disagg_planner.simulator import oracle as probes
 from disagg_planner.simulator.request import RequestLike, RequestRecord
 

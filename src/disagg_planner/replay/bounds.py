@@ -41,97 +41,36 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from disagg_planner.core.budget import apply_gpu_budget
 from disagg_planner.profiles import Profile
 from disagg_planner.replay.best_static import BestStatic, BestStaticPolicy, search_best_static
+from disagg_planner.replay.fluid import fluid_bound_gpu_hours
 from disagg_planner.replay.oracle import (
-    DEFAULT_SLO_TARGET,
     FeasiblePlan,
-    LoneLimits,
     OraclePolicy,
-    Slo,
     WindowChoice,
     WindowNeed,
-    lone_limits,
     plan_feasible,
 )
+from disagg_planner.replay.plan import ReplayPlan
+from disagg_planner.replay.replay_summary import BestStaticFigures, ReferenceFigures, ReplaySummary
 from disagg_planner.replay.runner import ClusterSetup, run_policy
+from disagg_planner.replay.search import DEFAULT_SLO_TARGET, LoneLimits, Slo, lone_limits
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.engines import engine_for
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.startup import planning_lead_s
 
-if TYPE_CHECKING:
-    from disagg_planner.replay.session import ReplayPlan
-
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "PLANNER_REPLAY_CACHE"
 # Part of every cache key: bump it when the searches change what they find.
 SEARCH_VERSION = 3
-
-
-# --- the fluid bound ------------------------------------------------------------------------
-
-
-def fluid_bound_gpu_hours(
-    requests: Sequence[RequestLike],
-    profile: Profile,
-    *,
-    ttft_ms: float = math.inf,
-    itl_ms: float = math.inf,
-) -> float:
-    """GPU-hours of serving every request at the profile's best throughput per GPU.
-
-    Without targets (the default, ``math.inf``) this is the physical floor: the saturated
-    engine's throughput, which a policy that lets latency grow can reach and one holding the
-    SLO cannot pass. With targets it is the best throughput meeting them (what serving under
-    the SLO takes at least, for sizing).
-
-    Prefill: a prompt of ``l`` tokens at the profiled tokens/s/GPU of its own length, or,
-    when higher, of any profiled length from ``l`` up to ``max_num_batched_tokens`` whose
-    TTFT meets the target (short prompts are batched together, and a batch of prompts costs
-    at most what one prompt of their total length does). Decode: ``o`` output tokens at the
-    highest tokens/s/GPU meeting the ITL target at the request's mean context ``l + o/2``
-    (the lowest-ITL point's where none does). Lengths outside the profile take its edge
-    values, which only lowers the bound for longer ones (their throughput falls with length).
-    Requests the engines refuse on arrival cost nothing: pass only those they admit
-    (:func:`admitted`).
-    """
-    if not requests:
-        return 0.0
-    isl = np.fromiter((r.input_length for r in requests), dtype=np.float64, count=len(requests))
-    osl = np.fromiter(
-        (max(1, r.output_length) for r in requests), dtype=np.float64, count=len(requests)
-    )
-    prefill_s = float(np.sum(isl / _best_prefill_thpt(profile, isl, ttft_ms)))
-    contexts, where = np.unique(isl + osl / 2.0, return_inverse=True)
-    best = profile.decode.find_best_many(itl_ms, contexts)
-    thpt = np.where(best.feasible, best.thpt_per_gpu, best.lowest_itl_thpt_per_gpu)
-    decode_s = float(np.sum(osl / thpt[where]))
-    return (prefill_s + decode_s) / 3600.0
-
-
-def _best_prefill_thpt(profile: Profile, isl: np.ndarray, ttft_ms: float) -> np.ndarray:
-    own = profile.prefill.thpt_per_gpu_many(isl)
-    manifest = profile.manifest
-    budget = manifest.prefill_engine.max_num_batched_tokens if manifest is not None else None
-    if budget is None:
-        return own
-    grid = np.unique(np.append(profile.prefill.data.isl, float(budget)))
-    grid = grid[grid <= budget]
-    thpt = np.where(profile.prefill.ttft_ms_many(grid) <= ttft_ms, 0.0, -np.inf)
-    thpt = thpt + profile.prefill.thpt_per_gpu_many(grid)
-    # the best over every grid length >= l: a running maximum from the long end
-    from_here = np.maximum.accumulate(thpt[::-1])[::-1]
-    i = np.searchsorted(grid, isl, side="left")
-    batched = np.where(i < grid.size, from_here[np.minimum(i, grid.size - 1)], -np.inf)
-    return np.maximum(own, batched)
 
 
 # --- the references of one replay -----------------------------------------------------------
@@ -145,8 +84,8 @@ class RunFigures:
     slo_attainment: float  # both targets
 
     @classmethod
-    def of(cls, summary: Mapping[str, Any]) -> RunFigures:
-        return cls(float(summary["gpu_hours"]), float(summary["slo_attainment"]["both"]))
+    def of(cls, summary: ReplaySummary) -> RunFigures:
+        return cls(float(summary.gpu_hours), float(summary.slo_attainment.both))
 
 
 @dataclass(frozen=True)
@@ -340,28 +279,28 @@ def _run(plan: ReplayPlan, policy: Any, initial: Mapping[str, int]) -> RunFigure
     return RunFigures.of(result.summary)
 
 
-def reference_summary(gpu_hours: float, refs: References) -> dict[str, Any]:
-    """The ``summary.json`` keys comparing a run's ``gpu_hours`` with the references."""
+def reference_summary(gpu_hours: float, refs: References) -> ReferenceFigures:
+    """What ``summary.json`` says comparing a run's ``gpu_hours`` with the references."""
     fluid = refs.fluid_bound_gpu_hours
-    return {
-        "slo_target": refs.slo.target,
-        "unservable_requests": refs.unservable,
-        "oracle_plan": refs.oracle_source,
-        "oracle_gpu_hours": refs.oracle.gpu_hours,
-        "oracle_slo_attainment": refs.oracle.slo_attainment,
-        "gpu_hours_ratio_to_oracle": _ratio(gpu_hours, refs.oracle.gpu_hours),
-        "best_static": {
-            "replicas": refs.best_static.replicas,
-            "gpu_hours": refs.best_static_run.gpu_hours,
-            "slo_attainment": refs.best_static_run.slo_attainment,
-            "meets_target": refs.best_static_run.slo_attainment >= refs.slo.target,
+    return ReferenceFigures(
+        search_attainment_target=refs.slo.target,
+        unservable_requests=refs.unservable,
+        oracle_plan=refs.oracle_source,
+        oracle_gpu_hours=refs.oracle.gpu_hours,
+        oracle_attainment_both=refs.oracle.slo_attainment,
+        gpu_hours_ratio_to_oracle=_ratio(gpu_hours, refs.oracle.gpu_hours),
+        best_static=BestStaticFigures(
+            replicas=refs.best_static.replicas,
+            gpu_hours=refs.best_static_run.gpu_hours,
+            attainment_both=refs.best_static_run.slo_attainment,
+            meets_target=refs.best_static_run.slo_attainment >= refs.slo.target,
             # the target held over the requests some deployment can serve
-            "qualifies": refs.best_static.qualifies,
-        },
-        "gpu_hours_ratio_to_best_static": _ratio(gpu_hours, refs.best_static_run.gpu_hours),
-        "fluid_bound_gpu_hours": fluid,
-        "gpu_hours_ratio_to_fluid_bound": None if fluid is None else _ratio(gpu_hours, fluid),
-    }
+            qualifies=refs.best_static.qualifies,
+        ),
+        gpu_hours_ratio_to_best_static=_ratio(gpu_hours, refs.best_static_run.gpu_hours),
+        fluid_bound_gpu_hours=fluid,
+        gpu_hours_ratio_to_fluid_bound=None if fluid is None else _ratio(gpu_hours, fluid),
+    )
 
 
 def _ratio(value: float, reference: float) -> float | None:

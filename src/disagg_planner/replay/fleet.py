@@ -29,15 +29,10 @@ from __future__ import annotations
 import bisect
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
-
-import plotly.graph_objects as go
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from disagg_planner.config import load_config
 from disagg_planner.config.schema import PlannerConfig
@@ -56,18 +51,13 @@ from disagg_planner.core.fleet import (
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.connector import ScaleListener, SimulatedConnector, run_now
 from disagg_planner.replay.default_workload import replay_config
-from disagg_planner.replay.report import replay_report_sections, slo_of
+from disagg_planner.replay.fleet_model import FleetMemberSpec, FleetResult, FleetSpec, static_shares
+from disagg_planner.replay.fleet_page import render_fleet
+from disagg_planner.replay.plan import ReplayPlan
+from disagg_planner.replay.replay_summary import FleetShare, RunSetup, SloTargets
+from disagg_planner.replay.report import replay_report_sections
 from disagg_planner.replay.runner import PolicyRun, ReplayResult, write_outputs
-from disagg_planner.replay.session import ReplayPlan, WorkloadSpec, make_policy, prepare
-from disagg_planner.report.html import (
-    SLO_COLOUR,
-    Page,
-    Panel,
-    fmt_number,
-    fmt_percent,
-    policy_colour,
-    render_page,
-)
+from disagg_planner.replay.session import WorkloadSpec, make_policy, prepare
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.heap import FrozenHeap
@@ -81,112 +71,6 @@ FLEET_FILE = "fleet.json"
 FLEET_PAGE = "fleet.html"
 Split = Literal["shared", "static", "unbounded"]
 SPLITS: tuple[str, ...] = ("shared", "static", "unbounded")
-
-
-# --- the fleet file -----------------------------------------------------------------------------
-
-
-class _PoolSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_total_gpus: int = Field(ge=1, description="The pool's ceiling, all members together.")
-    min_total_gpus: int = Field(0, ge=0, description="The pool does not shrink below this.")
-    stabilization_seconds: float = Field(
-        300.0, ge=0, description="How long a lower share must last before a grant is withdrawn."
-    )
-
-
-class FleetMemberSpec(BaseModel):
-    """One member: the words of ``planner replay``'s flags."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
-    trace: str | None = None
-    workload: str | None = None
-    trace_format: str | None = None
-    scale_load: float = Field(1.0, gt=0)
-    speedup: float = Field(1.0, gt=0)
-    duration: float | None = Field(None, gt=0)
-    profile: str | None = None
-    engine: str | None = None
-    ttft: float | None = Field(None, gt=0)
-    itl: float | None = Field(None, gt=0)
-    priority: int = 0
-    floor_gpus: int = Field(ge=0)
-    ceiling_gpus: int | None = Field(None, ge=0)
-    seed: int = 0
-    config: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _one_workload(self) -> FleetMemberSpec:
-        if (self.trace is None) == (self.workload is None):
-            raise ValueError("give exactly one of trace or workload")
-        return self
-
-
-class FleetSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    pool: _PoolSpec
-    members: list[FleetMemberSpec] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _unique(self) -> FleetSpec:
-        names = [m.name for m in self.members]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ValueError(f"member names must be unique: {', '.join(twice)} repeated")
-        floors = sum(m.floor_gpus for m in self.members)
-        if floors > self.pool.max_total_gpus:
-            raise ValueError(
-                f"the members' floor_gpus add up to {floors}, above pool.max_total_gpus "
-                f"({self.pool.max_total_gpus})"
-            )
-        return self
-
-    @property
-    def limits(self) -> PoolLimits:
-        return PoolLimits(
-            self.pool.max_total_gpus, self.pool.min_total_gpus, self.pool.stabilization_seconds
-        )
-
-
-def load_fleet(path: str | Path) -> FleetSpec:
-    """The fleet file, validated; a :class:`SpecError` naming the file, field and value."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SpecError(f"--fleet {path}: cannot read it: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"--fleet {path}: not YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"--fleet {path}: expected a mapping with pool: and members:")
-    try:
-        return FleetSpec.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(
-                f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]
-            ).replace(".[", "[")
-            value = err.get("input")
-            shown = "" if isinstance(value, dict) else f" = {value!r}"
-            problems.append(f"{where or 'fleet'}{shown}: {err['msg']}")
-        raise SpecError(f"--fleet {path}: " + "; ".join(problems)) from None
-
-
-def static_shares(spec: FleetSpec) -> dict[str, int]:
-    """The pool cut in proportion to the members' floors (whole GPUs, largest remainders;
-    every member at least its floor). Equal cuts when no member has a floor."""
-    total = spec.pool.max_total_gpus
-    weights = {m.name: m.floor_gpus for m in spec.members}
-    if sum(weights.values()) == 0:
-        weights = dict.fromkeys(weights, 1)
-    weight_sum = sum(weights.values())
-    exact = {n: total * w / weight_sum for n, w in weights.items()}
-    out = {n: math.floor(x) for n, x in exact.items()}
-    for n in sorted(exact, key=lambda n: (-(exact[n] - out[n]), n))[: total - sum(out.values())]:
-        out[n] += 1
-    return out
 
 
 # --- one member ---------------------------------------------------------------------------------
@@ -337,15 +221,6 @@ class _Member:
         )
 
 
-@dataclass
-class FleetResult:
-    split: str
-    results: dict[str, ReplayResult]
-    fleet: dict[str, Any]
-    pool_series: list[tuple[float, dict[str, int]]] = field(default_factory=list)
-    grants: list[dict[str, Any]] = field(default_factory=list)
-
-
 # --- the run ------------------------------------------------------------------------------------
 
 
@@ -465,21 +340,30 @@ def run_fleet(
     for x in members:
         cfg = x.plan.config
         result = x.run.result(ttft_slo_ms=cfg.ttft_ms, itl_slo_ms=cfg.itl_ms)
-        result.summary["startup_delay_s"] = x.plan.setup.startup_delay_s
-        result.summary["initial_replicas"] = x.plan.setup.initial_replicas
-        result.summary["slo"] = slo_of(cfg)
-        result.summary["fleet"] = {
-            "split": split,
-            "priority": x.spec.priority,
-            "floor_gpus": x.spec.floor_gpus,
-            "static_share_gpus": shares[x.spec.name],
-            "capped_by_grant": x.connector.capped if x.connector is not None else 0,
-        }
+        result.summary = replace(
+            result.summary,
+            setup=RunSetup(
+                startup_delay_s=x.plan.setup.startup_delay_s,
+                startup=None,
+                initial_replicas=x.plan.setup.initial_replicas,
+                engine=None,
+                slo=SloTargets.of(cfg),
+            ),
+            fleet=FleetShare(
+                split=split,
+                priority=x.spec.priority,
+                floor_gpus=x.spec.floor_gpus,
+                static_share_gpus=shares[x.spec.name],
+                capped_by_grant=x.connector.capped if x.connector is not None else 0,
+            ),
+        )
         results[x.spec.name] = result
         if out_dir is not None:
             write_outputs(out_dir / x.spec.name, result, config=cfg, roles=x.run.roles)
             if x.recorder is not None:
-                x.recorder.write_report(**replay_report_sections(result, x.plan))
+                x.recorder.write_report(
+                    **replay_report_sections(result, x.plan, title=x.recorder.title)
+                )
 
     series = pool_series(results)
     fleet = fleet_summary(spec, split, results, series, state.events, state.grant_log, shares)
@@ -620,9 +504,9 @@ def fleet_summary(
             "priority": m.priority,
             "floor_gpus": m.floor_gpus,
             "static_share_gpus": shares[m.name],
-            "slo_attainment": r.summary["slo_attainment"],
-            "requests": r.summary["requests"],
-            "gpu_hours": r.summary["gpu_hours"],
+            "slo_attainment": asdict(r.summary.slo_attainment),
+            "requests": r.summary.requests,
+            "gpu_hours": r.summary.gpu_hours,
             "peak_gpus": max((row.gpus_in_use for row in r.timeline), default=0),
             "reclaims": sum(1 for e in events if e["member"] == m.name and e["kind"] == "reclaim"),
             "borrows": sum(1 for e in events if e["member"] == m.name and e["kind"] == "borrow"),
@@ -633,13 +517,13 @@ def fleet_summary(
         "pool": spec.pool.model_dump(),
         "max_gpus_in_use": max(totals, default=0),
         "budget_exceeded": max(totals, default=0) > spec.pool.max_total_gpus,
-        "gpu_hours": sum(r.summary["gpu_hours"] for r in results.values()),
+        "gpu_hours": sum(r.summary.gpu_hours for r in results.values()),
         "members": members,
         "priorities": {
             str(p): {
                 "slo_attainment_both": (
-                    sum(r.summary["slo_attainment"]["both"] * r.summary["requests"] for r in rs)
-                    / max(1, sum(r.summary["requests"] for r in rs))
+                    sum(r.summary.slo_attainment.both * r.summary.requests for r in rs)
+                    / max(1, sum(r.summary.requests for r in rs))
                 ),
                 "members": [r.policy for r in rs],
             }
@@ -651,94 +535,3 @@ def fleet_summary(
         "flips_by_member": flips,
         "events": list(events),
     }
-
-
-# --- the page -----------------------------------------------------------------------------------
-
-
-def render_fleet(result: FleetResult, spec: FleetSpec) -> str:
-    """The fleet page: GPUs in use stacked by member against the ceiling, each member's
-    attainment, the borrow and reclaim events."""
-    fleet = result.fleet
-    names = [m.name for m in spec.members]
-    t = [s[0] for s in result.pool_series]
-    stacked = go.Figure()
-    for k, name in enumerate(names):
-        stacked.add_trace(
-            go.Scatter(
-                x=t,
-                y=[at.get(name, 0) for _, at in result.pool_series],
-                name=name,
-                mode="lines",
-                stackgroup="gpus",
-                line={"shape": "hv", "color": policy_colour(k)},
-            )
-        )
-    ceiling = spec.pool.max_total_gpus
-    stacked.add_trace(
-        go.Scatter(
-            x=[0, t[-1] if t else 1],
-            y=[ceiling, ceiling],
-            name=f"max_total_gpus {ceiling}",
-            mode="lines",
-            line={"color": SLO_COLOUR, "dash": "dash"},
-        )
-    )
-    for e in fleet["events"]:
-        if e["kind"] == "reclaim":
-            stacked.add_vline(x=e["t_s"], line={"width": 1, "dash": "dot", "color": "#999"})
-    stacked.update_yaxes(title_text="GPUs in use (starting, ready, draining)", rangemode="tozero")
-    stacked.update_xaxes(title_text="time (s)")
-    stacked.update_layout(height=380, margin={"l": 60, "r": 20, "t": 30, "b": 40})
-    rows = "".join(
-        f"<tr><td>{name}</td><td>{m['priority']}</td><td>{m['floor_gpus']}</td>"
-        f"<td>{m['static_share_gpus']}</td><td>{fmt_percent(m['slo_attainment']['both'])}</td>"
-        f"<td>{fmt_number(m['gpu_hours'])}</td><td>{m['peak_gpus']}</td>"
-        f"<td>{m['borrows']}</td><td>{m['reclaims']}</td></tr>"
-        for name, m in fleet["members"].items()
-    )
-    head = (
-        f"<div class='card'><p>split <b>{result.split}</b>: peak {fleet['max_gpus_in_use']} "
-        f"GPUs in use of {ceiling} (budget {'EXCEEDED' if fleet['budget_exceeded'] else 'held'}"
-        f"), {fmt_number(fleet['gpu_hours'])} GPU-hours, {fleet['reclaims']} reclaims, "
-        f"{fleet['borrows']} borrows, {fleet['flips']} flips</p>"
-        "<table><tr><th>member</th><th>priority</th><th>floor</th><th>static share</th>"
-        "<th>SLO attainment (both)</th><th>GPU-h</th><th>peak GPUs</th><th>borrows</th>"
-        f"<th>reclaims</th></tr>{rows}</table></div>"
-    )
-    event_rows = "".join(
-        f"<tr><td>{e['t_s']:.0f}</td><td>{e['kind']}</td><td>{e['member']}</td>"
-        f"<td>{e['held']} -> {e['grant']}</td><td>{e['message']}</td></tr>"
-        for e in fleet["events"][:500]
-    )
-    events_html = (
-        "<section class='panel'><h3>Borrow and reclaim events</h3><table><tr><th>t (s)</th>"
-        f"<th>event</th><th>member</th><th>held -> grant</th><th>why</th></tr>{event_rows}"
-        "</table></section>"
-        if event_rows
-        else ""
-    )
-    return render_page(
-        Page(
-            title=f"planner replay --fleet ({result.split})",
-            headline_html=head,
-            panels=[
-                Panel("fleet-gpus", "GPUs in use by member, against the pool's ceiling", stacked)
-            ],
-            decisions_html=events_html,
-            footer="Each member's own report.html is in its folder.",
-        )
-    )
-
-
-def fleet_table(results: Sequence[FleetResult]) -> str:
-    """One line per split: the pool and each member's attainment."""
-    lines = []
-    for r in results:
-        f = r.fleet
-        per = ", ".join(f"{n} {m['slo_attainment']['both']:.2%}" for n, m in f["members"].items())
-        lines.append(
-            f"{r.split:<10} peak {f['max_gpus_in_use']:>3} GPUs  {f['gpu_hours']:.2f} GPU-h  "
-            f"reclaims {f['reclaims']}  flips {f['flips']}  |  {per}"
-        )
-    return "\n".join(lines)

@@ -1,54 +1,40 @@
-"""Replay's reports: one page per policy (what only replay knows added to the diagnostics
-report: per-request latency percentiles, load against the profiled capacity of the ready
-replicas, the score) and a comparison page of several policies built from their output
-folders (``summary.json``, ``timeline.csv``, ``requests.csv``), so it can be rebuilt later
-from earlier runs (``planner report --compare DIR...``)."""
+"""Replay's page of one policy: what only replay knows added to the diagnostics report
+(per-request latency percentiles, load against the profiled capacity of the ready replicas,
+the score's card); the series it is drawn from, which the comparison page of several
+policies (:mod:`disagg_planner.replay.comparison`) reads back from their folders."""
 
 from __future__ import annotations
 
 import bisect
 import csv
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.profiles import Profile
+from disagg_planner.replay.headline import headline_card
+from disagg_planner.replay.plan import ReplayPlan
+from disagg_planner.replay.replay_summary import ElasticFigures
 from disagg_planner.replay.runner import ReplayResult
-from disagg_planner.report.html import (
+from disagg_planner.report.elements import (
     SLO_COLOUR,
     LatencyWindows,
     LoadCapacity,
-    Page,
     Panel,
     RoleLoad,
-    _layout,
-    fmt_number,
-    fmt_percent,
-    fmt_ratio,
-    headline_from_summary,
+    layout,
     ordered_roles,
-    policy_colour,
-    render_page,
 )
-
-if TYPE_CHECKING:
-    from disagg_planner.replay.session import ReplayPlan
 
 _MAX_POINTS = 20_000  # keep the HTML small; a regular subsample keeps the shape
 LATENCY_WINDOW_S = 60.0
 LOAD_WINDOW_S = 30.0
-COMPARISON_FILE = "comparison.html"
-# Scored against this share of requests meeting both SLOs when the config sets no target
-# (dynamo-default's has none): the planner's own default ``ttft_attainment_target``.
-DEFAULT_ATTAINMENT_TARGET: float = PlannerConfig.model_fields["ttft_attainment_target"].default
 
 
 # --- per-request series ---------------------------------------------------------------------------
@@ -241,22 +227,11 @@ def timeline_dicts(result: ReplayResult) -> list[dict[str, Any]]:
     ]
 
 
-def slo_of(config: PlannerConfig) -> dict[str, Any]:
-    """The targets a replay is scored against (``summary.json``'s ``slo``), so that a report
-    of any policy, baselines included, can say whether it met them."""
-    return {
-        "ttft_ms": config.ttft_ms,
-        "itl_ms": config.itl_ms,
-        "attainment_target": config.ttft_attainment_target
-        if config.ttft_attainment_target is not None
-        else DEFAULT_ATTAINMENT_TARGET,
-    }
-
-
-def replay_report_sections(result: ReplayResult, plan: ReplayPlan) -> dict[str, Any]:
-    """:func:`policy_report_sections` for a policy of ``plan``."""
+def replay_report_sections(result: ReplayResult, plan: ReplayPlan, *, title: str) -> dict[str, Any]:
+    """:func:`policy_report_sections` for a policy of ``plan`` (``title``: the page's)."""
     return policy_report_sections(
         result,
+        title=title,
         profile=plan.profile,
         gpus_per_replica={role: spec.gpus for role, spec in plan.setup.specs.items()},
         ttft_slo_ms=plan.config.ttft_ms,
@@ -267,6 +242,7 @@ def replay_report_sections(result: ReplayResult, plan: ReplayPlan) -> dict[str, 
 def policy_report_sections(
     result: ReplayResult,
     *,
+    title: str,
     profile: Profile | None,
     gpus_per_replica: Mapping[str, int],
     ttft_slo_ms: float,
@@ -276,21 +252,22 @@ def policy_report_sections(
     (pass as keyword arguments to ``DiagnosticsRecorder.write_report``)."""
     requests = RequestSeries.of_records(result.records)
     timeline = timeline_dicts(result)
-    elastic = result.summary.get("elastic_ep")
+    setup = result.summary.setup
+    elastic = result.summary.elastic_ep
     panels = []
     if elastic is not None:
         panels.append(
             Panel(
                 "elastic",
-                f"Elastic EP: the {elastic['role']} engine's serving DP size and its GPUs "
+                f"Elastic EP: the {elastic.role} engine's serving DP size and its GPUs "
                 "(followers included while they start); shaded: resizes pausing serving, "
-                f"{result.summary.get('rejected', 0)} request(s) rejected with 503 in them",
+                f"{result.summary.rejected} request(s) rejected with 503 in them",
                 elastic_figure(result, elastic),
                 "",
             )
         )
     return {
-        "summary": result.summary,
+        "headline": headline_card(result.summary, title=title),
         "latency": latency_windows(requests),
         "load": load_capacity(
             requests,
@@ -300,7 +277,7 @@ def policy_report_sections(
             itl_slo_ms=itl_slo_ms,
         ),
         "timeline": timeline,
-        "initial_desired": result.summary.get("initial_replicas"),
+        "initial_desired": None if setup is None else setup.initial_replicas,
         "extra_panels": [
             Panel(
                 "requests",
@@ -313,9 +290,9 @@ def policy_report_sections(
     }
 
 
-def elastic_figure(result: ReplayResult, elastic: Mapping[str, Any]) -> Any:
+def elastic_figure(result: ReplayResult, elastic: ElasticFigures) -> Any:
     """DP size (steps) and GPUs in use over time, with each resize's pause shaded."""
-    role = elastic["role"]
+    role = elastic.role
     t = [row.t_s for row in result.timeline]
     fig = go.Figure()
     fig.add_trace(
@@ -336,17 +313,17 @@ def elastic_figure(result: ReplayResult, elastic: Mapping[str, Any]) -> Any:
             name="GPUs in use",
         )
     )
-    for resize in elastic["resizes"]:
+    for resize in elastic.resizes:
         fig.add_vrect(
-            x0=resize["pause_start_s"],
-            x1=resize["end_s"],
+            x0=resize.pause_start_s,
+            x1=resize.end_s,
             fillcolor="red",
             opacity=0.2,
             line_width=0,
         )
     fig.update_xaxes(title_text="time (s)")
     fig.update_yaxes(title_text="DP ranks / GPUs")
-    return _layout(fig, height=320)
+    return layout(fig, height=320)
 
 
 def per_request_figure(requests: RequestSeries, *, ttft_slo_ms: float, itl_slo_ms: float) -> Any:
@@ -395,239 +372,4 @@ def per_request_figure(requests: RequestSeries, *, ttft_slo_ms: float, itl_slo_m
             col=1,
         )
     fig.update_xaxes(title_text="arrival (s)")
-    return _layout(fig, height=360)
-
-
-# --- the comparison page ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunFolder:
-    """One policy's output folder, read back."""
-
-    path: Path
-    summary: dict[str, Any]
-    timeline: list[dict[str, Any]]
-    requests: RequestSeries
-
-    @property
-    def policy(self) -> str:
-        return str(self.summary.get("policy", self.path.name))
-
-
-def read_run(path: Path) -> RunFolder:
-    """A folder replay wrote for one policy; a clear error naming what is missing."""
-    path = Path(path)
-    if not path.is_dir():
-        raise SpecError(f"{path}: not a directory (expected a replay output folder)")
-    summary_path = path / "summary.json"
-    if not summary_path.is_file():
-        raise SpecError(
-            f"{path}: no summary.json (expected a folder planner replay wrote for one "
-            "policy, e.g. replay-out/planner)"
-        )
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{summary_path}: not JSON ({exc})") from exc
-    for key in ("policy", "slo_attainment", "gpu_hours"):
-        if key not in summary:
-            raise SpecError(f"{summary_path}: missing field {key!r}")
-    for name in ("timeline.csv", "requests.csv"):
-        if not (path / name).is_file():
-            raise SpecError(f"{path}: no {name} (planner replay writes it beside summary.json)")
-    return RunFolder(
-        path,
-        summary,
-        read_timeline(path / "timeline.csv"),
-        RequestSeries.of_csv(path / "requests.csv"),
-    )
-
-
-def read_timeline(path: Path) -> list[dict[str, Any]]:
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        fields = reader.fieldnames or []
-        roles = [f.removeprefix("desired_") for f in fields if f.startswith("desired_")]
-        if "t_s" not in fields or "gpus_in_use" not in fields or not roles:
-            raise SpecError(
-                f"{path}: expected columns t_s, desired_<role>, ready_<role>, gpus_in_use"
-            )
-        rows = []
-        for row in reader:
-            rows.append(
-                {
-                    "t_s": float(row["t_s"]),
-                    "desired": {r: int(row[f"desired_{r}"]) for r in roles},
-                    "ready": {r: int(row[f"ready_{r}"]) for r in roles},
-                    "gpus_in_use": int(row["gpus_in_use"]),
-                }
-            )
-    return rows
-
-
-def _comparison_table(runs: Sequence[RunFolder]) -> str:
-    head = (
-        "<tr><th>policy</th><th>SLO both</th><th>TTFT</th><th>ITL</th><th>TTFT p99 ms</th>"
-        "<th>ITL p99 ms</th><th>GPU-h</th><th>x oracle</th><th>x best static</th>"
-        "<th>scale actions</th><th>flaps</th></tr>"
-    )
-    rows = []
-    for k, run in enumerate(runs):
-        s = run.summary
-        att = s.get("slo_attainment", {})
-        rows.append(
-            f"<tr><td><span style='color:{policy_colour(k)}'>&#9632;</span> {run.policy}</td>"
-            f"<td>{fmt_percent(att.get('both'))}</td><td>{fmt_percent(att.get('ttft'))}</td>"
-            f"<td>{fmt_percent(att.get('itl'))}</td>"
-            f"<td>{fmt_number((s.get('ttft_ms') or {}).get('p99'), 0)}</td>"
-            f"<td>{fmt_number((s.get('itl_ms') or {}).get('p99'), 1)}</td>"
-            f"<td>{fmt_number(s.get('gpu_hours'))}</td>"
-            f"<td>{fmt_ratio(s.get('gpu_hours_ratio_to_oracle'))}</td>"
-            f"<td>{fmt_ratio(s.get('gpu_hours_ratio_to_best_static'))}</td>"
-            f"<td>{sum((s.get('scale_actions') or {}).values())}</td>"
-            f"<td>{sum((s.get('flaps') or {}).values())}</td></tr>"
-        )
-    return (
-        "<section class='decisions comparison-table'><h3>Side by side</h3>"
-        f"<table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table></section>"
-    )
-
-
-def render_comparison(
-    runs: Sequence[RunFolder], *, title: str = "planner replay: comparison"
-) -> str:
-    """One page: each policy's headline, then their replicas, GPUs and latency overlaid (one
-    colour per policy, one subplot per role)."""
-    if not runs:
-        raise SpecError("nothing to compare: give at least one replay output folder")
-    headlines = (
-        "<div class='cards'>"
-        + "".join(headline_from_summary(r.summary, title=r.policy) for r in runs)
-        + "</div>"
-    )
-    roles = ordered_roles(role for r in runs for row in r.timeline for role in row["desired"])
-    replicas = make_subplots(rows=len(roles), cols=1, shared_xaxes=True, vertical_spacing=0.1)
-    gpus = go.Figure()
-    ttft = go.Figure()
-    itl = go.Figure()
-    for k, run in enumerate(runs):
-        colour = policy_colour(k)
-        t = [row["t_s"] for row in run.timeline]
-        for i, role in enumerate(roles, start=1):
-            replicas.add_trace(
-                go.Scatter(
-                    x=t,
-                    y=[row["desired"].get(role) for row in run.timeline],
-                    name=f"{run.policy} desired",
-                    legendgroup=run.policy,
-                    showlegend=i == 1,
-                    mode="lines",
-                    # overlapping steps stay apart by their dash
-                    line={"color": colour, "shape": "hv", "width": 2, "dash": _dash(k)},
-                ),
-                row=i,
-                col=1,
-            )
-            replicas.update_yaxes(title_text=f"{role} replicas", rangemode="tozero", row=i, col=1)
-        gpus.add_trace(
-            go.Scatter(
-                x=t,
-                y=[row["gpus_in_use"] for row in run.timeline],
-                name=run.policy,
-                mode="lines",
-                line={"color": colour, "shape": "hv", "dash": _dash(k)},
-            )
-        )
-        windows = latency_windows(run.requests)
-        for fig, values in ((ttft, windows.ttft_p99), (itl, windows.itl_p99)):
-            fig.add_trace(
-                go.Scatter(
-                    x=list(windows.t_s),
-                    y=list(values),
-                    name=f"{run.policy} p99",
-                    mode="lines",
-                    line={"color": colour},
-                )
-            )
-    replicas.update_xaxes(title_text="time (s)", row=len(roles), col=1)
-    _layout(replicas, height=max(340, 240 * len(roles)))
-    gpus.update_yaxes(title_text="GPUs", rangemode="tozero")
-    gpus.update_xaxes(title_text="time (s)")
-    _layout(gpus, height=300)
-    first = runs[0].summary
-    slo = first.get("slo") or {}
-    config = first.get("config") or {}
-    panels = [
-        Panel("cmp-replicas", "Desired replicas per role, each policy", replicas),
-        Panel("cmp-gpus", "GPUs in use, each policy", gpus),
-    ]
-    for key, fig, name, slo_ms in (
-        ("cmp-ttft", ttft, "TTFT", slo.get("ttft_ms") or config.get("ttft_ms")),
-        ("cmp-itl", itl, "ITL", slo.get("itl_ms") or config.get("itl_ms")),
-    ):
-        if slo_ms:
-            end = max(
-                (float(r.requests.arrival_s[-1]) for r in runs if len(r.requests.arrival_s)),
-                default=1.0,
-            )
-            fig.add_trace(
-                go.Scatter(
-                    x=[0, end],
-                    y=[slo_ms, slo_ms],
-                    name=f"SLO {slo_ms:g} ms",
-                    mode="lines",
-                    line={"color": SLO_COLOUR, "dash": "dash"},
-                )
-            )
-            peak = max((v for tr in fig.data[:-1] for v in tr.y if v is not None), default=0.0)
-            if peak > 5 * slo_ms:
-                fig.update_yaxes(range=[0, 5 * slo_ms])
-        fig.update_yaxes(title_text=f"{name} p99 (ms)", rangemode="tozero")
-        fig.update_xaxes(title_text="time (s)")
-        _layout(fig, height=320)
-        panels.append(
-            Panel(
-                key,
-                f"{name} p99 over rolling {LATENCY_WINDOW_S:.0f} s windows, each policy",
-                fig,
-                note="axis capped at 5x the SLO where a policy's p99 runs far above it",
-            )
-        )
-    return render_page(
-        Page(
-            title=title,
-            headline_html=_comparison_table(runs) + headlines,
-            panels=panels,
-            footer="Built from "
-            + ", ".join(str(r.path) for r in runs)
-            + ". Each policy's own report.html is in its folder.",
-        )
-    )
-
-
-def outputs_message(out_dir: Path, policies: Sequence[str]) -> str:
-    """The line replay ends with: where its files are, the page to open first."""
-    if len(policies) == 1:
-        return f"wrote {out_dir}/ (summary.json, requests.csv, timeline.csv, report.html)"
-    return (
-        f"wrote {out_dir / COMPARISON_FILE} (open it in a browser); each policy's "
-        f"summary.json, requests.csv, timeline.csv and report.html are in {out_dir}/<policy>/"
-    )
-
-
-def _dash(index: int) -> str:
-    return ("solid", "dash", "dot", "dashdot", "longdash")[index % 5]
-
-
-def write_comparison(
-    output: Path, run_dirs: Sequence[Path], *, title: str = "planner replay: comparison"
-) -> Path:
-    """Write the comparison page of ``run_dirs`` to ``output`` (a file, or a folder to
-    write ``comparison.html`` into); returns its path."""
-    runs = [read_run(Path(d)) for d in run_dirs]
-    output = Path(output)
-    path = output / COMPARISON_FILE if output.is_dir() or not output.suffix else output
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_comparison(runs, title=title), encoding="utf-8")
-    return path
+    return layout(fig, height=360)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,13 @@ from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.profiles import Profile
 from disagg_planner.replay.connector import SimulatedConnector, run_now
 from disagg_planner.replay.policies import Policy, PolicyStep
+from disagg_planner.replay.replay_summary import (
+    SUMMARY_FILE,
+    DrainFigures,
+    ElasticFigures,
+    ElasticResize,
+    ReplaySummary,
+)
 from disagg_planner.replay.summary import (
     FLAP_WINDOW_S,
     ScaleLog,
@@ -37,7 +43,8 @@ from disagg_planner.replay.summary import (
     write_requests_csv,
     write_timeline_csv,
 )
-from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
+from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.report.snapshot import TickSnapshot
 from disagg_planner.runtime.observation import engine_queues
 from disagg_planner.simulator import elastic_ep
 from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S, Cluster, Replica
@@ -94,7 +101,7 @@ class ClusterSetup:
 @dataclass
 class ReplayResult:
     policy: str
-    summary: dict[str, Any]
+    summary: ReplaySummary
     records: list[Any]
     timeline: list[TimelineRow]
     snapshots: list[TickSnapshot] = field(default_factory=list)
@@ -223,41 +230,53 @@ class PolicyRun:
             elastic_role=setup.elastic_role,
         )
         records = list(cluster.records)
-        summary: dict[str, Any] = {"policy": self.policy.name}
-        summary |= score_requests(
+        score = score_requests(
             records, submitted=len(requests), ttft_slo_ms=ttft_slo_ms, itl_slo_ms=itl_slo_ms
         )
-        summary["unfinished"] = len(requests) - len(records)
-        gpu_hours = gpu_seconds / 3600.0
-        summary["gpu_hours"] = gpu_hours
-        summary["gpu_hours_by_role"] = {
-            r: seconds / 3600.0 for r, seconds in cluster.gpu_seconds_by_role().items()
-        }
-        summary["replica_hours"] = {
-            r: sum(_alive_s(x, end_s) for x in cluster.replicas if x.role == r) / 3600.0
-            for r in roles
-        }
-        summary["metered_span_s"] = end_s
-        summary["last_arrival_s"] = self.last_arrival_s
-        summary["scale_actions"] = {r: scale_log.actions().get(r, 0) for r in roles}
-        summary["drain"] = {
-            "grace_s": setup.drain_grace_s,
-            "cancelled": cluster.cancelled_at_drain,
-            "migrated": cluster.migrated_at_drain,
-        }
-        # requests a resize's pause answered 503 (frontend not retrying); 0 without resizes
-        summary["rejected"] = cluster.rejected_in_pause
+        elastic = None
         if setup.elastic_role is not None:
-            summary["elastic_ep"] = elastic_summary(
-                cluster.resizes, timeline, role=setup.elastic_role, requests=requests
+            elastic = elastic_summary(
+                cluster.resizes,
+                timeline,
+                role=setup.elastic_role,
+                requests=requests,
+                # requests a shrink aborted on its removed ranks (vLLM's mode="abort"): failed
+                aborted_at_shrink=cluster.aborted_at_shrink,
             )
-            # requests a shrink aborted on its removed ranks (vLLM's mode="abort"): failed
-            summary["elastic_ep"]["aborted_at_shrink"] = cluster.aborted_at_shrink
-        summary["flaps"] = {r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles}
-        summary["flap_window_s"] = flap_window_s
-        summary["max_replicas"] = self.max_replicas
-        summary["duration_s"] = end_s
-        summary["wall_s"] = time.perf_counter() - self.wall0
+        summary = ReplaySummary(
+            policy=self.policy.name,
+            requests=score.requests,
+            completed=score.completed,
+            failed=score.failed,
+            slo_attainment=score.slo_attainment,
+            ttft_ms=score.ttft_ms,
+            itl_ms=score.itl_ms,
+            unfinished=len(requests) - len(records),
+            gpu_hours=gpu_seconds / 3600.0,
+            gpu_hours_by_role={
+                r: seconds / 3600.0 for r, seconds in cluster.gpu_seconds_by_role().items()
+            },
+            replica_hours={
+                r: sum(_alive_s(x, end_s) for x in cluster.replicas if x.role == r) / 3600.0
+                for r in roles
+            },
+            metered_span_s=end_s,
+            last_arrival_s=self.last_arrival_s,
+            scale_actions={r: scale_log.actions().get(r, 0) for r in roles},
+            drain=DrainFigures(
+                grace_s=setup.drain_grace_s,
+                cancelled=cluster.cancelled_at_drain,
+                migrated=cluster.migrated_at_drain,
+            ),
+            # requests a resize's pause answered 503 (frontend not retrying); 0 without resizes
+            rejected=cluster.rejected_in_pause,
+            elastic_ep=elastic,
+            flaps={r: scale_log.flaps(flap_window_s).get(r, 0) for r in roles},
+            flap_window_s=flap_window_s,
+            max_replicas=self.max_replicas,
+            duration_s=end_s,
+            wall_s=time.perf_counter() - self.wall0,
+        )
         return ReplayResult(self.policy.name, summary, records, timeline, self.snapshots)
 
 
@@ -273,37 +292,39 @@ def elastic_summary(
     *,
     role: str,
     requests: Sequence[RequestLike],
-) -> dict[str, Any]:
+    aborted_at_shrink: int,
+) -> ElasticFigures:
     """The elastic role's DP sizes and resizes: for summary.json and the report."""
     sizes = [row.dp[role] for row in timeline if role in row.dp]
     span = [(a.t_s, b.t_s, a.dp.get(role, 0)) for a, b in itertools.pairwise(timeline)]
     total = sum(t1 - t0 for t0, t1, _ in span)
     arrivals = sorted(r.arrival_s for r in requests)
-    return {
-        "role": role,
-        "dp_initial": sizes[0] if sizes else None,
-        "dp_final": sizes[-1] if sizes else None,
-        "dp_min": min(sizes, default=None),
-        "dp_max": max(sizes, default=None),
-        "dp_mean": sum((t1 - t0) * dp for t0, t1, dp in span) / total if total > 0 else None,
-        "resizes": [
-            {
-                "from_dp": p.from_dp,
-                "to_dp": p.to_dp,
-                "mode": p.mode,
-                "requested_s": p.start_s if p.requested_s is None else p.requested_s,
-                "followers_ready_s": p.followers_ready_s,
-                "start_s": p.start_s,
-                "pause_start_s": p.downtime_start_s,
-                "end_s": p.end_s,
-                "pause_s": p.downtime_s,
-                "arrived_in_pause": bisect.bisect_left(arrivals, p.end_s)
+    return ElasticFigures(
+        role=role,
+        dp_initial=sizes[0] if sizes else None,
+        dp_final=sizes[-1] if sizes else None,
+        dp_min=min(sizes, default=None),
+        dp_max=max(sizes, default=None),
+        dp_mean=sum((t1 - t0) * dp for t0, t1, dp in span) / total if total > 0 else None,
+        resizes=tuple(
+            ElasticResize(
+                from_dp=p.from_dp,
+                to_dp=p.to_dp,
+                mode=p.mode,
+                requested_s=p.start_s if p.requested_s is None else p.requested_s,
+                followers_ready_s=p.followers_ready_s,
+                start_s=p.start_s,
+                pause_start_s=p.downtime_start_s,
+                end_s=p.end_s,
+                pause_s=p.downtime_s,
+                arrived_in_pause=bisect.bisect_left(arrivals, p.end_s)
                 - bisect.bisect_left(arrivals, p.downtime_start_s),
-            }
+            )
             for p in resizes
-        ],
-        "paused_s": sum(p.downtime_s for p in resizes),
-    }
+        ),
+        paused_s=sum(p.downtime_s for p in resizes),
+        aborted_at_shrink=aborted_at_shrink,
+    )
 
 
 def replica_timeline(
@@ -480,14 +501,14 @@ def write_outputs(
 ) -> None:
     """summary.json, requests.csv, timeline.csv for one policy (the report is separate)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = dict(result.summary)
+    summary = result.summary
     if config is not None:
-        summary["config"] = config.model_dump(mode="json")
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    elastic = result.summary.get("elastic_ep")
+        summary = dataclasses.replace(summary, config=config.model_dump(mode="json"))
+    summary.write(out_dir / SUMMARY_FILE)
+    elastic = result.summary.elastic_ep
     dp_at = None
     if elastic is not None:
-        role = elastic["role"]
+        role = elastic.role
         steps = [(row.t_s, row.dp.get(role, 0)) for row in result.timeline]
         times = [t for t, _ in steps]
 

@@ -12,19 +12,22 @@ from typing import Any
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.predictors.traces import read_trace
-from disagg_planner.profiles import Profile
 from disagg_planner.replay import bounds, default_workload
 from disagg_planner.replay.bounds import References, compute_references, reference_summary
 from disagg_planner.replay.elastic import check_elastic_setup, retry_paused
 from disagg_planner.replay.hpa import HpaBehavior
-from disagg_planner.replay.oracle import WindowNeed, initial_replicas, plan_needs
+from disagg_planner.replay.oracle import initial_replicas, plan_needs
+from disagg_planner.replay.plan import ReplayPlan
 from disagg_planner.replay.policies import HpaPolicy, PlannerPolicy, Policy, StaticPolicy
-from disagg_planner.replay.report import replay_report_sections, slo_of
+from disagg_planner.replay.progress import RunProgress
+from disagg_planner.replay.replay_summary import RunSetup, SloTargets
+from disagg_planner.replay.report import replay_report_sections
 from disagg_planner.replay.runner import (
     ClusterSetup,
     ReplayResult,
     engine_spec_for_profile,
     run_policy,
+    write_outputs,
 )
 from disagg_planner.replay.summary import FLAP_WINDOW_S
 from disagg_planner.report.recorder import DiagnosticsRecorder
@@ -88,17 +91,6 @@ def _until(requests: Iterator[Any], limit_s: float) -> Iterator[Any]:
         if r.arrival_s >= limit_s:
             return
         yield r
-
-
-@dataclass(frozen=True)
-class ReplayPlan:
-    """Everything the policies of one replay share."""
-
-    config: PlannerConfig
-    profile: Profile | None
-    setup: ClusterSetup
-    requests: list[RequestLike]
-    needs: list[WindowNeed]
 
 
 def prepare(
@@ -256,8 +248,6 @@ def run(
     the fluid bound (:mod:`disagg_planner.replay.bounds`; found once per plan). ``progress``:
     a bar on a terminal (True), none (False), or what the runner reports its simulated time
     to (several policies: :func:`disagg_planner.replay.parallel.run_policies`)."""
-    from disagg_planner.replay.runner import write_outputs
-
     policy, cfg = make_policy(policy_name, plan)
     effective = cfg or plan.config
     recorder = None
@@ -284,6 +274,7 @@ def run(
         recorder=recorder,
         progress=_progress_callback(progress, plan),
     )
+    figures = None
     if references:
         # a callable: what hands over the references found elsewhere (replay/parallel)
         refs = (
@@ -291,16 +282,22 @@ def run(
             if callable(references)
             else compute_references(plan, window_s=ORACLE_WINDOW_S)
         )
-        result.summary |= reference_summary(result.summary["gpu_hours"], refs)
-    result.summary["startup_delay_s"] = setup.startup_delay_s
-    result.summary["startup"] = startup.describe(setup.startup_delay_s, setup.specs)
-    result.summary["initial_replicas"] = setup.initial_replicas
-    result.summary["engine"] = str(next(iter(plan.setup.specs.values())))
-    result.summary["slo"] = slo_of(plan.config)
+        figures = reference_summary(result.summary.gpu_hours, refs)
+    result.summary = replace(
+        result.summary,
+        references=figures,
+        setup=RunSetup(
+            startup_delay_s=setup.startup_delay_s,
+            startup=startup.describe(setup.startup_delay_s, setup.specs),
+            initial_replicas=setup.initial_replicas,
+            engine=str(next(iter(plan.setup.specs.values()))),
+            slo=SloTargets.of(plan.config),
+        ),
+    )
     if out_dir is not None:
         write_outputs(out_dir, result, config=effective, roles=tuple(plan.setup.specs))
         if recorder is not None:
-            recorder.write_report(**replay_report_sections(result, plan))
+            recorder.write_report(**replay_report_sections(result, plan, title=recorder.title))
     return result
 
 
@@ -310,9 +307,6 @@ def _progress_callback(
     if progress is False:
         return None
     if progress is True:
-        # imported here: the parallel runner imports this module
-        from disagg_planner.replay.parallel import RunProgress
-
         bar = RunProgress(1, max(r.arrival_s for r in plan.requests))
 
         def report(now_s: float, span_s: float) -> None:

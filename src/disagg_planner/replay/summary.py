@@ -6,13 +6,13 @@ from __future__ import annotations
 import csv
 import itertools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from disagg_planner.replay.replay_summary import Attainment, Percentiles, ReplaySummary
 from disagg_planner.simulator.request import RequestRecord
 from disagg_planner.simulator.startup import STARTUP_PHASES
 
@@ -88,17 +88,29 @@ class ScaleLog:
         return out
 
 
-def percentiles(values: Sequence[float]) -> dict[str, float | None]:
+def percentiles(values: Sequence[float]) -> Percentiles:
     if not values:
-        return {"p50": None, "p90": None, "p95": None, "p99": None}
+        return Percentiles(None, None, None, None)
     arr = np.asarray(values, dtype=float)
     p50, p90, p95, p99 = np.percentile(arr, [50, 90, 95, 99])
-    return {"p50": float(p50), "p90": float(p90), "p95": float(p95), "p99": float(p99)}
+    return Percentiles(float(p50), float(p90), float(p95), float(p99))
+
+
+@dataclass(frozen=True)
+class RequestScore:
+    """What the requests' outcomes say: the first figures of ``summary.json``."""
+
+    requests: int  # submitted
+    completed: int
+    failed: int
+    slo_attainment: Attainment
+    ttft_ms: Percentiles  # observed
+    itl_ms: Percentiles  # observed
 
 
 def score_requests(
     records: Sequence[RequestRecord], *, submitted: int, ttft_slo_ms: float, itl_slo_ms: float
-) -> dict[str, Any]:
+) -> RequestScore:
     """Attainment over every submitted request: one that failed or never finished misses
     both targets. A one-token answer has no ITL and meets the ITL target."""
     ok = [r for r in records if r.ok]
@@ -112,18 +124,16 @@ def score_requests(
         and (r.itl_ms is None or r.itl_ms <= itl_slo_ms)
     )
     denominator = max(submitted, 1)
-    return {
-        "requests": submitted,
-        "completed": len(ok),
-        "failed": submitted - len(ok),
-        "slo_attainment": {
-            "ttft": ttft_ok / denominator,
-            "itl": itl_ok / denominator,
-            "both": both_ok / denominator,
-        },
-        "ttft_ms": percentiles([r.ttft_ms for r in ok if r.ttft_ms is not None]),
-        "itl_ms": percentiles([r.itl_ms for r in ok if r.itl_ms is not None]),
-    }
+    return RequestScore(
+        requests=submitted,
+        completed=len(ok),
+        failed=submitted - len(ok),
+        slo_attainment=Attainment(
+            ttft=ttft_ok / denominator, itl=itl_ok / denominator, both=both_ok / denominator
+        ),
+        ttft_ms=percentiles([r.ttft_ms for r in ok if r.ttft_ms is not None]),
+        itl_ms=percentiles([r.itl_ms for r in ok if r.itl_ms is not None]),
+    )
 
 
 def write_requests_csv(
@@ -192,11 +202,14 @@ def finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """A short text table of several policies' summaries (printed at the end of a run)."""
+def summary_table(rows: Sequence[ReplaySummary]) -> str:
+    """A short text table of several policies' summaries (printed at the end of a run);
+    ``meets target`` says whether each policy's share of requests within both SLOs reaches
+    the attainment target it was scored against (``-``: it says none)."""
     header = (
         "policy",
         "SLO both",
+        "meets target",
         "TTFT p99 ms",
         "ITL p99 ms",
         "GPU-h",
@@ -206,22 +219,31 @@ def summary_table(rows: Sequence[Mapping[str, Any]]) -> str:
     )
     lines = ["  ".join(f"{h:>12}" for h in header)]
     for s in rows:
+        refs = s.references
         lines.append(
             "  ".join(
                 f"{v:>12}"
                 for v in (
-                    s["policy"],
-                    f"{s['slo_attainment']['both']:.2%}",
-                    _fmt(s["ttft_ms"]["p99"]),
-                    _fmt(s["itl_ms"]["p99"]),
-                    f"{s['gpu_hours']:.2f}",
-                    _ratio(s.get("gpu_hours_ratio_to_oracle")),
-                    _ratio(s.get("gpu_hours_ratio_to_best_static")),
-                    sum(s["scale_actions"].values()),
+                    s.policy,
+                    f"{s.slo_attainment.both:.2%}",
+                    _verdict(s),
+                    _fmt(s.ttft_ms.p99),
+                    _fmt(s.itl_ms.p99),
+                    f"{s.gpu_hours:.2f}",
+                    _ratio(None if refs is None else refs.gpu_hours_ratio_to_oracle),
+                    _ratio(None if refs is None else refs.gpu_hours_ratio_to_best_static),
+                    sum(s.scale_actions.values()),
                 )
             )
         )
     return "\n".join(lines)
+
+
+def _verdict(summary: ReplaySummary) -> str:
+    slo, meets = summary.slo, summary.meets_target
+    if slo is None or meets is None:
+        return "-"
+    return f"{'yes' if meets else 'no'} ({slo.attainment_target:.0%})"
 
 
 def _ratio(value: float | None) -> str:

@@ -80,8 +80,10 @@ def render_in_child(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # imported here, in the child only: the recorder of a live process imports this module
+    # for render_in_child, and must not load plotly and the report code with it
     from disagg_planner.report.html import render_report
-    from disagg_planner.report.recorder import TickSnapshot
+    from disagg_planner.report.snapshot import TickSnapshot
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None)

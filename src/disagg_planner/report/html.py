@@ -1,266 +1,43 @@
 """Self-contained HTML reports (plotly.js inlined once, no network) built to be read top down.
 
-First screen: the verdict as a headline card (SLO attainment against the target, GPU-hours and
-their ratio to the oracle and to the best static policy, flaps). Then one figure per panel,
-each with its own legend and titled axes: load against the capacity the ready replicas
-provide at the SLO, replicas desired and ready with every decision marked and labelled,
-latency percentiles against the SLO lines, GPUs and GPU-hours (never on one axis), and a table
-of the decisions. Per-engine detail and the planner's internals are folded below. A panel
-with nothing to show says why instead of drawing empty axes.
+First screen: the verdict as a headline card (a replay's score, :mod:`disagg_planner.replay.
+headline`: SLO attainment against the target, GPU-hours and their ratio to the oracle and to
+the best static policy, flaps; live, what the ticks measured). Then one figure per panel
+(:mod:`disagg_planner.report.figures`), each with its own legend and titled axes: load against
+the capacity the ready replicas provide at the SLO, replicas desired and ready with every
+decision marked and labelled, latency percentiles against the SLO lines, GPUs and GPU-hours
+(never on one axis), and a table of the decisions (:mod:`disagg_planner.report.decisions`).
+Per-engine detail and the planner's internals are folded below. A panel with nothing to show
+says why instead of drawing empty axes.
 
-One colour per role everywhere (:data:`ROLE_COLOURS`); a comparison page keeps one colour per
-policy (:data:`POLICY_COLOURS`) and one subplot per role.
+One colour per role everywhere (:data:`disagg_planner.report.elements.ROLE_COLOURS`); a
+comparison page keeps one colour per policy and one subplot per role.
 """
 
 from __future__ import annotations
 
-import html
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
-from disagg_planner.report.recorder import TickSnapshot
-
-ROLE_COLOURS = {"prefill": "#1f77b4", "decode": "#ff7f0e", "agg": "#2ca02c"}
-_OTHER_ROLE_COLOUR = "#7f7f7f"
-POLICY_COLOURS = ("#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
-SLO_COLOUR = "#c00000"
-_PANEL_HEIGHT = 340
-
-
-def role_colour(role: str) -> str:
-    return ROLE_COLOURS.get(role, _OTHER_ROLE_COLOUR)
-
-
-def ordered_roles(roles: Any) -> list[str]:
-    """Roles in the order requests meet them (prefill, decode), then any other."""
-    order = list(ROLE_COLOURS)
-    return sorted(set(roles), key=lambda r: (order.index(r) if r in order else len(order), r))
-
-
-def policy_colour(index: int) -> str:
-    return POLICY_COLOURS[index % len(POLICY_COLOURS)]
-
-
-# --- inputs a caller may add to the snapshots ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RoleLoad:
-    """One role's demand and the capacity its ready replicas provide at the SLO, per window
-    (tokens/s; ``capacity`` None where unknown)."""
-
-    role: str
-    t_s: Sequence[float]
-    demand_tokens_s: Sequence[float | None]
-    capacity_tokens_s: Sequence[float | None]
-    demand_label: str
-    capacity_label: str
-
-
-@dataclass(frozen=True)
-class LoadCapacity:
-    roles: Sequence[RoleLoad]
-    note: str = ""  # how the capacity was computed, or why it is missing
-
-
-@dataclass(frozen=True)
-class LatencyWindows:
-    """Latency percentiles over rolling windows (ms), by window end."""
-
-    t_s: Sequence[float]
-    ttft_p50: Sequence[float | None]
-    ttft_p99: Sequence[float | None]
-    itl_p50: Sequence[float | None]
-    itl_p99: Sequence[float | None]
-    window_s: float
-    basis: str  # e.g. "requests arriving in the window"
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One change of one role's desired replicas (or a hold with a reason)."""
-
-    t_s: float
-    role: str
-    before: int
-    after: int
-    reason: str
-    message: str
-
-
-@dataclass
-class Panel:
-    """One figure of a page, or the reason it has none."""
-
-    key: str
-    title: str
-    figure: Any | None = None
-    empty_reason: str = ""
-    note: str = ""
-
-
-@dataclass
-class Page:
-    title: str
-    headline_html: str
-    panels: list[Panel] = field(default_factory=list)
-    decisions_html: str = ""
-    folded: list[Panel] = field(default_factory=list)
-    footer: str = ""
-
-
-# --- formatting shared by the card, the tables and the tests ------------------------------------
-
-
-def fmt_percent(value: float | None) -> str:
-    return "not computed" if value is None else f"{value:.2%}"
-
-
-def fmt_number(value: float | None, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "not computed"
-    return f"{value:.{digits}f}"
-
-
-def fmt_ratio(value: float | None) -> str:
-    return "not computed" if value is None else f"{value:.2f}x"
-
-
-def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=True)
-
-
-# --- the headline card --------------------------------------------------------------------------
-
-
-def attainment_target(summary: Mapping[str, Any]) -> float | None:
-    """The SLO attainment target a summary was scored against, when it says."""
-    slo = summary.get("slo") or {}
-    target = slo.get("attainment_target")
-    if target is None:
-        target = (summary.get("config") or {}).get("ttft_attainment_target")
-    return float(target) if target is not None else None
-
-
-def headline_from_summary(summary: Mapping[str, Any], *, title: str = "") -> str:
-    """The verdict card of one scored run (``summary.json``). Every number carries a
-    ``data-key`` naming the summary field it shows."""
-    slo = summary.get("slo") or {}
-    att = summary.get("slo_attainment") or {}
-    target = attainment_target(summary)
-    both = att.get("both")
-    if both is None or target is None:
-        verdict, verdict_class = "scored without an attainment target", "neutral"
-    elif both >= target:
-        verdict, verdict_class = f"meets the SLO target ({target:.0%})", "pass"
-    else:
-        verdict, verdict_class = f"misses the SLO target ({target:.0%})", "fail"
-    ttft_slo = slo.get("ttft_ms") or (summary.get("config") or {}).get("ttft_ms")
-    itl_slo = slo.get("itl_ms") or (summary.get("config") or {}).get("itl_ms")
-    gpu_by_role = summary.get("gpu_hours_by_role") or {}
-    by_role = ", ".join(f"{r} {v:.2f}" for r, v in gpu_by_role.items())
-    best = summary.get("best_static")
-    best_note = ""
-    if isinstance(best, Mapping) and best.get("replicas") is not None:
-        replicas = best["replicas"]
-        shape = (
-            ",".join(f"{r}={n}" for r, n in replicas.items())
-            if isinstance(replicas, Mapping)
-            else str(replicas)
-        )
-        best_note = f"static {shape}: {fmt_number(best.get('gpu_hours'))} GPU-h"
-    oracle = summary.get("oracle_gpu_hours")
-    flaps = summary.get("flaps") or {}
-    actions = summary.get("scale_actions") or {}
-    ttft_p = summary.get("ttft_ms") or {}
-    itl_p = summary.get("itl_ms") or {}
-
-    def tile(
-        key: str, label: str, value: str, sub: str = "", css: str = "", big: bool = False
-    ) -> str:
-        cls = "tile big" if big else "tile"
-        return (
-            f"<div class='{cls} {css}'><div class='label'>{_esc(label)}</div>"
-            f"<div class='value' data-key='{_esc(key)}'>{_esc(value)}</div>"
-            f"<div class='sub'>{_esc(sub)}</div></div>"
-        )
-
-    def pass_class(value: float | None) -> str:
-        if value is None or target is None:
-            return ""
-        return "pass" if value >= target else "fail"
-
-    tiles = [
-        tile(
-            "slo_attainment.both",
-            "SLO attainment, TTFT and ITL",
-            fmt_percent(both),
-            f"target {target:.0%}" if target is not None else "no target set",
-            pass_class(both),
-            big=True,
-        ),
-        tile(
-            "slo_attainment.ttft",
-            f"TTFT <= {fmt_number(ttft_slo, 0)} ms",
-            fmt_percent(att.get("ttft")),
-            f"p50 {fmt_number(ttft_p.get('p50'), 0)} / p99 {fmt_number(ttft_p.get('p99'), 0)} ms",
-            pass_class(att.get("ttft")),
-        ),
-        tile(
-            "slo_attainment.itl",
-            f"ITL <= {fmt_number(itl_slo, 0)} ms",
-            fmt_percent(att.get("itl")),
-            f"p50 {fmt_number(itl_p.get('p50'), 1)} / p99 {fmt_number(itl_p.get('p99'), 1)} ms",
-            pass_class(att.get("itl")),
-        ),
-        tile("gpu_hours", "GPU-hours", fmt_number(summary.get("gpu_hours")), by_role, big=True),
-        tile(
-            "gpu_hours_ratio_to_oracle",
-            "vs oracle",
-            fmt_ratio(summary.get("gpu_hours_ratio_to_oracle")),
-            f"oracle {fmt_number(oracle)} GPU-h" if oracle is not None else "",
-        ),
-        tile(
-            "gpu_hours_ratio_to_best_static",
-            "vs best static",
-            fmt_ratio(summary.get("gpu_hours_ratio_to_best_static")),
-            best_note,
-        ),
-        tile(
-            "gpu_hours_ratio_to_fluid_bound",
-            "vs fluid bound",
-            fmt_ratio(summary.get("gpu_hours_ratio_to_fluid_bound")),
-            f"bound {fmt_number(summary.get('fluid_bound_gpu_hours'))} GPU-h"
-            if summary.get("fluid_bound_gpu_hours") is not None
-            else "",
-        ),
-        tile(
-            "flaps",
-            "flaps",
-            str(sum(flaps.values())) if flaps else "not computed",
-            f"reversals within {fmt_number(summary.get('flap_window_s'), 0)} s; "
-            f"{sum(actions.values())} scale actions"
-            if flaps
-            else "",
-        ),
-        tile(
-            "requests",
-            "requests",
-            str(summary.get("requests", "not computed")),
-            f"{summary.get('failed', 0)} failed",
-        ),
-    ]
-    heading = title or f"policy {summary.get('policy', '?')}"
-    return (
-        f"<section class='headline' data-policy='{_esc(summary.get('policy', ''))}'>"
-        f"<h2>{_esc(heading)} <span class='verdict {verdict_class}'>{_esc(verdict)}</span></h2>"
-        f"<div class='tiles'>{''.join(tiles)}</div></section>"
-    )
+from disagg_planner.report.decisions import decisions_of, decisions_table, reason_tally
+from disagg_planner.report.elements import (
+    ROLE_COLOURS,
+    LatencyWindows,
+    LoadCapacity,
+    Page,
+    Panel,
+    RoleLoad,
+    esc,
+    ordered_roles,
+)
+from disagg_planner.report.figures import (
+    detail_panels,
+    gpu_figure,
+    latency_figure,
+    load_capacity_figure,
+    replicas_figure,
+)
+from disagg_planner.report.snapshot import TickSnapshot
 
 
 def headline_live(snapshots: Sequence[TickSnapshot], *, title: str) -> str:
@@ -271,7 +48,7 @@ def headline_live(snapshots: Sequence[TickSnapshot], *, title: str) -> str:
     replicas = ", ".join(f"{r} {n}" for r, n in sorted(last.ready.items()))
     return (
         "<section class='headline'>"
-        f"<h2>{_esc(title)} <span class='verdict neutral'>live controller</span></h2>"
+        f"<h2>{esc(title)} <span class='verdict neutral'>live controller</span></h2>"
         "<div class='tiles'>"
         "<div class='tile big'><div class='label'>SLO attainment</div>"
         "<div class='value' data-key='slo_attainment.both'>not computed</div>"
@@ -283,485 +60,10 @@ def headline_live(snapshots: Sequence[TickSnapshot], *, title: str) -> str:
         f"<div class='value' data-key='ticks'>{len(snapshots)}</div>"
         f"<div class='sub'>{changes} changed replicas</div></div>"
         "<div class='tile'><div class='label'>ready now</div>"
-        f"<div class='value' data-key='ready'>{_esc(replicas or '-')}</div>"
+        f"<div class='value' data-key='ready'>{esc(replicas or '-')}</div>"
         f"<div class='sub'>at t = {last.t_s:.0f} s</div></div>"
         "</div></section>"
     )
-
-
-# --- decisions ----------------------------------------------------------------------------------
-
-
-def short_reason(snapshot: TickSnapshot) -> str:
-    """The reason codes of one tick, e.g. ``throughput scale`` or ``load scale_up``."""
-    parts = []
-    if snapshot.throughput_reason:
-        parts.append(f"throughput {snapshot.throughput_reason}")
-    if snapshot.load_reason:
-        parts.append(f"load {snapshot.load_reason}")
-    if parts:
-        return ", ".join(parts)
-    return (snapshot.message or "").split(":")[0][:40]
-
-
-def decisions_of(
-    snapshots: Sequence[TickSnapshot], *, initial: Mapping[str, int] | None = None
-) -> list[Decision]:
-    """Every change of a role's desired replicas, with the tick's reason."""
-    previous: dict[str, int] = dict(initial or (snapshots[0].desired if snapshots else {}))
-    out: list[Decision] = []
-    for s in snapshots:
-        for role in ordered_roles(s.desired):
-            after = s.desired[role]
-            before = previous.get(role, after)
-            if after != before:
-                out.append(Decision(s.t_s, role, before, after, short_reason(s), s.message))
-        previous.update(s.desired)
-    return out
-
-
-def reason_tally(snapshots: Sequence[TickSnapshot]) -> list[tuple[str, int]]:
-    """How many ticks decided each way (``short_reason``), most frequent first: a tick that
-    changes nothing is a decision too (to hold), and its reason says why."""
-    counts: dict[str, int] = {}
-    for snapshot in snapshots:
-        reason = short_reason(snapshot) or "no reason recorded"
-        counts[reason] = counts.get(reason, 0) + 1
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-
-
-def decisions_table(
-    decisions: Sequence[Decision], *, ticks: int, tally: Sequence[tuple[str, int]] = ()
-) -> str:
-    held = ""
-    if tally:
-        tally_rows = "".join(
-            f"<tr><td>{_esc(reason)}</td><td>{count}</td></tr>" for reason, count in tally
-        )
-        held = (
-            f"<h4>Every decision of the {ticks} ticks, by reason</h4>"
-            "<table class='tally'><thead><tr><th>reason</th><th>ticks</th></tr></thead>"
-            f"<tbody>{tally_rows}</tbody></table>"
-        )
-    if not decisions:
-        return (
-            "<section class='decisions'><h3>Decisions</h3>"
-            f"<p class='empty'>No replica change in {ticks} ticks.</p>{held}</section>"
-        )
-    rows = "".join(
-        f"<tr><td>{d.t_s:.0f}</td><td><span class='role' style='color:{role_colour(d.role)}'>"
-        f"{_esc(d.role)}</span></td><td>{d.before} &rarr; {d.after}</td>"
-        f"<td>{_esc(d.reason)}</td><td class='message'>{_esc(d.message)}</td></tr>"
-        for d in decisions
-    )
-    return (
-        "<section class='decisions'>"
-        f"<h3>Decisions: {len(decisions)} replica changes in {ticks} ticks</h3>"
-        "<table class='changes'><thead><tr><th>time (s)</th><th>role</th><th>from &rarr; to</th>"
-        "<th>reason</th><th>the planner's words</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>{held}</section>"
-    )
-
-
-# --- figures ------------------------------------------------------------------------------------
-
-
-def _layout(fig: Any, *, height: int = _PANEL_HEIGHT) -> Any:
-    fig.update_layout(
-        height=height,
-        margin={"l": 70, "r": 20, "t": 30, "b": 45},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0},
-        hovermode="x unified",
-        template="plotly_white",
-    )
-    return fig
-
-
-def _has(values: Sequence[Any]) -> bool:
-    return any(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in values)
-
-
-def load_capacity_figure(load: LoadCapacity) -> Any | None:
-    roles = [r for r in load.roles if _has(r.demand_tokens_s)]
-    if not roles:
-        return None
-    fig = make_subplots(
-        rows=len(roles),
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.12,
-    )
-    for i, r in enumerate(roles, start=1):
-        colour = role_colour(r.role)
-        fig.add_trace(
-            go.Scatter(
-                x=list(r.t_s),
-                y=list(r.demand_tokens_s),
-                name=f"{r.role} {r.demand_label}",
-                mode="lines",
-                line={"color": colour, "width": 2},
-            ),
-            row=i,
-            col=1,
-        )
-        if _has(r.capacity_tokens_s):
-            fig.add_trace(
-                go.Scatter(
-                    x=list(r.t_s),
-                    y=list(r.capacity_tokens_s),
-                    name=f"{r.role} {r.capacity_label}",
-                    mode="lines",
-                    line={"color": colour, "dash": "dash", "shape": "hv"},
-                    fill=None,
-                ),
-                row=i,
-                col=1,
-            )
-        fig.update_yaxes(title_text=f"{r.role} tokens/s", rangemode="tozero", row=i, col=1)
-    fig.update_xaxes(title_text="time (s)", row=len(roles), col=1)
-    return _layout(fig, height=max(_PANEL_HEIGHT, 260 * len(roles)))
-
-
-def replicas_figure(
-    snapshots: Sequence[TickSnapshot],
-    decisions: Sequence[Decision],
-    *,
-    timeline: Sequence[Mapping[str, Any]] | None = None,
-) -> Any | None:
-    """Desired and ready replicas per role (from the full timeline when given, which also
-    shows replicas becoming ready between ticks), each decision a labelled marker, every
-    tick a small mark."""
-    roles = ordered_roles(r for s in snapshots for r in s.desired)
-    if not roles:
-        return None
-    fig = make_subplots(rows=len(roles), cols=1, shared_xaxes=True, vertical_spacing=0.1)
-    for i, role in enumerate(roles, start=1):
-        colour = role_colour(role)
-        if timeline:
-            t = [row["t_s"] for row in timeline]
-            desired = [row["desired"].get(role) for row in timeline]
-            ready = [row["ready"].get(role) for row in timeline]
-        else:
-            t = [s.t_s for s in snapshots]
-            desired = [s.desired.get(role) for s in snapshots]
-            ready = [s.ready.get(role) for s in snapshots]
-        fig.add_trace(
-            go.Scatter(
-                x=t,
-                y=desired,
-                name=f"{role} desired",
-                mode="lines",
-                line={"color": colour, "shape": "hv", "width": 2.5},
-            ),
-            row=i,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=t,
-                y=ready,
-                name=f"{role} ready",
-                mode="lines",
-                line={"color": colour, "shape": "hv", "dash": "dot", "width": 1.5},
-                opacity=0.8,
-            ),
-            row=i,
-            col=1,
-        )
-        ticks = [s for s in snapshots if role in s.desired]
-        fig.add_trace(
-            go.Scatter(
-                x=[s.t_s for s in ticks],
-                y=[s.desired[role] for s in ticks],
-                name=f"{role} tick (no change)",
-                mode="markers",
-                marker={"color": colour, "size": 4, "opacity": 0.5},
-                text=[f"{short_reason(s)}: {s.message}"[:200] for s in ticks],
-                hoverinfo="text+x",
-                showlegend=i == 1,
-            ),
-            row=i,
-            col=1,
-        )
-        mine = [d for d in decisions if d.role == role]
-        if mine:
-            fig.add_trace(
-                go.Scatter(
-                    x=[d.t_s for d in mine],
-                    y=[d.after for d in mine],
-                    name=f"{role} decision",
-                    mode="markers+text",
-                    marker={
-                        "color": colour,
-                        "size": 11,
-                        "symbol": [
-                            "triangle-up" if d.after > d.before else "triangle-down" for d in mine
-                        ],
-                        "line": {"color": "black", "width": 1},
-                    },
-                    text=[f"{d.before}->{d.after} {d.reason}" for d in mine],
-                    # scale-downs labelled below, so two at one instant do not overlap
-                    textposition=[
-                        "top center" if d.after > d.before else "bottom center" for d in mine
-                    ],
-                    textfont={"size": 10},
-                    hovertext=[d.message[:300] for d in mine],
-                    hoverinfo="text+x",
-                ),
-                row=i,
-                col=1,
-            )
-        top = max((v for v in desired + ready if v is not None), default=1)
-        fig.update_yaxes(
-            title_text=f"{role} replicas",
-            rangemode="tozero",
-            range=[0, top * 1.35 + 1],
-            row=i,
-            col=1,
-        )
-    fig.update_xaxes(title_text="time (s)", row=len(roles), col=1)
-    return _layout(fig, height=max(_PANEL_HEIGHT, 250 * len(roles)))
-
-
-def latency_figure(
-    windows: LatencyWindows | None,
-    snapshots: Sequence[TickSnapshot],
-    *,
-    metric: str,
-    slo_ms: float | None,
-) -> tuple[Any | None, str]:
-    """One latency (``ttft`` or ``itl``) against its SLO line; the figure and the statistic
-    it plots (or why there is none)."""
-    unit_name = "TTFT" if metric == "ttft" else "ITL"
-    fig = go.Figure()
-    basis = ""
-    if windows is not None and _has(getattr(windows, f"{metric}_p50")):
-        p50 = list(getattr(windows, f"{metric}_p50"))
-        p99 = list(getattr(windows, f"{metric}_p99"))
-        fig.add_trace(go.Scatter(x=list(windows.t_s), y=p99, name=f"{unit_name} p99", mode="lines"))
-        fig.add_trace(
-            go.Scatter(
-                x=list(windows.t_s), y=p50, name=f"{unit_name} p50", mode="lines", line={"width": 1}
-            )
-        )
-        basis = f"p50 and p99 over rolling {windows.window_s:.0f} s windows, {windows.basis}"
-        values = [v for v in p99 if v is not None]
-    else:
-        observed = [getattr(s, f"observed_{metric}_ms") for s in snapshots]
-        if not _has(observed):
-            return None, (
-                f"no {unit_name} measured: this run has no per-request records and its ticks "
-                "read no traffic window"
-            )
-        fig.add_trace(
-            go.Scatter(
-                x=[s.t_s for s in snapshots], y=observed, name=f"{unit_name} mean", mode="lines"
-            )
-        )
-        basis = "mean over each tick's traffic window (the frontend's histograms)"
-        values = [v for v in observed if v is not None]
-    estimated = [getattr(s, f"estimated_{metric}_ms") for s in snapshots]
-    if _has(estimated):
-        fig.add_trace(
-            go.Scatter(
-                x=[s.t_s for s in snapshots],
-                y=estimated,
-                name=f"{unit_name} the load loop expected",
-                mode="markers",
-                marker={"size": 4},
-            )
-        )
-    if slo_ms:
-        fig.add_trace(
-            go.Scatter(
-                x=[fig.data[0].x[0], fig.data[0].x[-1]] if fig.data[0].x else [0, 1],
-                y=[slo_ms, slo_ms],
-                name=f"SLO {slo_ms:g} ms",
-                mode="lines",
-                line={"color": SLO_COLOUR, "dash": "dash"},
-            )
-        )
-    # A long outage would squash the SLO line to the axis: cap the view at 5x the SLO.
-    peak = max(values, default=0.0)
-    if slo_ms and peak > 5 * slo_ms:
-        fig.update_yaxes(range=[0, 5 * slo_ms])
-        basis += f"; axis capped at 5x the SLO (peak {peak:,.0f} ms)"
-    fig.update_yaxes(title_text=f"{unit_name} (ms)", rangemode="tozero")
-    fig.update_xaxes(title_text="time (s)")
-    return _layout(fig), basis
-
-
-def gpu_figure(
-    snapshots: Sequence[TickSnapshot], *, timeline: Sequence[Mapping[str, Any]] | None = None
-) -> Any:
-    """GPUs in use and cumulative GPU-hours, on two axes of their own."""
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        horizontal_spacing=0.1,
-    )
-    if timeline:
-        t = [row["t_s"] for row in timeline]
-        gpus = [row["gpus_in_use"] for row in timeline]
-        hours, acc = [], 0.0
-        for k, row in enumerate(timeline):
-            if k:
-                acc += timeline[k - 1]["gpus_in_use"] * (row["t_s"] - timeline[k - 1]["t_s"])
-            hours.append(acc / 3600.0)
-    else:
-        t = [s.t_s for s in snapshots]
-        gpus = [s.gpus_in_use for s in snapshots]
-        hours = [s.gpu_hours for s in snapshots]
-    fig.add_trace(
-        go.Scatter(x=t, y=gpus, name="GPUs in use", mode="lines", line={"shape": "hv"}),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(go.Scatter(x=t, y=hours, name="GPU-hours so far", mode="lines"), row=1, col=2)
-    fig.update_yaxes(title_text="GPUs", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="GPU-hours (cumulative)", rangemode="tozero", row=1, col=2)
-    fig.update_xaxes(title_text="time (s)")
-    return _layout(fig, height=300)
-
-
-def _line_figure(
-    t: Sequence[float], series: Sequence[tuple[str, Sequence[Any], dict[str, Any]]], y_title: str
-) -> Any | None:
-    if not any(_has(ys) for _, ys, _ in series):
-        return None
-    fig = go.Figure()
-    for name, ys, style in series:
-        # a value alone between gaps (a forecast made every throughput interval, on a tick
-        # every few seconds) draws nothing as a line: mark the points too
-        mode = "lines+markers" if _has_lone_point(ys) else "lines"
-        extra = {"marker": {"size": 5}} if mode != "lines" else {}
-        fig.add_trace(go.Scatter(x=list(t), y=list(ys), name=name, mode=mode, **extra, **style))
-    fig.update_yaxes(title_text=y_title, rangemode="tozero")
-    fig.update_xaxes(title_text="time (s)")
-    return _layout(fig, height=300)
-
-
-def _has_lone_point(ys: Sequence[Any]) -> bool:
-    """Whether some value of ``ys`` has no value next to it (None on both sides, or an end)."""
-    values = [y is not None for y in ys]
-    for i, here in enumerate(values):
-        before = i > 0 and values[i - 1]
-        after = i + 1 < len(values) and values[i + 1]
-        if here and not before and not after:
-            return True
-    return False
-
-
-_THROUGHPUT_OFF = (
-    "the throughput loop did not run in this mode (load-only, or a baseline policy), so there "
-    "is no forecast"
-)
-
-
-def detail_panels(snapshots: Sequence[TickSnapshot], max_engines: int = 64) -> list[Panel]:
-    """The planner's internals: traffic against its forecast, lengths, corrections, and each
-    engine's queue."""
-    t = [s.t_s for s in snapshots]
-    panels = []
-    rate = _line_figure(
-        t,
-        [
-            ("observed req/s", [s.observed_rps for s in snapshots], {}),
-            ("forecast req/s", [s.predicted_rps for s in snapshots], {"line": {"dash": "dot"}}),
-        ],
-        "requests/s",
-    )
-    panels.append(
-        Panel(
-            "rate",
-            "Request rate: observed against the forecast",
-            rate,
-            "" if rate else "no traffic window was read: " + _THROUGHPUT_OFF,
-        )
-    )
-    lengths = _line_figure(
-        t,
-        [
-            ("observed ISL", [s.observed_isl for s in snapshots], {}),
-            ("forecast ISL", [s.predicted_isl for s in snapshots], {"line": {"dash": "dot"}}),
-            ("observed OSL", [s.observed_osl for s in snapshots], {}),
-            ("forecast OSL", [s.predicted_osl for s in snapshots], {"line": {"dash": "dot"}}),
-        ],
-        "tokens per request",
-    )
-    panels.append(
-        Panel(
-            "lengths",
-            "Sequence lengths: observed against the forecast",
-            lengths,
-            "" if lengths else _THROUGHPUT_OFF,
-        )
-    )
-    corrections = _line_figure(
-        t,
-        [
-            ("prefill correction", [s.prefill_correction for s in snapshots], _role("prefill")),
-            ("decode correction", [s.decode_correction for s in snapshots], _role("decode")),
-        ],
-        "observed / profiled latency",
-    )
-    panels.append(
-        Panel(
-            "corrections",
-            "Correction factors",
-            corrections,
-            "" if corrections else _THROUGHPUT_OFF,
-        )
-    )
-    keys = sorted({(e.role, e.worker_id, e.dp_rank) for s in snapshots for e in s.engines})
-    engines = None
-    if keys:
-        engines = go.Figure()
-        for role, worker, rank in keys[:max_engines]:
-            ys = []
-            for s in snapshots:
-                value = None
-                for e in s.engines:
-                    if (e.role, e.worker_id, e.dp_rank) == (role, worker, rank):
-                        value = (
-                            e.queued_prefill_tokens
-                            if role == "prefill"
-                            else e.queued_decode_kv_tokens
-                        )
-                        break
-                ys.append(value)
-            engines.add_trace(
-                go.Scatter(
-                    x=t,
-                    y=ys,
-                    name=f"{role} {worker}/{rank}",
-                    mode="lines",
-                    line={"color": role_colour(role), "width": 1},
-                    legendgroup=role,
-                )
-            )
-        engines.update_yaxes(title_text="queued tokens", rangemode="tozero")
-        engines.update_xaxes(title_text="time (s)")
-        _layout(engines, height=360)
-        engines.update_layout(legend={"orientation": "v", "x": 1.02, "y": 1})
-    panels.append(
-        Panel(
-            "engines",
-            "Engine queues: queued prefill tokens (prefill) and queued decode KV tokens "
-            "(decode), one line per engine and DP rank",
-            engines,
-            ""
-            if engines
-            else "no ForwardPassMetrics were read: the load loop is off in this mode and "
-            "this policy reads none",
-            f"first {max_engines} of {len(keys)} engines" if len(keys) > max_engines else "",
-        )
-    )
-    return panels
-
-
-def _role(role: str) -> dict[str, Any]:
-    return {"line": {"color": role_colour(role)}}
 
 
 # --- assembling pages ---------------------------------------------------------------------------
@@ -819,7 +121,7 @@ if(d.open){d.querySelectorAll('.js-plotly-plot').forEach(function(p){Plotly.Plot
 def _panel_html(panel: Panel, *, first_plot: list[bool]) -> str:
     body: str
     if panel.figure is None:
-        body = f"<p class='empty'>No data: {_esc(panel.empty_reason)}</p>"
+        body = f"<p class='empty'>No data: {esc(panel.empty_reason)}</p>"
         has = "0"
     else:
         include = first_plot[0]
@@ -831,10 +133,10 @@ def _panel_html(panel: Panel, *, first_plot: list[bool]) -> str:
             config={"displaylogo": False, "responsive": True},
         )
         has = "1"
-    note = f"<p class='note'>{_esc(panel.note)}</p>" if panel.note else ""
+    note = f"<p class='note'>{esc(panel.note)}</p>" if panel.note else ""
     return (
-        f"<section class='panel' id='panel-{_esc(panel.key)}' data-has-plot='{has}'>"
-        f"<h3>{_esc(panel.title)}</h3>{note}{body}</section>"
+        f"<section class='panel' id='panel-{esc(panel.key)}' data-has-plot='{has}'>"
+        f"<h3>{esc(panel.title)}</h3>{note}{body}</section>"
     )
 
 
@@ -845,7 +147,7 @@ def render_page(page: Page) -> str:
         f"<span style='color:{c}'>&#9632; {r}</span>" for r, c in ROLE_COLOURS.items()
     )
     parts = [
-        f"<h1>{_esc(page.title)}</h1>",
+        f"<h1>{esc(page.title)}</h1>",
         page.headline_html,
     ]
     main = [_panel_html(p, first_plot=first_plot) for p in page.panels]
@@ -859,13 +161,13 @@ def render_page(page: Page) -> str:
             f"per-engine queues, every request</summary>{inner}</details>"
         )
     parts.append(
-        f"<footer><div class='legend-roles'>Colours: {role_key}</div>{_esc(page.footer)}</footer>"
+        f"<footer><div class='legend-roles'>Colours: {role_key}</div>{esc(page.footer)}</footer>"
     )
     # with no figure at all plotly.js was never loaded: no script to run
     script = "" if first_plot[0] else f"<script>{_SCRIPT}</script>"
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>{_esc(page.title)}</title><style>{_CSS}</style></head>"
+        f"<title>{esc(page.title)}</title><style>{_CSS}</style></head>"
         f"<body>{''.join(parts)}{script}</body></html>"
     )
 
@@ -876,7 +178,7 @@ def render_report(
     title: str,
     ttft_slo_ms: float | None,
     itl_slo_ms: float | None,
-    summary: Mapping[str, Any] | None = None,
+    headline: str | None = None,
     load: LoadCapacity | None = None,
     latency: LatencyWindows | None = None,
     timeline: Sequence[Mapping[str, Any]] | None = None,
@@ -884,14 +186,13 @@ def render_report(
     extra_panels: Sequence[Panel] = (),
     footer: str = "",
 ) -> str:
-    """One run's page. Replay passes its score (``summary``), the load and capacity per
-    window, latency percentiles from every request, and the replica timeline; the live
-    controller passes its ticks alone and every panel says what it is built from."""
-    headline = (
-        headline_from_summary(summary, title=title)
-        if summary is not None
-        else headline_live(snapshots, title=title)
-    )
+    """One run's page. Replay passes its score's card (``headline``: the HTML of
+    :func:`disagg_planner.replay.headline.headline_card`), the load and capacity per window,
+    latency percentiles from every request, and the replica timeline; the live controller
+    passes its ticks alone (its card is what they measured) and every panel says what it is
+    built from."""
+    if headline is None:
+        headline = headline_live(snapshots, title=title)
     decisions = decisions_of(snapshots, initial=initial_desired)
     if load is None:
         load = load_from_snapshots(snapshots)

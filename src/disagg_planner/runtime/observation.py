@@ -28,7 +28,7 @@ from disagg_planner.core.load_scaling import EngineKey
 from disagg_planner.core.planner import Observation
 from disagg_planner.core.schedule import DueTick
 from disagg_planner.core.types import DeploymentStatus, MissingObservation, TrafficObservation
-from disagg_planner.report.recorder import EngineQueues
+from disagg_planner.report.snapshot import EngineQueues
 from disagg_planner.signals.fpm import ForwardPassMetrics
 
 # Engines' busy share is measured over this long a window: one load tick (5 s) of iterations

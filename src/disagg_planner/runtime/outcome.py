@@ -19,7 +19,7 @@ from disagg_planner.connectors.base import Hold
 from disagg_planner.core.elastic import ElasticDecision
 from disagg_planner.core.planner import Effects, forecast_rate
 from disagg_planner.core.types import DeploymentStatus, ThroughputReason, TrafficObservation
-from disagg_planner.report.recorder import EngineQueues, TickSnapshot
+from disagg_planner.report.snapshot import EngineQueues, TickSnapshot
 
 # The throughput reasons of a tick that asks the connector for a change.
 _SCALING_REASONS = frozenset({ThroughputReason.SCALE, ThroughputReason.GPU_BUDGET_RECONCILE})

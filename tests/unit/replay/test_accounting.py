@@ -56,13 +56,13 @@ def test_a_backlog_is_paid_for_until_it_clears() -> None:
     result = _run(Scripted([]), _setup(1, 1))
     s = result.summary
     last_finish = max(r.finish_s for r in result.records)
-    assert s["failed"] == 0 and s["unfinished"] == 0
+    assert s.failed == 0 and s.unfinished == 0
     # the backlog clears long after the old horizon, and every second of it is metered
-    assert last_finish > s["last_arrival_s"] + 120.0
-    assert s["metered_span_s"] == pytest.approx(last_finish)
-    assert s["duration_s"] == s["metered_span_s"]
-    assert s["gpu_hours"] == pytest.approx(2 * last_finish / 3600.0, rel=1e-9)
-    assert s["replica_hours"] == pytest.approx(
+    assert last_finish > s.last_arrival_s + 120.0
+    assert s.metered_span_s == pytest.approx(last_finish)
+    assert s.duration_s == s.metered_span_s
+    assert s.gpu_hours == pytest.approx(2 * last_finish / 3600.0, rel=1e-9)
+    assert s.replica_hours == pytest.approx(
         {"prefill": last_finish / 3600.0, "decode": last_finish / 3600.0}
     )
 
@@ -70,9 +70,9 @@ def test_a_backlog_is_paid_for_until_it_clears() -> None:
 def test_a_policy_that_keeps_up_is_metered_to_its_own_last_finish() -> None:
     slow = _run(Scripted([]), _setup(1, 1)).summary
     fast = _run(Scripted([]), _setup(6, 1)).summary
-    assert fast["metered_span_s"] < slow["metered_span_s"]
-    assert fast["metered_span_s"] < fast["last_arrival_s"] + 60.0
-    assert fast["gpu_hours"] == pytest.approx(7 * fast["metered_span_s"] / 3600.0, rel=1e-9)
+    assert fast.metered_span_s < slow.metered_span_s
+    assert fast.metered_span_s < fast.last_arrival_s + 60.0
+    assert fast.gpu_hours == pytest.approx(7 * fast.metered_span_s / 3600.0, rel=1e-9)
 
 
 def test_replicas_starting_and_draining_are_charged() -> None:
@@ -81,11 +81,11 @@ def test_replicas_starting_and_draining_are_charged() -> None:
     policy = Scripted([(10.0, {"prefill": 3, "decode": 1}), (50.0, {"prefill": 1, "decode": 1})])
     result = _run(policy, _setup(1, 1), workload="poisson:rate=2,isl=500,osl=20,duration=100")
     s = result.summary
-    span = s["metered_span_s"]
-    extra = s["replica_hours"]["prefill"] * 3600.0 - span
+    span = s.metered_span_s
+    extra = s.replica_hours["prefill"] * 3600.0 - span
     # two replicas from 10 s until at least 50 s (they drain, they are not cut off)
     assert extra >= 2 * 40.0 - 1e-6
-    assert s["gpu_hours"] == pytest.approx((2 * span + extra) / 3600.0, rel=1e-9)
+    assert s.gpu_hours == pytest.approx((2 * span + extra) / 3600.0, rel=1e-9)
 
 
 def test_requests_never_served_count_as_failed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,11 +94,11 @@ def test_requests_never_served_count_as_failed(monkeypatch: pytest.MonkeyPatch) 
     # last arrival and charges the decode replica until then
     result = _run(Scripted([]), _setup(0, 1), workload="poisson:rate=2,isl=500,osl=20,duration=30")
     s = result.summary
-    assert s["completed"] == 0
-    assert s["failed"] == s["requests"] == s["unfinished"] > 0
-    assert s["slo_attainment"]["both"] == 0.0
-    assert s["metered_span_s"] == pytest.approx(s["last_arrival_s"] + 200.0)
-    assert s["gpu_hours"] == pytest.approx(s["metered_span_s"] / 3600.0, rel=1e-9)
+    assert s.completed == 0
+    assert s.failed == s.requests == s.unfinished > 0
+    assert s.slo_attainment.both == 0.0
+    assert s.metered_span_s == pytest.approx(s.last_arrival_s + 200.0)
+    assert s.gpu_hours == pytest.approx(s.metered_span_s / 3600.0, rel=1e-9)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_every_policy_and_the_oracle_is_metered_by_the_same_rule(plan, name: str
     result = run_named(plan, name)
     s = result.summary
     last_finish = max(r.finish_s for r in result.records)
-    assert s["metered_span_s"] == pytest.approx(last_finish)
-    assert s["gpu_hours"] == pytest.approx(sum(s["gpu_hours_by_role"].values()), rel=1e-12)
+    assert s.metered_span_s == pytest.approx(last_finish)
+    assert s.gpu_hours == pytest.approx(sum(s.gpu_hours_by_role.values()), rel=1e-12)
     # GPUs per replica are 1 here: the GPU-hours are the replica-hours of every role
-    assert s["gpu_hours"] == pytest.approx(sum(s["replica_hours"].values()), rel=1e-9)
+    assert s.gpu_hours == pytest.approx(sum(s.replica_hours.values()), rel=1e-9)

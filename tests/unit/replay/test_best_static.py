@@ -13,9 +13,9 @@ import pytest
 from disagg_planner.cli.main import main
 from disagg_planner.replay.best_static import search_best_static
 from disagg_planner.replay.bounds import compute_references
-from disagg_planner.replay.oracle import Slo
 from disagg_planner.replay.policies import StaticPolicy
 from disagg_planner.replay.runner import run_policy
+from disagg_planner.replay.search import Slo
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan
 from disagg_planner.simulator.cluster import Cluster
 from tests.unit.replay.test_oracle_plan import plan_for
@@ -36,7 +36,7 @@ def static_attainment(plan: ReplayPlan, replicas: Mapping[str, int]) -> float:
         itl_slo_ms=plan.config.itl_ms,
         flap_window_s=600,
     ).summary
-    return float(s["slo_attainment"]["both"])
+    return float(s.slo_attainment.both)
 
 
 def test_the_best_static_meets_the_target_and_one_replica_fewer_does_not(

@@ -15,7 +15,8 @@ import pytest
 from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.profiles import Profile, load_profile, resolve_profile
 from disagg_planner.replay import bounds
-from disagg_planner.replay.bounds import admitted, compute_references, fluid_bound_gpu_hours
+from disagg_planner.replay.bounds import admitted, compute_references
+from disagg_planner.replay.fluid import fluid_bound_gpu_hours
 from disagg_planner.replay.oracle import OraclePolicy
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, WorkloadSpec, prepare, run
 from tests.unit.replay.test_oracle_plan import PROFILE, WORKLOADS, config, plan_for
@@ -102,7 +103,7 @@ def test_requests_refused_on_arrival_cost_no_gpu_time_in_the_bound() -> None:
     assert refs.fluid_bound_gpu_hours < fluid_bound_gpu_hours(plan.requests, plan.profile)
     for policy in ("static:1,1", "dynamo-default"):
         s = run(plan, policy, progress=False).summary
-        assert s["gpu_hours"] >= s["fluid_bound_gpu_hours"], policy
+        assert s.gpu_hours >= s.references.fluid_bound_gpu_hours, policy
 
 
 @pytest.mark.parametrize("name", [*WORKLOADS, "azure"])
@@ -118,16 +119,16 @@ def test_every_policy_uses_at_least_the_fluid_bound(
     assert refs.best_static_run.gpu_hours >= fluid
     for policy in ("planner", "dynamo-default", "hpa"):
         s = run(plan, policy, progress=False).summary
-        assert s["gpu_hours"] >= fluid, policy
-        assert s["fluid_bound_gpu_hours"] == fluid
-        assert s["gpu_hours_ratio_to_fluid_bound"] == pytest.approx(s["gpu_hours"] / fluid)
-        assert s["gpu_hours_ratio_to_oracle"] == pytest.approx(
-            s["gpu_hours"] / refs.oracle.gpu_hours
+        assert s.gpu_hours >= fluid, policy
+        assert s.references.fluid_bound_gpu_hours == fluid
+        assert s.references.gpu_hours_ratio_to_fluid_bound == pytest.approx(s.gpu_hours / fluid)
+        assert s.references.gpu_hours_ratio_to_oracle == pytest.approx(
+            s.gpu_hours / refs.oracle.gpu_hours
         )
-        assert s["gpu_hours_ratio_to_best_static"] == pytest.approx(
-            s["gpu_hours"] / s["best_static"]["gpu_hours"]
+        assert s.references.gpu_hours_ratio_to_best_static == pytest.approx(
+            s.gpu_hours / s.references.best_static.gpu_hours
         )
-        assert s["best_static"]["replicas"] == refs.best_static.replicas
+        assert s.references.best_static.replicas == refs.best_static.replicas
 
 
 def test_the_searches_are_kept_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,5 +180,7 @@ def test_where_the_window_plan_costs_more_the_oracle_is_the_best_static(
     # run as a policy, that plan is the static deployment's run
     monkeypatch.setattr(bounds, "_run", honest)
     s = run(plan, "oracle", progress=False).summary
-    assert s["gpu_hours"] == refs.best_static_run.gpu_hours
-    assert s["oracle_plan"] == "best-static" and s["gpu_hours_ratio_to_oracle"] == 1.0
+    assert s.gpu_hours == refs.best_static_run.gpu_hours
+    assert (
+        s.references.oracle_plan == "best-static" and s.references.gpu_hours_ratio_to_oracle == 1.0
+    )

@@ -134,15 +134,15 @@ def test_followers_start_and_join_for_the_time_the_policy_plans_with(tmp_path: P
     config = _config(elastic_ep_follower_service="agg-flw", elastic_ep_follower_ready_seconds=45.0)
     plan = prepare(config, WorkloadSpec(workload=WORKLOAD, seed=3), engine=ENGINE)
     result = session.run(plan, "planner", out_dir=tmp_path, progress=False, references=False)
-    [grow, *_] = result.summary["elastic_ep"]["resizes"]
-    assert grow["followers_ready_s"] == pytest.approx(45.0)
-    assert grow["start_s"] == pytest.approx(grow["requested_s"] + 45.0)
+    [grow, *_] = result.summary.elastic_ep.resizes
+    assert grow.followers_ready_s == pytest.approx(45.0)
+    assert grow.start_s == pytest.approx(grow.requested_s + 45.0)
     rows = _rows(tmp_path)
-    joining = [r for r in rows if grow["requested_s"] <= float(r["t_s"]) < grow["end_s"]]
+    joining = [r for r in rows if grow.requested_s <= float(r["t_s"]) < grow.end_s]
     # the followers' GPUs are metered while they start; the engine serves at DP 8 meanwhile
-    assert {(r["dp_agg"], r["gpus_in_use"]) for r in joining} == {("8", str(grow["to_dp"]))}
+    assert {(r["dp_agg"], r["gpus_in_use"]) for r in joining} == {("8", str(grow.to_dp))}
     hours = _integral(rows, "gpus_in_use") / 3600
-    assert hours == pytest.approx(result.summary["gpu_hours"], rel=5e-3)
+    assert hours == pytest.approx(result.summary.gpu_hours, rel=5e-3)
     # the lead time the policy decided with included the followers' 45 s
     assert "followers 45 s" in next(r["message"] for r in rows if "resizing DP" in r["message"])
 
@@ -168,10 +168,10 @@ def test_the_simulated_resize_takes_the_timing_the_policy_plans_with(tmp_path: P
     config = _config(elastic_ep_mode="blocking", elastic_ep_timing="40,6,20,4")
     plan = prepare(config, WorkloadSpec(workload=WORKLOAD, seed=3), engine=ENGINE)
     result = session.run(plan, "planner", progress=False, references=False, write_report=False)
-    [grow, *_] = result.summary["elastic_ep"]["resizes"]
-    assert grow["mode"] == "blocking"
-    assert grow["end_s"] - grow["start_s"] == pytest.approx(40.0)
-    assert grow["pause_s"] == pytest.approx(6.0)
+    [grow, *_] = result.summary.elastic_ep.resizes
+    assert grow.mode == "blocking"
+    assert grow.end_s - grow.start_s == pytest.approx(40.0)
+    assert grow.pause_s == pytest.approx(6.0)
     decided = next(r for r in result.timeline if "resizing DP" in r.message)
     assert "blocking resize 40 s" in decided.message
 

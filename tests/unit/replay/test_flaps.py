@@ -79,6 +79,6 @@ def test_a_60s_policy_reversing_every_3_minutes_counts_every_reversal() -> None:
     result = run_policy(Reverser(), setup=setup, requests=requests, ttft_slo_ms=500, itl_slo_ms=30)
     s = result.summary
     # changes at 180, 360, ..., 3600 s: 20 actions, each after the first reverses the last
-    assert s["scale_actions"]["prefill"] == 20
-    assert s["flaps"] == {"prefill": 19, "decode": 0}
-    assert s["flap_window_s"] == 600.0
+    assert s.scale_actions["prefill"] == 20
+    assert s.flaps == {"prefill": 19, "decode": 0}
+    assert s.flap_window_s == 600.0

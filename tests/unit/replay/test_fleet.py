@@ -12,7 +12,8 @@ import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.errors import SpecError
-from disagg_planner.replay.fleet import load_fleet, run_fleet, static_shares
+from disagg_planner.replay.fleet import run_fleet
+from disagg_planner.replay.fleet_model import load_fleet, static_shares
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 # two members of one priority: "chat" idles at half its floor, then bursts tenfold;

@@ -15,8 +15,9 @@ import pytest
 from disagg_planner.config import PlannerConfig
 from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.replay.bounds import References, compute_references
-from disagg_planner.replay.oracle import LoneLimits, OraclePolicy, Slo, lone_limits
+from disagg_planner.replay.oracle import OraclePolicy
 from disagg_planner.replay.runner import run_policy
+from disagg_planner.replay.search import LoneLimits, Slo, lone_limits
 from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, WorkloadSpec, prepare, run
 from disagg_planner.simulator.cluster import Cluster
 
@@ -81,14 +82,14 @@ def test_the_oracle_meets_the_target_wherever_best_static_does_and_costs_no_more
 def test_the_oracle_is_metered_like_a_policy(case: Case) -> None:
     refs = case.refs
     s = run(case.plan, "oracle", progress=False).summary
-    assert s["gpu_hours"] == refs.oracle.gpu_hours == s["oracle_gpu_hours"]
-    assert s["slo_attainment"]["both"] == refs.oracle.slo_attainment
-    assert s["gpu_hours_ratio_to_oracle"] == 1.0
+    assert s.gpu_hours == refs.oracle.gpu_hours == s.references.oracle_gpu_hours
+    assert s.slo_attainment.both == refs.oracle.slo_attainment
+    assert s.references.gpu_hours_ratio_to_oracle == 1.0
     # it starts warm with what its first startup delay needs, as the plan assumed (the needs
     # it runs: the window plan's, or the best static replicas where those serve as cheaply)
     windows = refs.oracle_needs[:3]
     first = {r: max(w.replicas[r] for w in windows) for r in case.plan.setup.specs}
-    assert s["initial_replicas"] == first
+    assert s.setup.initial_replicas == first
 
 
 def test_the_plan_follows_the_load_window_by_window(case: Case) -> None:
@@ -113,7 +114,7 @@ def test_the_plan_meets_the_target_where_the_mean_based_estimate_falls_short() -
         itl_slo_ms=20,
         flap_window_s=600,
     ).summary
-    assert by_means["slo_attainment"]["both"] < refs.slo.target <= refs.oracle.slo_attainment
+    assert by_means.slo_attainment.both < refs.slo.target <= refs.oracle.slo_attainment
     assert any(w.replicas[r] > w.estimate[r] for w in refs.oracle_plan.windows for r in w.replicas)
 
 
@@ -166,5 +167,5 @@ def test_requests_no_deployment_serves_are_not_chased(caplog: pytest.LogCaptureF
     assert refs.oracle.gpu_hours <= refs.best_static_run.gpu_hours
     assert all(w.met for w in refs.oracle_plan.windows)
     s = run(plan, "planner", progress=False).summary
-    assert s["unservable_requests"] == refs.unservable
-    assert s["best_static"]["qualifies"] and not s["best_static"]["meets_target"]
+    assert s.references.unservable_requests == refs.unservable
+    assert s.references.best_static.qualifies and not s.references.best_static.meets_target

@@ -11,14 +11,8 @@ import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.errors import SpecError
-from disagg_planner.replay.parallel import (
-    BAR_WIDTH,
-    PLAIN_EVERY_S,
-    RunProgress,
-    available_cores,
-    render_progress,
-    resolve_jobs,
-)
+from disagg_planner.replay.parallel import available_cores, resolve_jobs
+from disagg_planner.replay.progress import BAR_WIDTH, PLAIN_EVERY_S, RunProgress, render_progress
 
 WORKLOAD = "step:rates=3/12,at=120,duration=300,isl=2000,osl=200"
 POLICIES = ("planner", "hpa", "static:1,1", "oracle")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.config import PlannerConfig
+from disagg_planner.replay.replay_summary import ReplaySummary
 from disagg_planner.replay.session import WorkloadSpec, prepare, run
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
@@ -42,20 +44,20 @@ def test_static_gpu_hours_are_replicas_times_gpus_times_duration() -> None:
         initial={"prefill": 2, "decode": 3},
     )
     result = run(plan, "static:2,3", progress=False)
-    horizon = result.summary["duration_s"]
-    assert result.summary["gpu_hours"] == pytest.approx(5 * horizon / 3600, rel=1e-9)
-    assert result.summary["scale_actions"] == {"prefill": 0, "decode": 0}
+    horizon = result.summary.duration_s
+    assert result.summary.gpu_hours == pytest.approx(5 * horizon / 3600, rel=1e-9)
+    assert result.summary.scale_actions == {"prefill": 0, "decode": 0}
 
 
 def test_every_request_is_counted_once(step_plan, tmp_path: Path) -> None:
     result = run(step_plan, "planner", out_dir=tmp_path, progress=False)
     s = result.summary
-    assert s["requests"] == len(step_plan.requests) == s["completed"] + s["failed"]
+    assert s.requests == len(step_plan.requests) == s.completed + s.failed
     ids = [r.request_id for r in result.records]
     assert len(ids) == len(set(ids)) == len(step_plan.requests)
     with (tmp_path / "requests.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == s["requests"]
+    assert len(rows) == s.requests
     # every figure of summary.json can be recomputed from requests.csv
     ok = [r for r in rows if r["ok"] == "1"]
     both = sum(
@@ -63,7 +65,7 @@ def test_every_request_is_counted_once(step_plan, tmp_path: Path) -> None:
         for r in ok
         if float(r["ttft_ms"]) <= 500 and (not r["itl_ms"] or float(r["itl_ms"]) <= 30)
     )
-    assert s["slo_attainment"]["both"] == pytest.approx(both / len(rows))
+    assert s.slo_attainment.both == pytest.approx(both / len(rows))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["profile"] == PROFILE
     with (tmp_path / "timeline.csv").open() as handle:
@@ -80,27 +82,26 @@ def test_the_planner_scales_up_for_the_step() -> None:
         initial={"prefill": 1, "decode": 1},
     )
     result = run(cold, "planner", progress=False)
-    assert result.summary["max_replicas"]["prefill"] > 1
-    assert result.summary["scale_actions"]["prefill"] >= 1
+    assert result.summary.max_replicas["prefill"] > 1
+    assert result.summary.scale_actions["prefill"] >= 1
 
 
 def test_oracle_bound_is_below_every_policy_that_meets_the_slo(step_plan) -> None:
     generous = run(step_plan, "static:6,3", progress=False)
-    assert generous.summary["slo_attainment"]["both"] >= 0.99
-    assert generous.summary["oracle_gpu_hours"] <= generous.summary["gpu_hours"]
+    assert generous.summary.slo_attainment.both >= 0.99
+    assert generous.summary.references.oracle_gpu_hours <= generous.summary.gpu_hours
     for name in ("planner", "oracle", "hpa"):
         s = run(step_plan, name, progress=False).summary
-        assert s["oracle_gpu_hours"] == generous.summary["oracle_gpu_hours"]
-        if s["slo_attainment"]["both"] >= 0.99:
-            assert s["oracle_gpu_hours"] <= s["gpu_hours"], name
+        assert s.references.oracle_gpu_hours == generous.summary.references.oracle_gpu_hours
+        if s.slo_attainment.both >= 0.99:
+            assert s.references.oracle_gpu_hours <= s.gpu_hours, name
 
 
 def test_replay_is_deterministic_for_a_seed(tmp_path: Path) -> None:
-    def once(seed: int, out: Path) -> dict:
+    def once(seed: int, out: Path) -> ReplaySummary:
         plan = prepare(config(), WorkloadSpec(workload=STEP, seed=seed), startup_delay_s=60)
         summary = run(plan, "planner", out_dir=out, progress=False, write_report=False).summary
-        summary.pop("wall_s")
-        return summary
+        return replace(summary, wall_s=0.0)  # the one figure that is not simulated
 
     first, second = once(7, tmp_path / "a"), once(7, tmp_path / "b")
     assert first == second

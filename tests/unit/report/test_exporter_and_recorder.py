@@ -12,13 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
-from disagg_planner.report.recorder import (
-    BLOCK_TICKS,
-    DiagnosticsRecorder,
-    EngineQueues,
-    TickSnapshot,
-    TickWindow,
-)
+from disagg_planner.report.recorder import BLOCK_TICKS, DiagnosticsRecorder, TickWindow
+from disagg_planner.report.snapshot import EngineQueues, TickSnapshot
 
 
 def snap(t: float, *, engines: tuple[EngineQueues, ...] = (), **kw) -> TickSnapshot:
@@ -232,7 +227,8 @@ def test_a_live_recorder_renders_in_a_child_and_keeps_no_render_modules(tmp_path
     script = f"""
 import sys
 from pathlib import Path
-from disagg_planner.report.recorder import DiagnosticsRecorder, TickSnapshot
+from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.report.snapshot import TickSnapshot
 rec = DiagnosticsRecorder(output_dir=Path({str(tmp_path)!r}), report_interval_hours=1 / 60,
                           filename="run", render_in_child=True, ttft_slo_ms=500)
 written = [rec.record(TickSnapshot(t_s=float(t), desired={{"decode": 2}}, ready={{"decode": 2}},

@@ -12,17 +12,15 @@ import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.replay.headline import headline_card
 from disagg_planner.replay.parallel import run_policies
+from disagg_planner.replay.replay_summary import ReplaySummary
 from disagg_planner.replay.report import RequestSeries, latency_windows
 from disagg_planner.replay.session import WorkloadSpec, prepare
-from disagg_planner.report.html import (
-    decisions_of,
-    detail_panels,
-    headline_from_summary,
-    render_report,
-    replicas_figure,
-)
-from disagg_planner.report.recorder import TickSnapshot
+from disagg_planner.report.decisions import decisions_of
+from disagg_planner.report.figures import detail_panels, replicas_figure
+from disagg_planner.report.html import render_report
+from disagg_planner.report.snapshot import TickSnapshot
 
 
 def snap(t: float, desired: dict[str, int], **kw: object) -> TickSnapshot:
@@ -36,20 +34,51 @@ def snap(t: float, desired: dict[str, int], **kw: object) -> TickSnapshot:
     )
 
 
+# A summary.json without references (as --no-references writes it): 98.5 % of requests met
+# both targets against a 99 % attainment target.
 SUMMARY = {
     "policy": "planner",
-    "slo": {"ttft_ms": 500.0, "itl_ms": 50.0, "attainment_target": 0.99},
-    "slo_attainment": {"ttft": 0.995, "itl": 1.0, "both": 0.985},
-    "ttft_ms": {"p50": 40.0, "p99": 510.0},
-    "itl_ms": {"p50": 5.0, "p99": 9.0},
-    "gpu_hours": 1.78,
-    "gpu_hours_ratio_to_oracle": 1.3,
-    "oracle_gpu_hours": 1.37,
-    "flaps": {"prefill": 2, "decode": 1},
-    "scale_actions": {"prefill": 6, "decode": 0},
-    "flap_window_s": 600.0,
     "requests": 100,
+    "completed": 100,
     "failed": 0,
+    "slo_attainment": {"ttft": 0.995, "itl": 1.0, "both": 0.985},
+    "ttft_ms": {"p50": 40.0, "p90": 300.0, "p95": 400.0, "p99": 510.0},
+    "itl_ms": {"p50": 5.0, "p90": 7.0, "p95": 8.0, "p99": 9.0},
+    "unfinished": 0,
+    "gpu_hours": 1.78,
+    "gpu_hours_by_role": {"prefill": 1.0, "decode": 0.78},
+    "replica_hours": {"prefill": 1.0, "decode": 0.78},
+    "metered_span_s": 3600.0,
+    "last_arrival_s": 3500.0,
+    "scale_actions": {"prefill": 6, "decode": 0},
+    "drain": {"grace_s": 60.0, "cancelled": 0, "migrated": 0},
+    "rejected": 0,
+    "flaps": {"prefill": 2, "decode": 1},
+    "flap_window_s": 600.0,
+    "max_replicas": {"prefill": 3, "decode": 1},
+    "duration_s": 3600.0,
+    "wall_s": 1.0,
+    "startup_delay_s": None,
+    "initial_replicas": {"prefill": 2, "decode": 1},
+    "slo": {"ttft_ms": 500.0, "itl_ms": 50.0, "attainment_target": 0.99},
+}
+REFERENCES = {
+    "slo_target": 0.99,
+    "unservable_requests": 0,
+    "oracle_plan": "windows",
+    "oracle_gpu_hours": 1.37,
+    "oracle_slo_attainment": 0.995,
+    "gpu_hours_ratio_to_oracle": 1.3,
+    "best_static": {
+        "replicas": {"prefill": 3, "decode": 1},
+        "gpu_hours": 1.97,
+        "slo_attainment": 0.999,
+        "meets_target": True,
+        "qualifies": True,
+    },
+    "gpu_hours_ratio_to_best_static": 0.9,
+    "fluid_bound_gpu_hours": None,
+    "gpu_hours_ratio_to_fluid_bound": None,
 }
 
 
@@ -60,21 +89,22 @@ def shown(html: str, key: str) -> str:
 
 
 def test_headline_gives_the_verdict_and_says_what_was_not_computed() -> None:
-    html = headline_from_summary(SUMMARY)
+    html = headline_card(ReplaySummary.from_json(SUMMARY))
     assert "misses the SLO target (99%)" in html  # 98.5 % both against 99 %
     assert shown(html, "slo_attainment.both") == "98.50%"
-    assert shown(html, "gpu_hours_ratio_to_oracle") == "1.30x"
+    assert shown(html, "gpu_hours_ratio_to_oracle") == "not computed"
     assert shown(html, "gpu_hours_ratio_to_best_static") == "not computed"
     assert shown(html, "gpu_hours_ratio_to_fluid_bound") == "not computed"
     assert shown(html, "flaps") == "3"
-    with_best = SUMMARY | {
-        "gpu_hours_ratio_to_best_static": 0.9,
-        "best_static": {"replicas": {"prefill": 3, "decode": 1}, "gpu_hours": 1.97},
-        "slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 0.995},
-    }
-    html = headline_from_summary(with_best)
+    assert "TTFT &lt;= 500 ms" in html  # the target, not an observed TTFT
+    with_references = (
+        SUMMARY | REFERENCES | {"slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 0.995}}
+    )
+    html = headline_card(ReplaySummary.from_json(with_references))
     assert "meets the SLO target (99%)" in html
+    assert shown(html, "gpu_hours_ratio_to_oracle") == "1.30x"
     assert shown(html, "gpu_hours_ratio_to_best_static") == "0.90x"
+    assert shown(html, "gpu_hours_ratio_to_fluid_bound") == "not computed"  # no profile
     assert "static prefill=3,decode=1: 1.97 GPU-h" in html
 
 
@@ -163,7 +193,7 @@ def test_compare_builds_one_page_from_earlier_replays(
     broken.mkdir()
     (broken / "summary.json").write_text('{"policy": "x"}')
     assert main(["report", "--compare", str(broken), "-o", str(tmp_path / "x.html")]) == 2
-    assert "missing field 'slo_attainment'" in capsys.readouterr().err
+    assert f"{broken / 'summary.json'}: missing field 'requests'" in capsys.readouterr().err
 
 
 def test_a_series_read_once_per_interval_draws_its_points() -> None:

@@ -63,7 +63,7 @@ def test_replay_defaults_to_the_phase_model_and_shows_the_phases(tmp_path: Path)
         for a, b in itertools.pairwise(rows)
     )
     # (timeline.csv keeps microseconds)
-    assert gpu_s / 3600 == pytest.approx(result.summary["gpu_hours"], rel=1e-6)
+    assert gpu_s / 3600 == pytest.approx(result.summary.gpu_hours, rel=1e-6)
     first = rows[0]  # the policy's decision at t = 0
     assert int(first["scheduling_prefill"]) == 2
     assert int(first["gpus_in_use"]) == 2  # the two being scheduled hold no GPU yet
@@ -129,14 +129,14 @@ def test_grace_period_cancels_or_migrates_and_the_summary_counts_it(migrate: boo
         ttft_slo_ms=300,
         itl_slo_ms=30,
     )
-    drain = result.summary["drain"]
-    assert drain["grace_s"] == 5.0
+    drain = result.summary.drain
+    assert drain.grace_s == 5.0
     if migrate:
-        assert drain["migrated"] > 0 and drain["cancelled"] == 0
-        assert result.summary["failed"] == 0
+        assert drain.migrated > 0 and drain.cancelled == 0
+        assert result.summary.failed == 0
     else:
-        assert drain["cancelled"] > 0 and drain["migrated"] == 0
-        assert result.summary["failed"] == drain["cancelled"]
+        assert drain.cancelled > 0 and drain.migrated == 0
+        assert result.summary.failed == drain.cancelled
         assert {r.error for r in result.records if not r.ok} == {DRAIN_CANCELLED}
 
 
