@@ -77,7 +77,10 @@ def test_the_planner_sizes_from_the_profile_it_was_given() -> None:
         ("speeed=0.5", "unknown option 'speeed'"),
     ],
 )
-@pytest.mark.parametrize("engine", [ENGINE, "aic:llama-3.1-8b-fp8@h200_sxm:vllm:tp1"])
+@pytest.mark.parametrize(
+    "engine",
+    [ENGINE, pytest.param("aic:llama-3.1-8b-fp8@h200_sxm:vllm:tp1", marks=pytest.mark.aic)],
+)
 def test_a_bad_speed_ends_with_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: str, option: str, message: str
 ) -> None:
