@@ -37,6 +37,7 @@ def medians(out: Path) -> tuple[float, float]:
     )
 
 
+@pytest.mark.slow
 def test_a_half_speed_engine_takes_twice_the_step_time_under_the_same_profile(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

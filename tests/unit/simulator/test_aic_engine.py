@@ -130,6 +130,7 @@ def test_without_the_extra_an_aic_spec_says_how_to_install_it(
     )
 
 
+@pytest.mark.slow
 @pytest.mark.aic
 @pytest.mark.parametrize(
     "point",
@@ -143,6 +144,7 @@ def test_the_aic_engine_answers_plausibly_against_published_points(point) -> Non
     assert not point.extrapolated("aic")
 
 
+@pytest.mark.slow
 @pytest.mark.aic
 def test_trtllm_tables_reproduce_a_published_trtllm_row() -> None:
     (row,) = [
@@ -241,6 +243,7 @@ def test_every_timing_entry_point_of_the_engine_model_is_the_aic_one() -> None:
     assert public & set(vars(AicEngineModel)) == set()
 
 
+@pytest.mark.slow
 @pytest.mark.aic
 def test_planner_replay_runs_on_the_aic_engine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -280,6 +283,7 @@ def test_cache_buckets_are_close_and_their_segments_exact() -> None:
         n = end + 1
 
 
+@pytest.mark.slow
 @pytest.mark.aic
 def test_a_profile_swept_from_the_aic_engine_replays_on_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -298,6 +302,7 @@ def test_a_profile_swept_from_the_aic_engine_replays_on_it(
     assert summary["engine"] == str(parse(H200_8B_FP8))
 
 
+@pytest.mark.slow
 @pytest.mark.aic
 def test_building_and_timing_an_engine_opens_no_connection(no_network: list[object]) -> None:
     # A spec no other test compiles: its config, tables and memory model all load offline.

@@ -38,6 +38,7 @@ def test_an_outlier_mark_on_a_validation_point_is_refused() -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.aic
 def test_the_recorded_aic_references_are_what_the_aic_engine_computes() -> None:
     # The aic-vllm training points' reference values are generated, never typed.
