@@ -499,11 +499,6 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.variant:
         key, _, value = item.partition("=")
         variant[key] = None if value.lower() in {"none", "null"} else value
-    scenarios = [
-        s.located()
-        for s in SCENARIOS
-        if not args.only or any(s.name.startswith(o) for o in args.only)
-    ]
     delays = [args.startup_delay]
     if args.startup_sweep:
         try:
@@ -514,6 +509,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         if any(not math.isfinite(d) or d < 0 for d in delays):
             parser.error(f"--startup-sweep {args.startup_sweep!r}: delays must be >= 0")
+    # The arguments are checked before the traces are looked for: a bad one is refused even
+    # where the traces are missing.
+    scenarios = [
+        s.located()
+        for s in SCENARIOS
+        if not args.only or any(s.name.startswith(o) for o in args.only)
+    ]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(jobs) as pool:
         runs = [(s, d) for d in delays for s in scenarios]

@@ -49,6 +49,7 @@ def test_a_point_outside_tolerance_is_missed_and_fails_the_check(fidelity: Modul
     assert fidelity.metric_table(rows, ["sim"]).rstrip().endswith("| missed |")
 
 
+@pytest.mark.slow
 def test_the_check_exits_1_while_a_sim_validation_point_misses(
     fidelity: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:

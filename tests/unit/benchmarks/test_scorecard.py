@@ -37,6 +37,7 @@ def rows(scorecard: ModuleType) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow
 def test_the_table_has_every_ratio(scorecard: ModuleType, rows: list[dict[str, Any]]) -> None:
     table = scorecard.markdown(rows).splitlines()
     assert "| x oracle | x best-static | x fluid | actions | flaps |" in table[0]
@@ -49,6 +50,7 @@ def test_the_table_has_every_ratio(scorecard: ModuleType, rows: list[dict[str, A
         assert cells[8] == f"{s['gpu_hours'] / fluid:.2f}"
 
 
+@pytest.mark.slow
 def test_the_conditions_hold_on_a_burst(scorecard: ModuleType, rows: list[dict[str, Any]]) -> None:
     (line,) = scorecard.conditions(rows)
     assert line.startswith("- **small step**")
@@ -60,6 +62,7 @@ def test_the_conditions_hold_on_a_burst(scorecard: ModuleType, rows: list[dict[s
     assert oracle["gpu_hours"] <= best["gpu_hours"]
 
 
+@pytest.mark.slow
 def test_a_violation_is_reported_with_its_figures(
     scorecard: ModuleType, rows: list[dict[str, Any]]
 ) -> None:
@@ -75,6 +78,7 @@ def test_a_violation_is_reported_with_its_figures(
     assert f"below it: {worse[1]['policy']}" in line
 
 
+@pytest.mark.slow
 def test_where_best_static_meets_the_target_only_over_the_servable(
     scorecard: ModuleType, rows: list[dict[str, Any]]
 ) -> None:
@@ -104,6 +108,7 @@ def _as(row: dict[str, Any], **changes: Any) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_the_decision_targets_name_each_figure(
     scorecard: ModuleType, rows: list[dict[str, Any]]
 ) -> None:
@@ -138,6 +143,7 @@ def test_the_decision_targets_name_each_figure(
     )
 
 
+@pytest.mark.slow
 def test_the_startup_sweep_checks_attainment_and_growth(
     scorecard: ModuleType, rows: list[dict[str, Any]]
 ) -> None:
@@ -166,6 +172,7 @@ def test_a_bad_startup_sweep_is_refused(
         assert f"--startup-sweep {bad!r}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_wide_ep_rows_compare_elastic_resizing_with_replicas_and_a_fixed_size(
     scorecard: ModuleType,
 ) -> None:

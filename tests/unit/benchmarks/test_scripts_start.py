@@ -17,6 +17,7 @@ BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if "__main__" in p.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_script_starts(script: str) -> None:
     done = subprocess.run(

@@ -47,6 +47,7 @@ def by_multiple(rows: list[dict[str, Any]], multiple: float) -> dict[str, Any]:
     return next(r for r in rows if r["multiple"] == multiple)
 
 
+@pytest.mark.slow
 def test_one_row_per_multiple_on_the_engine_at_that_speed(rows: list[dict[str, Any]]) -> None:
     assert [(r["scenario"], r["multiple"]) for r in rows] == [
         ("on/off bursts", 0.5),
@@ -58,6 +59,7 @@ def test_one_row_per_multiple_on_the_engine_at_that_speed(rows: list[dict[str, A
     assert slow["gpu_hours"] > own["gpu_hours"]
 
 
+@pytest.mark.slow
 def test_the_table_shows_each_run_s_figures(sweep: ModuleType, rows: list[dict[str, Any]]) -> None:
     lines = sweep.table(rows).splitlines()
     head = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -93,6 +95,7 @@ def verdicts(sweep: ModuleType, rows: list[dict[str, Any]], multiple: float) -> 
     return line.split(": ", 1)[1].split("; ")
 
 
+@pytest.mark.slow
 def test_the_targets_are_the_run_s_own_numbers(
     sweep: ModuleType, rows: list[dict[str, Any]]
 ) -> None:
@@ -119,6 +122,7 @@ def test_the_targets_are_the_run_s_own_numbers(
             assert f"back at {bar} {took:.0f} s after the first window under it at " in reached
 
 
+@pytest.mark.slow
 def test_changing_a_figure_changes_its_verdict(
     sweep: ModuleType, rows: list[dict[str, Any]]
 ) -> None:

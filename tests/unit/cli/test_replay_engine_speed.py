@@ -37,6 +37,7 @@ def medians(out: Path) -> tuple[float, float]:
     )
 
 
+@pytest.mark.slow
 def test_a_half_speed_engine_takes_twice_the_step_time_under_the_same_profile(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -77,7 +78,10 @@ def test_the_planner_sizes_from_the_profile_it_was_given() -> None:
         ("speeed=0.5", "unknown option 'speeed'"),
     ],
 )
-@pytest.mark.parametrize("engine", [ENGINE, "aic:llama-3.1-8b-fp8@h200_sxm:vllm:tp1"])
+@pytest.mark.parametrize(
+    "engine",
+    [ENGINE, pytest.param("aic:llama-3.1-8b-fp8@h200_sxm:vllm:tp1", marks=pytest.mark.aic)],
+)
 def test_a_bad_speed_ends_with_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], engine: str, option: str, message: str
 ) -> None:

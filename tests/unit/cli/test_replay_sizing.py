@@ -39,6 +39,7 @@ def plan_of(workload: WorkloadSpec, engine: str | None = None, **settings: objec
     return prepare(replay_config(loaded, default_run=False), workload, engine=engine)
 
 
+@pytest.mark.slow
 def test_prompts_beyond_the_context_are_refused_counted_and_not_sized_for(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -41,6 +41,7 @@ def test_a_bad_duration_is_called_a_bad_duration(
     assert "no requests" not in err
 
 
+@pytest.mark.slow
 def test_a_duration_cuts_the_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         replay(tmp_path / "o", "--workload", TINY, "--profile", PROFILE, "--duration", "10s") == 0
@@ -49,6 +50,7 @@ def test_a_duration_cuts_the_workload(tmp_path: Path, capsys: pytest.CaptureFixt
     assert summary["requests"] > 0 and summary["last_arrival_s"] < 10
 
 
+@pytest.mark.slow
 def test_an_engine_with_a_bundled_profile_needs_no_profile_flag(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -83,6 +85,7 @@ def mooncake(path: Path, *, bad_line: int | None = None) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_skip_bad_rows_in_replay_as_in_backtest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -99,6 +102,7 @@ def test_skip_bad_rows_in_replay_as_in_backtest(
     assert main([*backtest, "--predictor", "constant", "--skip-bad-rows"]) == 0
 
 
+@pytest.mark.slow
 def test_an_existing_output_directory_is_kept_without_force(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -151,6 +155,7 @@ def test_a_bad_number_is_refused_by_its_flag_before_any_work(
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_the_default_output_directory_is_kept_without_force(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -311,6 +311,7 @@ def fleets(draw: st.DrawFn) -> tuple[int, list[tuple[str, int, int, int | None]]
     return max_total, members
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     fleet=fleets(),

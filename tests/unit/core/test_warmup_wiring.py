@@ -47,6 +47,7 @@ def test_without_warm_up_the_predictors_start_empty(profile_dir: Path) -> None:
     assert (forecast.fallback, forecast.value) == (True, 0.0)
 
 
+@pytest.mark.slow
 def test_auto_warm_up_shares_evidence_across_series(mooncake_head: Path, profile_dir: Path) -> None:
     core = build_core(
         config(profile_dir, load_predictor="auto", load_predictor_warmup_trace=str(mooncake_head)),

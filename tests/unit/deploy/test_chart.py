@@ -64,6 +64,7 @@ def container(r: Rendered) -> dict[str, Any]:
     return dict(only)
 
 
+@pytest.mark.slow
 def test_helm_lint_finds_nothing_above_info(helm_output: dict[str, Any]):
     lint = helm_output["lint"]
     assert lint["TotalChartsLinted"] == 1
@@ -72,6 +73,7 @@ def test_helm_lint_finds_nothing_above_info(helm_output: dict[str, Any]):
     assert [m for m in lint["Messages"] if m["Severity"] > 1] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(VALID_CASES))
 def test_every_rendered_object_is_valid_kubernetes(rendered: dict[str, Rendered], case: str):
     r = rendered[case]
@@ -100,6 +102,7 @@ def test_crds_shipped_with_the_chart_are_valid_kubernetes():
     assert [e for d in docs for e in validate_kubernetes(d)] == []
 
 
+@pytest.mark.slow
 def test_defaults_render_the_operator_and_no_optional_objects(rendered: dict[str, Rendered]):
     r = rendered["defaults"]
     kinds = Counter(d["kind"] for d in r.docs)
@@ -123,6 +126,7 @@ def test_defaults_render_the_operator_and_no_optional_objects(rendered: dict[str
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(RBAC_SHAPES))
 def test_rbac_grants_exactly_the_calls_the_controller_makes(
     rendered: dict[str, Rendered], case: str
@@ -175,6 +179,7 @@ OPERATOR_MODES: dict[str, tuple[list[str] | None, bool, bool, set[tuple[str, str
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(OPERATOR_MODES))
 def test_deployment_arguments_are_what_the_planner_cli_accepts(
     rendered: dict[str, Rendered], case: str
@@ -196,6 +201,7 @@ def test_deployment_arguments_are_what_the_planner_cli_accepts(
     assert found == peerings
 
 
+@pytest.mark.slow
 def test_a_shard_serves_its_label_under_its_own_peering(rendered: dict[str, Rendered]):
     args = build_parser().parse_args(container(rendered["shard"])["args"])
     assert (args.operator_shard, args.operator_peering) == (
@@ -208,6 +214,7 @@ def test_a_shard_serves_its_label_under_its_own_peering(rendered: dict[str, Rend
     )
 
 
+@pytest.mark.slow
 def test_the_config_map_is_the_config_file_the_operator_loads(
     rendered: dict[str, Rendered], tmp_path: Path
 ):
@@ -237,6 +244,7 @@ def test_the_config_map_is_the_config_file_the_operator_loads(
     assert any(reports.is_relative_to(m["mountPath"]) for m in c["volumeMounts"][1:])
 
 
+@pytest.mark.slow
 def test_probes_and_service_use_the_operator_port(rendered: dict[str, Rendered]):
     r = rendered["everything"]
     c = container(r)
@@ -268,6 +276,7 @@ def test_probes_and_service_use_the_operator_port(rendered: dict[str, Rendered])
     assert {"name": "EXTRA", "value": "1"} in c["env"]
 
 
+@pytest.mark.slow
 def test_the_dashboard_config_map_holds_the_dashboard(rendered: dict[str, Rendered]):
     dashboards = [
         d
@@ -280,11 +289,13 @@ def test_the_dashboard_config_map_holds_the_dashboard(rendered: dict[str, Render
     assert dashboard["data"]["planner-dashboard.json"] == text.rstrip("\n")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(VALID_CASES))
 def test_no_security_finding(rendered: dict[str, Rendered], case: str):
     assert security_findings(rendered[case].docs) == []
 
 
+@pytest.mark.slow
 def test_the_security_rules_find_an_insecure_pod_and_role(rendered: dict[str, Rendered]):
     deployment = copy.deepcopy(rendered["defaults"].one("Deployment"))
     pod = deployment["spec"]["template"]["spec"]
@@ -321,6 +332,7 @@ def test_the_security_rules_find_an_insecure_pod_and_role(rendered: dict[str, Re
         assert expected in findings
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(INVALID_CASES))
 def test_helm_refuses_bad_values_naming_them(rendered: dict[str, Rendered], case: str):
     r = rendered[case]
@@ -329,6 +341,7 @@ def test_helm_refuses_bad_values_naming_them(rendered: dict[str, Rendered], case
     assert r.error is not None and expected in r.error, r.error
 
 
+@pytest.mark.slow
 def test_the_admission_policy_lets_the_planner_change_only_two_pod_annotations(
     rendered: dict[str, Rendered],
 ):

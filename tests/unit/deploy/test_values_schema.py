@@ -34,6 +34,7 @@ def with_config(**config: Any) -> dict[str, Any]:
     return {**VALUES, "config": config}
 
 
+@pytest.mark.slow
 def test_generated_files_are_up_to_date():
     for script in ("deploy/helm/generate.py", "deploy/grafana/generate.py"):
         result = subprocess.run(

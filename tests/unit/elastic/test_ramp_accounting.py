@@ -176,6 +176,7 @@ def test_unknown_policy_is_rejected(profile):
         ramp.run_policy("elastic-fast", [TraceRequest(0.0, 10, 10)], profile=profile, seed=0)
 
 
+@pytest.mark.slow
 def test_the_ramp_through_replay_rejects_the_arrivals_of_a_pause_unless_retried():
     # a short, steep ramp: the elastic policy grows DP 16 -> 20 within it (10 -> 18 req/s
     # no longer did on the engine of issue 31: its pause fell after the last arrival)

@@ -22,6 +22,7 @@ def noisy(level: float, n: int, sd: float, rng: random.Random) -> list[float]:
     return [level + rng.gauss(0, sd) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_after_a_step_up_the_forecast_follows_the_new_level() -> None:
     rng = random.Random(1)
     predictor, _ = run(noisy(650, 30, 20, rng) + noisy(2400, 3, 40, rng))
@@ -31,6 +32,7 @@ def test_after_a_step_up_the_forecast_follows_the_new_level() -> None:
     assert "level shift" in forecast.note
 
 
+@pytest.mark.slow
 def test_noise_is_no_level_shift() -> None:
     rng = random.Random(2)
     predictor, _ = run(noisy(650, 40, 20, rng))

@@ -51,6 +51,7 @@ def test_json_shape_and_constant_scores_by_hand(
     assert constant["p90_step_ms"] >= 0
 
 
+@pytest.mark.slow
 def test_all_predictors_table_on_mooncake(
     mooncake_head: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -188,6 +189,7 @@ def test_backtest_family_rejects_series_of_different_lengths() -> None:
         )
 
 
+@pytest.mark.slow
 def test_auto_is_backtested_with_all_three_series_as_in_the_planner(mooncake_head: Path) -> None:
     # auto's series share evidence, so scoring one series must still run the other two
     intervals = bucket_trace(read_trace(mooncake_head), interval_s=6.0)

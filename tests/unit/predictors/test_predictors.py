@@ -91,16 +91,19 @@ def test_constant_series_forecasts_the_constant(name: str) -> None:
     assert forecast.upper is None
 
 
+@pytest.mark.slow
 def test_linear_trend_constant_lags_by_one_step(line_run: Run) -> None:
     assert line_run.final["constant"].value == LINE[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["kalman", "arima", "prophet", "auto"])
 def test_linear_trend_is_extrapolated(line_run: Run, name: str) -> None:
     # the constant predictor is 5 behind; these must land within 1 of 200
     assert line_run.final[name].value == pytest.approx(200.0, abs=1.0)
 
 
+@pytest.mark.slow
 def test_linear_trend_auto_leaves_the_lagging_constant(line_run: Run) -> None:
     assert line_run.auto.choice != "constant"
     assert line_run.auto.switches >= 1
@@ -110,6 +113,7 @@ def last_period_errors(run: Run, name: str) -> np.ndarray:
     return np.abs(run.forecasts[name][-SINE_PERIOD:] - SINE[-SINE_PERIOD:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["arima", "auto"])
 def test_sinusoid_arima_and_auto_follow_the_oscillation(sine_run: Run, name: str) -> None:
     # a sampled sinusoid is an exact AR(2) (y_t = 2 cos(w) y_{t-1} - y_{t-2} + c): ARIMA's
@@ -118,14 +122,17 @@ def test_sinusoid_arima_and_auto_follow_the_oscillation(sine_run: Run, name: str
     assert last_period_errors(sine_run, "constant").mean() > 8.0
 
 
+@pytest.mark.slow
 def test_sinusoid_auto_chooses_arima(sine_run: Run) -> None:
     assert sine_run.auto.choice == "arima"
 
 
+@pytest.mark.slow
 def test_sinusoid_constant_is_the_last_value(sine_run: Run) -> None:
     assert np.array_equal(sine_run.forecasts["constant"][1:], SINE[:-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["kalman", "prophet"])
 def test_sinusoid_trend_models_stay_unbiased(sine_run: Run, name: str) -> None:
     # without seasonality a trend model lags a fast oscillation, but over a full period its
@@ -133,6 +140,7 @@ def test_sinusoid_trend_models_stay_unbiased(sine_run: Run, name: str) -> None:
     assert sine_run.forecasts[name][-SINE_PERIOD:].mean() == pytest.approx(100.0, abs=5.0)
 
 
+@pytest.mark.slow
 def test_sinusoid_kalman_swings_with_the_wave(sine_run: Run) -> None:
     last = sine_run.forecasts["kalman"][-SINE_PERIOD:]
     assert 15.0 < (last.max() - last.min()) / 2 < 45.0  # amplitude 30
@@ -148,6 +156,7 @@ def test_sinusoid_prophet_daily_seasonality() -> None:
     assert prophet.predict_next().value == pytest.approx(expected, abs=3.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "low", "high"),
     [
@@ -244,6 +253,7 @@ def test_log1p_models_the_log_and_returns_the_original_scale() -> None:
 NOISE = 500.0 + np.random.default_rng(7).normal(0.0, 40.0, 160)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "predictor",
     [
@@ -279,6 +289,7 @@ def test_no_quantile_no_upper() -> None:
 # --- ARIMA specifics -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_arima_reselects_on_a_doubling_then_fixed_schedule() -> None:
     arima = ArimaPredictor(reselect_every=16)
     feed(arima, NOISE[:45])

@@ -105,6 +105,7 @@ def test_curves_are_the_real_traces_bucketed(
         assert float(row["mean_osl"]) == pytest.approx(interval.mean_osl, abs=5e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["constant", "arima", "kalman", "prophet", "auto"])
 def test_forecasts_are_finite_and_never_negative(scored: Scored, name: str) -> None:
     forecasts = np.array([scored.forecasts[key][name] for key in SERIES])
@@ -112,6 +113,7 @@ def test_forecasts_are_finite_and_never_negative(scored: Scored, name: str) -> N
     assert forecasts.min() >= 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["arima", "kalman"])
 def test_no_predictor_runs_away_from_the_last_value(scored: Scored, name: str) -> None:
     # Dynamo's ARIMA forecast 8,565 against an actual 331, its Kalman -577
@@ -120,6 +122,7 @@ def test_no_predictor_runs_away_from_the_last_value(scored: Scored, name: str) -
     assert worst < 0.6
 
 
+@pytest.mark.slow
 def test_arima_does_not_lag_like_dynamos(scored: Scored) -> None:
     # Dynamo's ARIMA settles on a mean of all history and under-forecasts ~80% of the
     # Mooncake intervals; ours must stay in the constant predictor's league
@@ -127,6 +130,7 @@ def test_arima_does_not_lag_like_dynamos(scored: Scored) -> None:
     assert scored.mape("arima") <= 1.15 * scored.mape("constant")
 
 
+@pytest.mark.slow
 def test_auto_is_within_5_percent_of_the_best_predictor_a_config_can_name(
     scored: Scored,
 ) -> None:
@@ -138,6 +142,7 @@ def test_auto_is_within_5_percent_of_the_best_predictor_a_config_can_name(
     assert mean_mape("auto") <= 1.05 * best
 
 
+@pytest.mark.slow
 def test_auto_is_close_to_the_best_single_predictor_of_each_series(scored: Scored) -> None:
     for key in SERIES:
         best = min(scored.mape(n, key) for n in AUTO_CANDIDATES)

@@ -64,6 +64,7 @@ def test_window_counts_follow_the_described_rates(servegen_m_large: Path) -> Non
         assert abs(count - rates[t] * 6) < 1.5
 
 
+@pytest.mark.slow
 def test_burstiness_within_a_window_is_the_fitted_law(servegen_m_large: Path) -> None:
     # chunk-61: 88800 s is a Weibull window (shape 0.33, CV 6.8 as described), 600 s a
     # Gamma one (shape 0.93, CV 1.04).
@@ -116,6 +117,7 @@ def test_a_day_compressed_to_an_hour_at_a_chosen_mean_rate(servegen_m_large: Pat
     assert max(per_5min) > 2 * min(per_5min)
 
 
+@pytest.mark.slow
 def test_servegen_everywhere_a_trace_is_accepted(
     servegen_m_large: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

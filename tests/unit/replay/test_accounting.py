@@ -67,6 +67,7 @@ def test_a_backlog_is_paid_for_until_it_clears() -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_policy_that_keeps_up_is_metered_to_its_own_last_finish() -> None:
     slow = _run(Scripted([]), _setup(1, 1)).summary
     fast = _run(Scripted([]), _setup(6, 1)).summary
@@ -115,6 +116,7 @@ def plan():
     return prepare(cfg, workload, startup_delay_s=30)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["static:2,2", "hpa", "planner", "oracle"])
 def test_every_policy_and_the_oracle_is_metered_by_the_same_rule(plan, name: str) -> None:
     result = run_named(plan, name)

@@ -39,6 +39,7 @@ def static_attainment(plan: ReplayPlan, replicas: Mapping[str, int]) -> float:
     return float(s.slo_attainment.both)
 
 
+@pytest.mark.slow
 def test_the_best_static_meets_the_target_and_one_replica_fewer_does_not(
     step: ReplayPlan,
 ) -> None:
@@ -54,6 +55,7 @@ def test_the_best_static_meets_the_target_and_one_replica_fewer_does_not(
     assert best.replicas["prefill"] > 1  # the step's burst needs more than the minimum
 
 
+@pytest.mark.slow
 def test_undersized_candidates_are_dropped_early(step: ReplayPlan) -> None:
     best = compute_references(step, window_s=ORACLE_WINDOW_S).best_static
     allowed = Slo(step.config.ttft_ms, step.config.itl_ms).allowed_misses(len(step.requests))
@@ -83,6 +85,7 @@ def test_a_target_nothing_meets_reports_the_largest_tried(step: ReplayPlan) -> N
     assert all(not t.qualifies for t in best.trials)
 
 
+@pytest.mark.slow
 def test_cli_runs_best_static(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     code = main(

@@ -90,6 +90,7 @@ def test_without_targets_the_bound_is_the_saturated_engine_s(profile: Profile) -
         profile.decode.find_best_many(math.nan, contexts)
 
 
+@pytest.mark.slow
 def test_requests_refused_on_arrival_cost_no_gpu_time_in_the_bound() -> None:
     # heavy-tailed prompts, a few longer than max_model_len: the engine refuses those on
     # arrival, and an overloaded single pair serving the rest must still pay at least the bound
@@ -106,6 +107,7 @@ def test_requests_refused_on_arrival_cost_no_gpu_time_in_the_bound() -> None:
         assert s.gpu_hours >= s.references.fluid_bound_gpu_hours, policy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [*WORKLOADS, "azure"])
 def test_every_policy_uses_at_least_the_fluid_bound(
     name: str, request: pytest.FixtureRequest
@@ -131,6 +133,7 @@ def test_every_policy_uses_at_least_the_fluid_bound(
         assert s.references.best_static.replicas == refs.best_static.replicas
 
 
+@pytest.mark.slow
 def test_the_searches_are_kept_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     workload = WORKLOADS["step"]
     plan = prepare(config(ttft_ms=400), workload, startup_delay_s=90)
@@ -156,6 +159,7 @@ def test_the_searches_are_kept_on_disk(tmp_path: Path, monkeypatch: pytest.Monke
         compute_references(other, window_s=ORACLE_WINDOW_S, cache_dir=tmp_path)
 
 
+@pytest.mark.slow
 def test_where_the_window_plan_costs_more_the_oracle_is_the_best_static(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -57,6 +57,7 @@ def test_lengths_keep_the_trace_isl_osl_dependence() -> None:
     assert means == pytest.approx([114, 194, 408, 129], rel=0.15)
 
 
+@pytest.mark.slow
 def test_the_cli_default_needs_no_file() -> None:
     # replay's defaults with neither --trace nor --workload: 4 clones of the 19,329 requests
     # of the trace's 58 whole minutes, compressed 2x

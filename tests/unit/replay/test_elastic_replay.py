@@ -65,6 +65,7 @@ def rejecting(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_replay_resizes_the_engine_by_dp_and_the_outputs_show_it(rejecting: Path) -> None:
     summary = json.loads((rejecting / "summary.json").read_text())
     elastic = summary["elastic_ep"]
@@ -97,6 +98,7 @@ def test_replay_resizes_the_engine_by_dp_and_the_outputs_show_it(rejecting: Path
     assert requests[-1]["dp_at_arrival"] == str(elastic["dp_final"])
 
 
+@pytest.mark.slow
 def test_arrivals_in_a_pause_are_rejected_without_frontend_retries(rejecting: Path) -> None:
     summary = json.loads((rejecting / "summary.json").read_text())
     pauses = [(p["pause_start_s"], p["end_s"]) for p in summary["elastic_ep"]["resizes"]]
@@ -111,6 +113,7 @@ def test_arrivals_in_a_pause_are_rejected_without_frontend_retries(rejecting: Pa
         assert any(start - 0.1 <= t < end for start, end in pauses)
 
 
+@pytest.mark.slow
 def test_frontend_retries_delay_the_pause_s_arrivals_instead(tmp_path: Path) -> None:
     out = tmp_path / "retry"
     flags = [*FLAGS, "--elastic-ep-frontend-retries"]
@@ -130,6 +133,7 @@ def test_frontend_retries_delay_the_pause_s_arrivals_instead(tmp_path: Path) -> 
         assert float(r["ttft_ms"]) >= (grow["end_s"] - float(r["arrival_s"])) * 1000
 
 
+@pytest.mark.slow
 def test_followers_start_and_join_for_the_time_the_policy_plans_with(tmp_path: Path) -> None:
     config = _config(elastic_ep_follower_service="agg-flw", elastic_ep_follower_ready_seconds=45.0)
     plan = prepare(config, WorkloadSpec(workload=WORKLOAD, seed=3), engine=ENGINE)
@@ -163,6 +167,7 @@ def test_combinations_replay_cannot_play_are_refused_by_name(
         prepare(_config(**extra), WorkloadSpec(workload=WORKLOAD), engine=engine, initial=initial)
 
 
+@pytest.mark.slow
 def test_the_simulated_resize_takes_the_timing_the_policy_plans_with(tmp_path: Path) -> None:
     # measured timings replace the mode's: the policy's lead time and the simulated resize
     config = _config(elastic_ep_mode="blocking", elastic_ep_timing="40,6,20,4")
@@ -176,6 +181,7 @@ def test_the_simulated_resize_takes_the_timing_the_policy_plans_with(tmp_path: P
     assert "blocking resize 40 s" in decided.message
 
 
+@pytest.mark.slow
 def test_a_shrink_under_load_aborts_the_removed_ranks_requests(tmp_path: Path) -> None:
     """Issue 32, items 2 and 6: with a budget that lets it shrink under load, the replay
     counts the requests on the removed ranks as failed (aborted), not moved; with no budget

@@ -69,6 +69,7 @@ def case(request: pytest.FixtureRequest) -> Case:
     return Case(request.param, plan, compute_references(plan, window_s=ORACLE_WINDOW_S))
 
 
+@pytest.mark.slow
 def test_the_oracle_meets_the_target_wherever_best_static_does_and_costs_no_more(
     case: Case,
 ) -> None:
@@ -79,6 +80,7 @@ def test_the_oracle_meets_the_target_wherever_best_static_does_and_costs_no_more
     assert refs.oracle.gpu_hours <= refs.best_static_run.gpu_hours
 
 
+@pytest.mark.slow
 def test_the_oracle_is_metered_like_a_policy(case: Case) -> None:
     refs = case.refs
     s = run(case.plan, "oracle", progress=False).summary
@@ -92,6 +94,7 @@ def test_the_oracle_is_metered_like_a_policy(case: Case) -> None:
     assert s.setup.initial_replicas == first
 
 
+@pytest.mark.slow
 def test_the_plan_follows_the_load_window_by_window(case: Case) -> None:
     windows = case.refs.oracle_plan.windows
     assert len({tuple(w.replicas.values()) for w in windows}) > 1
@@ -100,6 +103,7 @@ def test_the_plan_follows_the_load_window_by_window(case: Case) -> None:
         assert all(w.met and w.added_misses <= w.allowed_misses for w in windows)
 
 
+@pytest.mark.slow
 def test_the_plan_meets_the_target_where_the_mean_based_estimate_falls_short() -> None:
     """Sized at each window's mean load (the old oracle), the bursts of lognormal prompts are
     under-served; the simulated search raises those windows and meets the target."""
@@ -144,6 +148,7 @@ def test_lone_limits_are_where_a_request_alone_stops_meeting_the_targets() -> No
     assert lone_limits(mixed[:2], build=build, roles=roles, slo=slo) == LoneLimits()
 
 
+@pytest.mark.slow
 def test_requests_no_deployment_serves_are_not_chased(caplog: pytest.LogCaptureFixture) -> None:
     """Some prompts outlast the TTFT target even alone; more than 1 % of them, so no
     deployment meets the target over every request. The searches hold it over the others:

@@ -43,6 +43,7 @@ def replay(out: Path, jobs: int, *extra: str, policies: tuple[str, ...] = POLICI
 REFERENCE_KEYS = ("oracle_gpu_hours", "best_static", "gpu_hours_ratio_to_oracle")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_no_references_skips_the_searches_and_leaves_the_policies_figures_alone(
     jobs: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -69,6 +70,7 @@ def test_no_references_refuses_the_policies_that_are_the_searches(
     assert "--no-references" in err and "'oracle'" in err
 
 
+@pytest.mark.slow
 def test_parallel_policies_write_what_sequential_ones_do(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -191,6 +193,7 @@ def test_a_bad_policy_name_is_refused_before_the_searches(
     assert "unknown policy 'bogus'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failure_finding_the_references_stops_the_policies_waiting_for_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

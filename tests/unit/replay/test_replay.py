@@ -36,6 +36,7 @@ def step_plan():
     return prepare(config(), WorkloadSpec(workload=STEP, seed=3), startup_delay_s=60)
 
 
+@pytest.mark.slow
 def test_static_gpu_hours_are_replicas_times_gpus_times_duration() -> None:
     plan = prepare(
         config(),
@@ -49,6 +50,7 @@ def test_static_gpu_hours_are_replicas_times_gpus_times_duration() -> None:
     assert result.summary.scale_actions == {"prefill": 0, "decode": 0}
 
 
+@pytest.mark.slow
 def test_every_request_is_counted_once(step_plan, tmp_path: Path) -> None:
     result = run(step_plan, "planner", out_dir=tmp_path, progress=False)
     s = result.summary
@@ -74,6 +76,7 @@ def test_every_request_is_counted_once(step_plan, tmp_path: Path) -> None:
     assert (tmp_path / "report.html").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_the_planner_scales_up_for_the_step() -> None:
     cold = prepare(
         config(),
@@ -86,6 +89,7 @@ def test_the_planner_scales_up_for_the_step() -> None:
     assert result.summary.scale_actions["prefill"] >= 1
 
 
+@pytest.mark.slow
 def test_oracle_bound_is_below_every_policy_that_meets_the_slo(step_plan) -> None:
     generous = run(step_plan, "static:6,3", progress=False)
     assert generous.summary.slo_attainment.both >= 0.99
@@ -97,6 +101,7 @@ def test_oracle_bound_is_below_every_policy_that_meets_the_slo(step_plan) -> Non
             assert s.references.oracle_gpu_hours <= s.gpu_hours, name
 
 
+@pytest.mark.slow
 def test_replay_is_deterministic_for_a_seed(tmp_path: Path) -> None:
     def once(seed: int, out: Path) -> ReplaySummary:
         plan = prepare(config(), WorkloadSpec(workload=STEP, seed=seed), startup_delay_s=60)
@@ -111,6 +116,7 @@ def test_replay_is_deterministic_for_a_seed(tmp_path: Path) -> None:
     assert once(8, tmp_path / "c") != first  # the seed is what makes it repeat
 
 
+@pytest.mark.slow
 def test_cli_replay_writes_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     code = main(

@@ -87,6 +87,7 @@ def _read(out: Path) -> tuple[dict, list[dict[str, str]]]:
         return summary, list(csv.DictReader(handle))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", POLICIES)
 def test_integrating_the_timeline_gives_the_summary(outputs: dict[str, Path], name: str) -> None:
     summary, rows = _read(outputs[name])
@@ -109,6 +110,7 @@ def test_integrating_the_timeline_gives_the_summary(outputs: dict[str, Path], na
 
 
 # dynamo-default decides every 180 s: too rarely to answer this short step
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["hpa", "planner", "oracle"])
 def test_a_replica_becoming_ready_between_ticks_has_its_row(
     outputs: dict[str, Path], name: str

@@ -132,6 +132,7 @@ def test_recorder_writes_periodic_reports_and_the_window_log(tmp_path: Path) -> 
     assert rows[0]["observed_ttft_ms"] is None  # NaN never reaches JSON
 
 
+@pytest.mark.slow
 def test_the_window_keeps_a_day_of_compact_ticks_however_long_the_run() -> None:
     """Issue 36 item 1: 50,000 snapshot objects of 2.3 kB were kept per policy."""
     window = TickWindow(window_s=24 * 3600.0)
@@ -219,6 +220,7 @@ def test_the_report_endpoint_renders_a_deployment_on_demand(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []  # rendered on demand, nothing written
 
 
+@pytest.mark.slow
 def test_a_live_recorder_renders_in_a_child_and_keeps_no_render_modules(tmp_path: Path) -> None:
     """Issue 36 (the soak): a render left plotly and its peak heap in the operator for good
     (RSS 1.89x day 1 after the first scheduled report). In a fresh interpreter, a recorder as

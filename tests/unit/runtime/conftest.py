@@ -4,7 +4,7 @@ with the real connector, a canned Prometheus with the real observer, a real NPZ 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -178,19 +178,29 @@ class Harness:
 
 
 @pytest.fixture
-def harness_factory(
+async def harness_factory(
     api_client: k8s_client.ApiClient, prometheus: CannedPrometheus, profile: Profile
-) -> Any:
+) -> AsyncIterator[Callable[..., Harness]]:
+    """Makes harnesses; at teardown closes every loop they made (its FPM sources and
+    discovery threads, observer and connector) before kmock and the client go away, so no
+    thread goes on retrying a stopped server. Closing a loop that ``run()`` closed is a
+    no-op."""
+    made: list[Harness] = []
+
     def make(config: PlannerConfig | None = None, **loop_kwargs: Any) -> Harness:
-        return Harness(
+        harness = Harness(
             config or loop_config(),
             api_client=api_client,
             prometheus=prometheus,
             profile=profile,
             **loop_kwargs,
         )
+        made.append(harness)
+        return harness
 
-    return make
+    yield make
+    for harness in made:
+        await harness.loop.close()
 
 
 def spec_replicas(cluster: Cluster) -> dict[str, int]:

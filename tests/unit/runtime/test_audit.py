@@ -68,6 +68,7 @@ def audit_lines():
     logger.setLevel(level)
 
 
+@pytest.mark.slow
 def test_every_line_a_replay_emits_validates(tmp_path: Path, audit_lines: list[str]) -> None:
     argv = [
         "replay",

@@ -311,6 +311,7 @@ def summary(decisions: list[Decision]) -> list[tuple[float, dict[str, int] | Non
     return [d[:3] for d in decisions]
 
 
+@pytest.mark.slow
 async def test_live_and_replay_take_the_same_decisions(profile: Profile) -> None:
     live = await live_decisions(profile)
     replay = replay_decisions(profile)
@@ -323,6 +324,7 @@ async def test_live_and_replay_take_the_same_decisions(profile: Profile) -> None
     assert sum(1 for d in live if d[1]) >= 3
 
 
+@pytest.mark.slow
 async def test_the_comparison_fails_when_one_shell_measures_busy_time_differently(
     profile: Profile, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -53,6 +53,7 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return attempts
 
 
+@pytest.mark.aic
 def test_an_aic_spec_names_a_shipped_config_and_round_trips() -> None:
     spec = parse("aic:llama-3.1-8b-fp8@h200_sxm:trtllm:tp1")
     assert spec.timing == "aic" and spec.backend == "trtllm"
@@ -66,6 +67,7 @@ def test_an_aic_spec_names_a_shipped_config_and_round_trips() -> None:
     assert parse("aic:llama-3.1-8b@h100_sxm:sglang:tp2:seqs=512").max_num_seqs == 512
 
 
+@pytest.mark.aic
 def test_the_engine_model_of_an_aic_spec_is_the_aic_one(h200_8b: EngineModel) -> None:
     assert isinstance(h200_8b, AicEngineModel)
     assert type(engine_for("sim:llama-3.1-8b-fp8@h200_sxm:tp1")) is EngineModel
@@ -78,6 +80,7 @@ def test_the_roofline_refuses_an_aic_spec_instead_of_timing_it_silently() -> Non
         EngineModel(H200_8B_FP8)
 
 
+@pytest.mark.aic
 def test_a_model_it_would_fetch_from_the_hub_is_refused_before_any_network(
     no_network: list[object],
 ) -> None:
@@ -90,6 +93,7 @@ def test_a_model_it_would_fetch_from_the_hub_is_refused_before_any_network(
     assert no_network == []
 
 
+@pytest.mark.aic
 def test_the_library_itself_cannot_reach_the_hub(
     h200_8b: EngineModel, no_network: list[object]
 ) -> None:
@@ -102,6 +106,7 @@ def test_the_library_itself_cannot_reach_the_hub(
     assert no_network == []
 
 
+@pytest.mark.aic
 def test_unknown_gpus_and_unsupported_settings_are_refused() -> None:
     with pytest.raises(EngineSpecError, match="unknown GPU"):
         parse("aic:llama-3.1-8b@mi300x:tp1")
@@ -132,6 +137,8 @@ def test_without_the_extra_an_aic_spec_says_how_to_install_it(
     )
 
 
+@pytest.mark.slow
+@pytest.mark.aic
 @pytest.mark.parametrize(
     "point",
     [p for p in POINTS if p.kind in ("decode_step", "prefill_thpt", "decode_thpt_at_itl")],
@@ -144,6 +151,8 @@ def test_the_aic_engine_answers_plausibly_against_published_points(point) -> Non
     assert not point.extrapolated("aic")
 
 
+@pytest.mark.slow
+@pytest.mark.aic
 def test_trtllm_tables_reproduce_a_published_trtllm_row() -> None:
     (row,) = [
         p
@@ -154,6 +163,7 @@ def test_trtllm_tables_reproduce_a_published_trtllm_row() -> None:
     assert abs(row.error("aic")) <= 0.15, row.model_value("aic")
 
 
+@pytest.mark.aic
 def test_kv_capacity_comes_from_its_memory_model(h200_8b: EngineModel) -> None:
     from aiconfigurator_core.sdk.memory import estimate_num_gpu_blocks
 
@@ -180,6 +190,7 @@ def test_kv_capacity_comes_from_its_memory_model(h200_8b: EngineModel) -> None:
     assert bf16_kv.kv_blocks < h200_8b.kv_blocks * 0.6
 
 
+@pytest.mark.aic
 def test_answers_outside_the_measured_grid_are_flagged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -200,6 +211,7 @@ def test_answers_outside_the_measured_grid_are_flagged(
     assert model.outside_grid(0, 0, 4096, 4096 * 100) == ["decode batch 4096 > measured 2048"]
 
 
+@pytest.mark.aic
 def test_vectorised_bulk_and_scalar_timings_agree(h200_8b: EngineModel) -> None:
     kv = 8 * 800 + 8 * np.arange(5, dtype=np.float64)
     as_array = h200_8b.iteration_time_s(0, 0, 8, kv)
@@ -238,6 +250,8 @@ def test_every_timing_entry_point_of_the_engine_model_is_the_aic_one() -> None:
     assert public & set(vars(AicEngineModel)) == set()
 
 
+@pytest.mark.slow
+@pytest.mark.aic
 def test_planner_replay_runs_on_the_aic_engine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -253,6 +267,7 @@ def test_planner_replay_runs_on_the_aic_engine(
     assert len(lines) - 1 == summary["requests"] > 100
 
 
+@pytest.mark.aic
 @pytest.mark.parametrize("steps", [3, 64, 65, 700])
 @pytest.mark.parametrize(("batch", "kv"), [(1, 5), (7, 7 * 127), (64, 64 * 3000 + 17)])
 def test_decode_runs_short_and_long_are_the_per_step_timings(
@@ -275,6 +290,8 @@ def test_cache_buckets_are_close_and_their_segments_exact() -> None:
         n = end + 1
 
 
+@pytest.mark.slow
+@pytest.mark.aic
 def test_a_profile_swept_from_the_aic_engine_replays_on_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -292,6 +309,8 @@ def test_a_profile_swept_from_the_aic_engine_replays_on_it(
     assert summary["engine"] == str(parse(H200_8B_FP8))
 
 
+@pytest.mark.slow
+@pytest.mark.aic
 def test_building_and_timing_an_engine_opens_no_connection(no_network: list[object]) -> None:
     # A spec no other test compiles: its config, tables and memory model all load offline.
     model = engine_for("aic:Qwen/Qwen3-32B-FP8@h100_sxm:sglang:tp2")

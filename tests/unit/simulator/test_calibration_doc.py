@@ -38,13 +38,15 @@ def test_an_outlier_mark_on_a_validation_point_is_refused() -> None:
         )
 
 
+@pytest.mark.slow
+@pytest.mark.aic
 def test_the_recorded_aic_references_are_what_the_aic_engine_computes() -> None:
     # The aic-vllm training points' reference values are generated, never typed.
-    pytest.importorskip("aiconfigurator_core")
     recorded = {p.name: p.target for p in POINTS if p.source == "aic-vllm"}
     assert recorded and calibration.aic_references() == recorded
 
 
+@pytest.mark.aic
 def test_every_point_runs_on_both_engine_models() -> None:
     for p in POINTS:
         sim, aic = parse(p.spec("sim")), parse(p.spec("aic"))
@@ -60,6 +62,7 @@ def test_the_issue_targets_are_the_ones_reported() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.aic
 def test_calibration_md_has_the_tables_the_script_prints() -> None:
     # A few minutes: the offline points simulate up to 10,000 requests on each engine model.
     assert calibration.doc_tables(DOC.read_text()) == calibration.tables(), (

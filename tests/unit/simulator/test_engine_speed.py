@@ -31,7 +31,7 @@ STEPS = [
 ]
 
 
-@pytest.mark.parametrize("base", [SIM, AIC])
+@pytest.mark.parametrize("base", [SIM, pytest.param(AIC, marks=pytest.mark.aic)])
 @pytest.mark.parametrize("speed", [0.5, 0.7, 2.0])
 @pytest.mark.parametrize(("name", "args", "kwargs"), STEPS, ids=[s[0] for s in STEPS])
 def test_every_step_takes_one_over_speed_as_long(
@@ -43,7 +43,7 @@ def test_every_step_takes_one_over_speed_as_long(
     assert slowed.iteration_time_s(*args, **kwargs) == pytest.approx(expected, rel=1e-12), name
 
 
-@pytest.mark.parametrize("base", [SIM, AIC])
+@pytest.mark.parametrize("base", [SIM, pytest.param(AIC, marks=pytest.mark.aic)])
 def test_decode_runs_arrays_and_the_convenience_views_slow_down_alike(base: str) -> None:
     own, half = engine_for(base), engine_for(f"{base}:speed=0.5")
     run, slow_run = own.decode_run_s(16, 16 * 1000, 100), half.decode_run_s(16, 16 * 1000, 100)
@@ -74,7 +74,7 @@ def test_speed_changes_the_timing_only() -> None:
     assert moe.with_dp(20).speed == 0.5
 
 
-@pytest.mark.parametrize("base", [SIM, AIC])
+@pytest.mark.parametrize("base", [SIM, pytest.param(AIC, marks=pytest.mark.aic)])
 def test_the_planner_keeps_the_profile_of_the_engine_at_its_own_speed(base: str) -> None:
     # the bundled profile a replay sizes from is found without the speed
     assert bundled_profile_of(f"{base}:speed=0.5") == bundled_profile_of(base) is not None
@@ -91,7 +91,7 @@ def test_the_planner_keeps_the_profile_of_the_engine_at_its_own_speed(base: str)
         ("", "is not a number"),
     ],
 )
-@pytest.mark.parametrize("base", [SIM, AIC])
+@pytest.mark.parametrize("base", [SIM, pytest.param(AIC, marks=pytest.mark.aic)])
 def test_a_bad_speed_is_refused_naming_the_spec_and_value(base: str, value: str, why: str) -> None:
     text = f"{base}:speed={value}"
     with pytest.raises(EngineSpecError) as err:

@@ -169,6 +169,7 @@ def _replay(out: Path, *extra: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "flags"),
     [

@@ -30,6 +30,7 @@ def _cluster() -> Cluster:
     return cluster
 
 
+@pytest.mark.slow
 def test_a_cycle_made_during_the_simulation_is_collected_after_it() -> None:
     assert gc.isenabled()
     cluster = _cluster()
@@ -75,6 +76,7 @@ def test_an_error_inside_a_slice_still_restores_the_collector() -> None:
     assert gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow
 def test_a_search_of_many_throwaway_simulations_keeps_only_a_few_alive() -> None:
     """A search forks a cluster per candidate and drops it: each is cyclic garbage (an engine
     holds its cluster) that the outermost span's end collects every COLLECT_EVERY spans, with

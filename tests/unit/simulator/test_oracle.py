@@ -39,6 +39,7 @@ def test_prefill_capacity_matches_simulation(cap):
     assert simulate(1.3 * cap.prefill_rps, p=1, d=4)[0] > TTFT_MS
 
 
+@pytest.mark.slow
 def test_decode_capacity_matches_simulation(cap):
     assert 0 < cap.decode_itl_ms <= ITL_MS and cap.decode_batch > 1
     assert simulate(0.9 * cap.decode_rps, p=8, d=1)[1] <= ITL_MS

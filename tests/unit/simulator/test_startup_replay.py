@@ -88,6 +88,7 @@ def test_constant_startup_delay_keeps_todays_behaviour(tmp_path: Path) -> None:
     assert all(int(r[f"{p}_prefill"]) == 0 for r in rows for p in startup.STARTUP_PHASES)
 
 
+@pytest.mark.slow
 def test_oracle_orders_replicas_by_the_same_startup_model() -> None:
     plan = prepare(config(), WorkloadSpec(workload=WORKLOAD, seed=2))
     oracle, _ = make_policy("oracle", plan)
@@ -112,6 +113,7 @@ class ScaleDecodeAt:
         return PolicyStep(cluster.now, {"decode": self.n}, "test")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("migrate", [False, True])
 def test_grace_period_cancels_or_migrates_and_the_summary_counts_it(migrate: bool) -> None:
     plan = prepare(

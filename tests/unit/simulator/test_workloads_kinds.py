@@ -69,6 +69,7 @@ def test_onoff_options_and_seeds() -> None:
     assert got != list(parse_workload(spec, seed=2))
 
 
+@pytest.mark.slow
 def test_heavytail_prompts_reach_the_context_at_p99() -> None:
     spec = "heavytail:rate=40,duration=1000,context=32768,median=2048,osl=200"
     got = list(parse_workload(spec, seed=5))
@@ -99,6 +100,7 @@ def sinusoid(lo: float, hi: float, period: float):
     return lambda t: lo + (hi - lo) * (1 - math.cos(2 * math.pi * t / period)) / 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("spec", "rate", "duration"),
     [
