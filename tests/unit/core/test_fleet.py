@@ -227,6 +227,24 @@ ROWS = [
         (2, R.POOL_OVER_CEILING),
     ),
     Row(
+        "the idle part of a grant (neither held nor needed) is trimmed at once",
+        (
+            (0, (member("a", 8),)),
+            (15, (member("a", 3, held=3),)),
+        ),
+        "a",
+        (3, R.IDLE_TRIMMED),
+    ),
+    Row(
+        "a trimmed idle grant is room another member gets at once",
+        (
+            (0, (member("a", 8), member("b", 2))),
+            (15, (member("a", 4, held=4), member("b", 6, held=2))),
+        ),
+        "b",
+        (6, R.NEED_MET),
+    ),
+    Row(
         "a grant above a need that fell is kept for the window (no flip on a dip)",
         (
             (0, (member("a", 8),)),
