@@ -6,18 +6,28 @@ Two fleets (``planner replay --fleet``, :mod:`disagg_planner.replay.fleet`):
 On Llama-3.3-70B FP8, TP4 on H200 (the bundled profile: 4 GPUs a replica).
 
 - ``servegen trio``: the three ServeGen language models (``$PLANNER_TRACE_DIR/servegen/``)
-  as three deployments, their second day compressed 96x into 900 s at a mean of 15 req/s
+  as three deployments, their second day compressed 96x into 900 s at a mean of 30 req/s
   each. Their daily peaks do not coincide (m-large and m-mid peak at night, m-small in the
   evening). m-large is the high priority.
-- ``burst over batch``: a high-priority chat deployment that bursts (on/off, 5-10x for
-  1-5 min) over a low-priority, batch-like one at a steady heavy rate with a loose SLO.
+- ``burst over batch``: a high-priority chat deployment that bursts (on/off, 5-8x for
+  1-3 min) over a low-priority, batch-like one at a steady heavy rate (12 req/s of 3,000
+  tokens) with a loose SLO.
+
+The loads are sized on issue 31's refitted vLLM engine so that the pool has something to
+share: each member's own peak needs more than one prefill and one decode replica (at the
+earlier 15 req/s m-mid and m-small, and at 5 req/s the batch member, never left that
+footprint, and the shared pool ran exactly as the static split).
 
 Each fleet runs three ways: ``unbounded`` (each member's planner without a ceiling: what
 they would hold sized for their own needs), then, with the pool's ceiling set to 80 % of the
 sum of the members' own peaks and each member's floor to a third of its own peak, ``static`` (the
 pool cut into fixed shares in proportion to the floors, each planner with its share as its
 ``max_gpu_budget``) and ``shared`` (the arbiter). ``peak-sized`` is what provisioning each
-member at its own peak for the whole span costs (the unbounded run's peaks).
+member at its own peak for the whole span costs (the unbounded run's peaks; GPU-hours only).
+Each high-priority member's own best static deployment (the replay's search,
+:mod:`disagg_planner.replay.best_static`, on its own traffic) says where the 99 % target
+applies: where it reaches 99 % on no more GPUs than the pool can grant that member (the
+ceiling less the other members' floors).
 
 The compressed day shortens the planners' clocks with it (throughput interval 60 s,
 scale-down stabilisation 120 s, burst memory off, 60 s start-up; the arbiter's window 60 s):
@@ -39,6 +49,9 @@ from typing import Any
 # Run as a script, this folder comes first on sys.path, and benchmarks/predictors.py would
 # shadow the predictors package: look in the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# loaded as a module (the tests), this folder is not on sys.path: last, for results_block
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
 
 from results_block import markers, write_block
 
@@ -171,11 +184,16 @@ def table(rows: list[dict[str, Any]]) -> str:
                 f"{n} (p{m['priority']}) {m['slo_attainment']['both']:.2%}"
                 for n, m in r["members"].items()
             )
-            high = r["priorities"][max(r["priorities"], key=int)]["slo_attainment_both"]
+            high = f"{r['priorities'][max(r['priorities'], key=int)]['slo_attainment_both']:.2%}"
+            if split == "peak-sized":
+                # GPU-hours only: each member's unbounded peak held all along, not simulated
+                per = ", ".join(f"{n} {m['peak_gpus']} GPUs" for n, m in r["members"].items())
+                per += " all along (GPU-hours only, not simulated)"
+                high = "-"
             ratio = f"{r['gpu_hours'] / static['gpu_hours']:.2f}x" if static else "-"
             ceiling = r["pool"]["max_total_gpus"] if split in ("static", "shared") else "none"
             lines.append(
-                f"| {fleet} | {split} | {ceiling} | {per} | {high:.2%} | {r['gpu_hours']:.2f} | "
+                f"| {fleet} | {split} | {ceiling} | {per} | {high} | {r['gpu_hours']:.2f} | "
                 f"{ratio} | {r['max_gpus_in_use']} | {r['reclaims']} | {r['flips']} |"
             )
     return "\n".join(lines)
@@ -226,8 +244,8 @@ def _best_static_target(group: dict[str, dict[str, Any]], best: dict[str, Any]) 
         m["floor_gpus"] for n, m in shared["members"].items() if n != name
     )
     own = (
-        f"its best static {_replicas(best['replicas'])} ({best['gpus']} GPUs) reaches "
-        f"{best['attainment']:.2%}"
+        f"its own best static {_replicas(best['replicas'])} ({best['gpus']} GPUs, "
+        f"{best['gpu_hours']:.2f} GPU-h) reaches {best['attainment']:.2%}"
     )
     head = f"- {group['shared']['fleet']}: {name} (high priority): {own}"
     if not (best["qualifies"] and best["attainment"] >= DEFAULT_SLO_TARGET):
@@ -340,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         "throughput interval 60 s, scale-down stabilisation 120 s, burst memory off, 60 s "
         f"start-up; the arbiter's window {WINDOW_S:.0f} s. Ceiling: {CEILING_SHARE:.0%} of the "
         "sum of the members' own peaks (unbounded run); floors a third of each one's peak; the "
-        "static split cuts the ceiling in proportion to the floors."
+        "static split cuts the ceiling in proportion to the floors, in whole GPUs (a member runs "
+        f"whole {FOOTPRINT // 2}-GPU replicas: the rest of its share stays idle)."
     )
     print(note + "\n\n" + body)
     if args.write:
