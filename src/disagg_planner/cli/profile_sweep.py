@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TextIO
 
 from disagg_planner.errors import SpecError
-from disagg_planner.replay.parallel import BAR_WIDTH, PLAIN_EVERY_S, REDRAW_S
+from disagg_planner.replay.progress import BAR_WIDTH, PLAIN_EVERY_S, REDRAW_S
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,13 @@ The rules, in the order they are applied:
    nothing. Only a floor's owner reclaims at once. A member whose grant was withdrawn (cut
    below what it held, so that it had to scale down) is not raised again above its floor
    claim within the window (the noise that withdrew it would grant it back): no grant is
-   withdrawn and re-granted within the window.
+   withdrawn and re-granted within the window. The window guards what a member holds, not
+   what it has let go: where the shell's held GPUs count the replicas still releasing them
+   (``PoolLimits.trim_idle``: the replay's do, the operator's do not, a DGD's status leaving
+   terminating pods out), the part of a grant the member neither holds (starting, ready or
+   draining) nor needs is **trimmed at once** (its own planner scaled down, after its own
+   stabilisation; taking it scales nothing down, and it is the room another member may be
+   waiting for). Trimming is not a withdrawal: raising it again is no flip.
 5. **The budget holds at every moment.** A member occupies the larger of its grant and the
    GPUs it holds (starting, ready and terminating replicas): a grant grows only into what no
    member occupies, so the GPUs a reclaimed borrower is still draining are not granted again
@@ -74,11 +80,16 @@ class FleetError(ValueError):
 class PoolLimits:
     """The pool: at most ``max_total_gpus`` held by all members together at any moment;
     ``min_total_gpus`` (0: none) the pool does not shrink below; ``stabilization_s`` the
-    window a lower share must last before a grant is withdrawn."""
+    window a lower share must last before a grant is withdrawn. ``trim_idle``: the shell's
+    ``held_gpus`` count the replicas still releasing their GPUs (draining, terminating), so
+    the idle part of a grant can be trimmed at once (rule 4) without granting GPUs that a
+    leaving replica still holds; a shell whose count leaves them out keeps the idle part for
+    the window instead, which covers their termination."""
 
     max_total_gpus: int
     min_total_gpus: int = 0
     stabilization_s: float = 300.0
+    trim_idle: bool = False
 
     def __post_init__(self) -> None:
         if self.max_total_gpus < 1:
@@ -126,6 +137,7 @@ class GrantReason(StrEnum):
     POOL_FULL = "pool_full"
     KEPT_FOR_WINDOW = "kept_for_window"
     WITHDRAWN = "withdrawn"
+    IDLE_TRIMMED = "idle_trimmed"
     RECLAIMED = "reclaimed"
     WAITING_FOR_ROOM = "waiting_for_room"
     REGRANT_HELD = "regrant_held"
@@ -364,6 +376,18 @@ def arbitrate(
             message[p.name] = (
                 f"the pool holds more than max_total_gpus ({pool.max_total_gpus}); "
                 f"cut to its share {share[p.name]} at once"
+            )
+        elif pool.trim_idle and (idle := max(p.held_gpus, p.claim, share[p.name])) < min(
+            kept, before
+        ):
+            # rule 4, idle: the part of a grant the member neither holds nor needs (its own
+            # planner scaled down, after its own stabilisation) is trimmed at once; taking
+            # it scales nothing down, and it is the room another member is waiting for
+            grant[p.name] = idle
+            reason[p.name] = GrantReason.IDLE_TRIMMED
+            message[p.name] = (
+                f"holds {p.held_gpus} GPUs and needs {p.need_gpus}: the idle part of grant "
+                f"{before} trimmed at once -> {idle}"
             )
         elif kept < before:
             grant[p.name] = kept

@@ -17,7 +17,9 @@ shared is the ``split``:
 - ``unbounded``: each member's planner without a ceiling (sized for its own peaks).
 
 Every member starts with the replicas its first minutes need: within its static share in
-the ``static`` and ``shared`` splits (the same start for both), as they are ``unbounded``.
+the ``static`` split, within what one arbitration over those needs grants it in the
+``shared`` split (the pool as it would stand when the replay begins), as they are
+``unbounded``.
 
 Writes ``DIR/<member>/`` as a single replay does (summary.json, requests.csv, timeline.csv,
 report.html), ``DIR/fleet.json`` (the pool's peak GPUs in use, GPU-hours, each member's SLO
@@ -49,6 +51,7 @@ from disagg_planner.core.fleet import (
     fit_to_grant,
 )
 from disagg_planner.errors import SpecError
+from disagg_planner.replay.bounds import within_budget
 from disagg_planner.replay.connector import ScaleListener, SimulatedConnector, run_now
 from disagg_planner.replay.default_workload import replay_config
 from disagg_planner.replay.fleet_model import FleetMemberSpec, FleetResult, FleetSpec, static_shares
@@ -76,7 +79,7 @@ SPLITS: tuple[str, ...] = ("shared", "static", "unbounded")
 # --- one member ---------------------------------------------------------------------------------
 
 
-def _member_plan(
+def member_plan(
     member: FleetMemberSpec,
     *,
     base_config: str | None,
@@ -240,14 +243,20 @@ def run_fleet(
     shares = static_shares(spec)
     pool = spec.limits
     members: list[_Member] = []
-    for m in spec.members:
-        plan = _member_plan(
+    plans = {
+        m.name: member_plan(
             m,
             base_config=base_config,
             flags=flags or {},
-            share=-1 if split == "unbounded" else shares[m.name],
+            share=shares[m.name] if split == "static" else -1,
             startup_delay_s=startup_delay_s,
         )
+        for m in spec.members
+    }
+    if split == "shared":
+        plans = start_within_grants(spec, plans)
+    for m in spec.members:
+        plan = plans[m.name]
         budget = shares[m.name] if split == "static" else -1
         if m.ceiling_gpus is not None and split != "static":
             budget = m.ceiling_gpus
@@ -375,6 +384,36 @@ def run_fleet(
     return out
 
 
+def start_within_grants(spec: FleetSpec, plans: Mapping[str, ReplayPlan]) -> dict[str, ReplayPlan]:
+    """The shared split's start: one arbitration at time 0 over each member's first-minutes
+    need (nothing held yet), and each member's initial replicas cut to its grant, as the pool
+    would have them when the replay begins (the static split starts within its shares)."""
+    proposals = []
+    for m in spec.members:
+        setup = plans[m.name].setup
+        need = gpus_of(setup.initial_replicas, {r: s.gpus for r, s in setup.specs.items()})
+        proposals.append(
+            MemberProposal(m.name, m.priority, m.floor_gpus, need, 0, ceiling_gpus=m.ceiling_gpus)
+        )
+    try:
+        grants = arbitrate(proposals, spec.limits, ArbiterMemory(), 0.0).grants
+    except FleetError as exc:
+        raise SpecError(f"fleet: {exc}") from None
+    out = {}
+    for name, plan in plans.items():
+        floors = {r: plan.config.min_endpoint_for(r) for r in plan.setup.specs}
+        start, cut = within_budget(
+            plan.setup.initial_replicas,
+            specs=plan.setup.specs,
+            floors=floors,
+            max_gpus=grants[name].gpus,
+        )
+        if cut:
+            log.info("fleet member %s starts within its grant: %s", name, cut)
+        out[name] = replace(plan, setup=replace(plan.setup, initial_replicas=start))
+    return out
+
+
 class _PoolState:
     """The arbiter's memory and what it did, across the ticks of one fleet replay."""
 
@@ -465,8 +504,11 @@ def pool_series(results: Mapping[str, ReplayResult]) -> list[tuple[float, dict[s
     return series
 
 
-def _flips(grant_log: Sequence[Mapping[str, Any]], window_s: float) -> dict[str, int]:
-    """Grants cut below what the member held and raised again within ``window_s``."""
+def count_flips(grant_log: Sequence[Mapping[str, Any]], window_s: float) -> dict[str, int]:
+    """Grants withdrawn (lowered below what the member held) and raised again within
+    ``window_s`` of the withdrawal. The window runs from the tick that lowered the grant, as
+    the arbiter's own rule does: the ticks while the member drains what was withdrawn are
+    the same withdrawal, not new ones."""
     flips: dict[str, int] = {}
     cut_at: dict[str, float] = {}
     previous: dict[str, int] = {}
@@ -476,10 +518,10 @@ def _flips(grant_log: Sequence[Mapping[str, Any]], window_s: float) -> dict[str,
             if name == "t_s":
                 continue
             before = previous.get(name)
-            regranted = before is not None and g["grant"] > before
-            if regranted and name in cut_at and t - cut_at[name] < window_s:
-                flips[name] = flips.get(name, 0) + 1
-            if g["grant"] < g["held"]:
+            if before is not None and g["grant"] > before:
+                if name in cut_at and t - cut_at[name] < window_s:
+                    flips[name] = flips.get(name, 0) + 1
+            elif before is not None and g["grant"] < before and g["grant"] < g["held"]:
                 cut_at[name] = t
             previous[name] = g["grant"]
     return flips
@@ -511,7 +553,7 @@ def fleet_summary(
             "reclaims": sum(1 for e in events if e["member"] == m.name and e["kind"] == "reclaim"),
             "borrows": sum(1 for e in events if e["member"] == m.name and e["kind"] == "borrow"),
         }
-    flips = _flips(grant_log, spec.pool.stabilization_seconds)
+    flips = count_flips(grant_log, spec.pool.stabilization_seconds)
     return {
         "split": split,
         "pool": spec.pool.model_dump(),

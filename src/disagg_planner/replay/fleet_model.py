@@ -75,8 +75,12 @@ class FleetSpec(BaseModel):
 
     @property
     def limits(self) -> PoolLimits:
+        # a member's held GPUs here are its simulated cluster's, draining replicas counted
         return PoolLimits(
-            self.pool.max_total_gpus, self.pool.min_total_gpus, self.pool.stabilization_seconds
+            self.pool.max_total_gpus,
+            self.pool.min_total_gpus,
+            self.pool.stabilization_seconds,
+            trim_idle=True,
         )
 
 

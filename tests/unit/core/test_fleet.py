@@ -59,10 +59,11 @@ class Row:
     expect: tuple[int, GrantReason]
     max_total: int = 10
     min_total: int = 0
+    trim_idle: bool = False
 
 
 def run(row: Row) -> Arbitration:
-    pool = PoolLimits(row.max_total, row.min_total, WINDOW)
+    pool = PoolLimits(row.max_total, row.min_total, WINDOW, trim_idle=row.trim_idle)
     memory = ArbiterMemory()
     result = None
     for t, proposals in row.ticks:
@@ -227,6 +228,36 @@ ROWS = [
         (2, R.POOL_OVER_CEILING),
     ),
     Row(
+        "the idle part of a grant (neither held nor needed) is trimmed at once",
+        (
+            (0, (member("a", 8),)),
+            (15, (member("a", 3, held=3),)),
+        ),
+        "a",
+        (3, R.IDLE_TRIMMED),
+        trim_idle=True,
+    ),
+    Row(
+        "where held GPUs leave terminating replicas out (trim_idle off) the idle part is kept "
+        "for the window",
+        (
+            (0, (member("a", 8),)),
+            (15, (member("a", 3, held=3),)),
+        ),
+        "a",
+        (8, R.KEPT_FOR_WINDOW),
+    ),
+    Row(
+        "a trimmed idle grant is room another member gets at once",
+        (
+            (0, (member("a", 8), member("b", 2))),
+            (15, (member("a", 4, held=4), member("b", 6, held=2))),
+        ),
+        "b",
+        (6, R.NEED_MET),
+        trim_idle=True,
+    ),
+    Row(
         "a grant above a need that fell is kept for the window (no flip on a dip)",
         (
             (0, (member("a", 8),)),
@@ -371,13 +402,23 @@ def test_the_budget_holds_at_every_tick(
 # --- noise replay (llm-d #1427) ---------------------------------------------------------
 
 
-def test_queue_noise_withdraws_no_grant_to_grant_it_back_within_the_window() -> None:
+@pytest.mark.parametrize(
+    ("trim_idle", "own_window_s"),
+    [(False, None), (True, None), (True, 120.0)],
+    ids=["idle kept", "idle trimmed", "idle trimmed, members scaling down after 120 s"],
+)
+def test_queue_noise_withdraws_no_grant_to_grant_it_back_within_the_window(
+    trim_idle: bool, own_window_s: float | None
+) -> None:
     """Two members of one priority share a full pool; every 15 s each one's need jumps by
     queue noise (+-2 GPUs around its level), and a third, high-priority member's need
     wanders too. Over two hours no member's grant is cut below what it holds and raised
-    again within the window, and grants change far less often than the needs."""
+    again within the window, and grants change far less often than the needs. Members
+    scale up to their need within their grant; with ``own_window_s`` they also scale down
+    to the highest need of that window (their planner's own stabilisation), which the idle
+    trim then follows."""
     rng = random.Random(1427)
-    pool = PoolLimits(24, stabilization_s=WINDOW)
+    pool = PoolLimits(24, stabilization_s=WINDOW, trim_idle=trim_idle)
     memory = ArbiterMemory()
     held = {"a": 8, "b": 8, "hi": 4}
     levels = {"a": 10, "b": 10, "hi": 4}
@@ -385,9 +426,12 @@ def test_queue_noise_withdraws_no_grant_to_grant_it_back_within_the_window() -> 
     changes = need_changes = 0
     last_grant: dict[str, int] = {}
     last_need: dict[str, int] = {}
+    recent: list[tuple[float, dict[str, int]]] = []
     for tick in range(480):
         now = tick * 15.0
         needs = {n: max(0, level + rng.randint(-2, 2)) for n, level in levels.items()}
+        recent = [(t, n) for t, n in recent if own_window_s and t > now - own_window_s]
+        recent.append((now, needs))
         proposals = [
             member("a", needs["a"], held=held["a"], floor=4),
             member("b", needs["b"], held=held["b"], floor=4),
@@ -407,5 +451,7 @@ def test_queue_noise_withdraws_no_grant_to_grant_it_back_within_the_window() -> 
             last_grant[name], last_need[name] = g.gpus, needs[name]
             held[name] = min(needs[name], g.gpus) if g.gpus < held[name] else held[name]
             held[name] = max(held[name], min(needs[name], g.gpus))
+            if own_window_s is not None:
+                held[name] = min(held[name], max(n[name] for _, n in recent))
     assert need_changes > 1000
     assert changes < need_changes / 10, (changes, need_changes)

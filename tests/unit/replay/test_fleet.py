@@ -12,7 +12,7 @@ import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.errors import SpecError
-from disagg_planner.replay.fleet import run_fleet
+from disagg_planner.replay.fleet import count_flips, member_plan, run_fleet, start_within_grants
 from disagg_planner.replay.fleet_model import load_fleet, static_shares
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
@@ -102,9 +102,55 @@ def test_a_floor_below_the_members_footprint_is_refused(tmp_path: Path) -> None:
         run_fleet(spec, flags=FLAGS, startup_delay_s=30.0, write_report=False)
 
 
+def _log(*ticks: tuple[float, int, int]) -> list[dict[str, object]]:
+    """One member's grant log: (time, grant, held) per arbiter tick."""
+    return [{"t_s": t, "m": {"grant": g, "held": h}} for t, g, h in ticks]
+
+
+@pytest.mark.parametrize(
+    ("log", "flips"),
+    [
+        (_log((0, 16, 16), (840, 12, 16), (870, 16, 16)), 1),
+        # the drain's ticks (grant still below held) are the same withdrawal: the window runs
+        # from 840, and the grant raised at 915 comes after it
+        (_log((0, 16, 16), (840, 12, 16), (870, 12, 16), (885, 12, 16), (915, 24, 12)), 0),
+        # a grant lowered to what the member holds withdrew nothing: raising it is no flip
+        (_log((0, 16, 12), (840, 12, 12), (870, 16, 12)), 0),
+    ],
+    ids=["re-granted within the window", "after the window, drain ticks apart", "idle trimmed"],
+)
+def test_a_flip_is_a_withdrawal_regranted_within_the_window(
+    log: list[dict[str, object]], flips: int
+) -> None:
+    assert sum(count_flips(log, 60.0).values()) == flips
+
+
 def test_static_shares_follow_the_floors(tmp_path: Path) -> None:
     spec = load_fleet(write(tmp_path, PAIR.replace("max_total_gpus: 6", "max_total_gpus: 10")))
     assert static_shares(spec) == {"chat": 7, "batch": 3}  # 6.67 and 3.33
+
+
+def test_the_shared_split_starts_within_its_grants_not_the_static_shares(tmp_path: Path) -> None:
+    """batch's first minutes need more than its static share (2 GPUs of 6) while chat's
+    need less than its floor: the shared pool starts batch on what one arbitration grants
+    it, the ceiling held."""
+    spec = load_fleet(write(tmp_path, PAIR))
+    plans = {
+        m.name: member_plan(m, base_config=None, flags=FLAGS, share=-1, startup_delay_s=30.0)
+        for m in spec.members
+    }
+
+    def gpus(replicas: dict[str, int]) -> int:
+        return sum(replicas.values())  # TP1: one GPU a replica
+
+    wanted = {n: gpus(p.setup.initial_replicas) for n, p in plans.items()}
+    assert wanted["batch"] > static_shares(spec)["batch"]
+    started = {
+        n: gpus(p.setup.initial_replicas) for n, p in start_within_grants(spec, plans).items()
+    }
+    assert started["batch"] > static_shares(spec)["batch"]
+    assert started["chat"] == wanted["chat"]
+    assert sum(started.values()) <= spec.pool.max_total_gpus
 
 
 @pytest.mark.slow
