@@ -58,8 +58,8 @@ from results_block import markers, write_block
 from disagg_planner.replay.bounds import compute_references
 from disagg_planner.replay.fleet import member_plan, run_fleet
 from disagg_planner.replay.fleet_model import FleetMemberSpec, FleetSpec, static_shares
-from disagg_planner.replay.oracle import DEFAULT_SLO_TARGET
 from disagg_planner.replay.parallel import resolve_jobs
+from disagg_planner.replay.search import DEFAULT_SLO_TARGET
 from disagg_planner.replay.session import ORACLE_WINDOW_S
 from tests.traces import servegen_folder
 

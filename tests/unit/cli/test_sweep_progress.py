@@ -11,7 +11,7 @@ import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.cli.profile_sweep import SweepProgress
-from disagg_planner.replay.parallel import PLAIN_EVERY_S, REDRAW_S
+from disagg_planner.replay.progress import PLAIN_EVERY_S, REDRAW_S
 
 SWEEP = [
     "profile",

@@ -73,7 +73,7 @@ def test_every_line_a_replay_emits_validates(tmp_path: Path, audit_lines: list[s
     argv = [
         "replay",
         "--workload",
-        "step:rates=3/12,at=120,duration=300,isl=2000,osl=200",
+        "step:rates=3/45,at=120,duration=300,isl=2000,osl=200",
         "--profile",
         "h200_sxm/vllm/llama-3.1-8b-fp8/tp1",
         "--ttft",
@@ -82,6 +82,12 @@ def test_every_line_a_replay_emits_validates(tmp_path: Path, audit_lines: list[s
         "20",
         "--policy",
         "planner",
+        # one engine of each at the start: the faster engine of issue 31 served the step at
+        # 12 req/s on the replicas sized for it up front, so nothing was scaled
+        "--initial",
+        "prefill=1",
+        "--initial",
+        "decode=1",
         "--jobs",
         "1",  # in this process, where the handler listens
         "-o",
