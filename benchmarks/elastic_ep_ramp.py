@@ -11,9 +11,11 @@ Scenario (the post's, with what it does not say filled in and marked):
   have, so DeepSeek-V3's architecture stands in), 16 GPUs at the start;
 - 11,391 requests whose rate ramps linearly from 8 to 16 req/s (949 s; Poisson arrivals
   conditioned on the count, so every seed has exactly 11,391);
-- request lengths are not in the post: ISL uniform 7,000-11,000 and OSL uniform 1,200-2,800
+- request lengths are not in the post: ISL uniform 8,500-13,500 and OSL uniform 1,200-2,800
   tokens, chosen so that the 16-GPU engine saturates (rolling p95 TTFT above 5 s) inside the
-  ramp, at 13-14 req/s, and the 20-GPU engine carries 16 req/s, as in the post;
+  ramp, at 13-14 req/s, and the 20-GPU engine carries 16 req/s, as in the post (the ISL was
+  7,000-11,000 until issue 31's refit made vLLM prefill faster: at those lengths 16 GPUs
+  carried the whole ramp, and the experiment no longer had an overload to resize for);
 - SLO: rolling 30 s p95 TTFT below 5 s, by arrival time; a request without a first token
   within 30 s is abandoned by the client and counted as failed with a 30 s TTFT (the post's
   penalty). The simulated frontend drops queued requests after 30 s; an engine keeps working
@@ -94,7 +96,7 @@ PROFILE = "gb200/vllm/deepseek-v3/tp1-dp16-ep16"
 ROLE = "agg"
 REQUESTS = 11_391
 START_RPS, END_RPS = 8.0, 16.0
-ISL = LengthDist("uniform", 7000, 11000)
+ISL = LengthDist("uniform", 8500, 13500)
 OSL = LengthDist("uniform", 1200, 2800)
 START_DP, MAX_DP, DP_STEP = 16, 20, 4
 TTFT_SLO_S = 5.0
