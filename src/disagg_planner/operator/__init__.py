@@ -8,6 +8,7 @@ reasons, observed and predicted load, and the conditions Ready, Scaling and Degr
 
 - :mod:`disagg_planner.operator.crd`: the CRD, generated from ``PlannerConfig``
   (``python -m disagg_planner.operator.crd`` writes ``deploy/crds``);
+- :mod:`disagg_planner.operator.conditions`: the ``status.conditions`` schema both CRDs carry;
 - :mod:`disagg_planner.operator.policy`: spec -> config (precedence, targetRef);
 - :mod:`disagg_planner.operator.status`: conditions and the status writer;
 - :mod:`disagg_planner.operator.app`: kopf handlers, settings (peering) and :func:`run_operator`.

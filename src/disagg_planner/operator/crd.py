@@ -33,6 +33,8 @@ import yaml
 from disagg_planner.config.loader import field_names_by_key
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.generated import sync_generated
+from disagg_planner.operator.conditions import conditions_schema
+from disagg_planner.operator.pool import POOL_PLURAL, pool_crd
 
 GROUP = "planner.autoscaling.dev"
 VERSION = "v1alpha1"
@@ -254,26 +256,6 @@ def status_schema() -> dict[str, Any]:
     }
 
 
-def conditions_schema() -> dict[str, Any]:
-    """``status.conditions``: Kubernetes' condition list, keyed by type."""
-    return {
-        "type": "array",
-        "x-kubernetes-list-type": "map",
-        "x-kubernetes-list-map-keys": ["type"],
-        "items": {
-            "type": "object",
-            "required": ["type", "status"],
-            "properties": {
-                "type": {"type": "string"},
-                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                "reason": {"type": "string"},
-                "message": {"type": "string"},
-                "lastTransitionTime": {"type": "string", "format": "date-time"},
-            },
-        },
-    }
-
-
 PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     {"name": "Target", "type": "string", "jsonPath": ".spec.targetRef.name"},
     {"name": "Replicas", "type": "string", "jsonPath": ".status.replicasSummary"},
@@ -390,8 +372,6 @@ def render(documents: Sequence[Mapping[str, Any]]) -> str:
 
 def generated_files() -> dict[str, str]:
     """File name -> YAML text of every generated CRD file."""
-    from disagg_planner.operator.pool import POOL_PLURAL, pool_crd
-
     return {
         CRD_FILE: render([policy_crd()]),
         f"{POOL_PLURAL}.{GROUP}.yaml": render([pool_crd(GROUP, VERSION, _structural)]),

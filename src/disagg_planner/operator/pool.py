@@ -52,7 +52,7 @@ from disagg_planner.core.fleet import (
     fit_to_grant,
 )
 from disagg_planner.core.types import DeploymentStatus
-from disagg_planner.operator.crd import conditions_schema
+from disagg_planner.operator.conditions import conditions_schema
 
 log = logging.getLogger(__name__)
 
