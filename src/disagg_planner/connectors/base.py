@@ -182,6 +182,13 @@ class Connector(Protocol):
         leave; a connector that does not choose which workers leave ignores it."""
         ...
 
+    async def releasing_replicas(self) -> Mapping[str, int]:
+        """Replicas of each role scaled away but still holding their GPUs (terminating pods),
+        by role; empty from a connector whose deployment releases at once or that sees no
+        pods. A GPU pool counts them, so that one member's released GPUs are not granted to
+        another before they are free."""
+        ...
+
     def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None] | None:
         """Call ``callback`` (from any thread) when the deployment appears or changes, so that
         a loop backing off after failures retries at once; returns the unsubscribe, or None
@@ -198,6 +205,9 @@ class ConnectorDefaults:
 
     def use_worker_loads(self, loads: WorkerLoads) -> None:
         return None  # the deployment's own controller chooses which workers leave
+
+    async def releasing_replicas(self) -> Mapping[str, int]:
+        return {}  # no pods: a replica scaled away releases its GPUs at once
 
     def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None] | None:
         return None

@@ -145,11 +145,16 @@ class MissingObservation:
 
 @dataclass(frozen=True)
 class RoleStatus:
-    """Replicas of one role as the deployment reports them."""
+    """Replicas of one role as the deployment reports them.
+
+    ``terminating``: replicas scaled away whose pods still run (they hold their GPUs until
+    gone); 0 where the connector does not see pods.
+    """
 
     desired: int
     ready: int
     gpus_per_replica: int
+    terminating: int = 0
 
 
 @dataclass(frozen=True)
@@ -170,4 +175,8 @@ class DeploymentStatus:
 
     @property
     def gpus_in_use(self) -> int:
-        return sum(max(s.desired, s.ready) * s.gpus_per_replica for s in self.roles.values())
+        """GPUs held now: starting replicas (desired above ready) and terminating ones count."""
+        return sum(
+            (max(s.desired, s.ready) + s.terminating) * s.gpus_per_replica
+            for s in self.roles.values()
+        )

@@ -9,14 +9,14 @@ optional ``minTotalGpus``, ``stabilizationSeconds``.
 Every :data:`POOL_PERIOD_S` the operator runs the pool's arbiter
 (:func:`disagg_planner.core.fleet.arbitrate`) over its members' loops in this process: each
 member's proposal is its planner's standing need (the throughput loop's sizing), what its
-deployment holds (desired or ready replicas, whichever is more, so starting and terminating
-ones count) and its urgency (a scale-up the grant refused is a forecast shortfall). The
-grants go to the members' connectors (:class:`PooledConnector`: a scale-up beyond the grant
-is cut to it), a member holding more than its grant is scaled down to it (a reclaim, drained
-as any scale-down), and the pool's status shows each member's allocated, requested, held and
-borrowed GPUs, the totals and a Ready condition. The arbiter's memory is kept in the status
-(``status.arbiter``), read back when the operator restarts, so a restart withdraws nothing at
-once and forgets no window.
+deployment holds (desired or ready replicas, whichever is more, plus the ones whose pods are
+still terminating: starting and releasing GPUs both count) and its urgency (a scale-up the
+grant refused is a forecast shortfall). The grants go to the members' connectors
+(:class:`PooledConnector`: a scale-up beyond the grant is cut to it), a member holding more
+than its grant is scaled down to it (a reclaim, drained as any scale-down), and the pool's
+status shows each member's allocated, requested, held and borrowed GPUs, the totals and a Ready
+condition. The arbiter's memory is kept in the status (``status.arbiter``), read back when the
+operator restarts, so a restart withdraws nothing at once and forgets no window.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -120,7 +120,21 @@ class PooledConnector:
         await self.inner.validate()
 
     async def status(self) -> DeploymentStatus:
-        return await self.inner.status()
+        """The deployment's status with the replicas still terminating counted: the pool
+        grants another member only GPUs that are free, not ones a scale-down is releasing."""
+        status = await self.inner.status()
+        releasing = await self.inner.releasing_replicas()
+        if not any(releasing.values()):
+            return status
+        return DeploymentStatus(
+            roles={
+                role: replace(s, terminating=releasing.get(role, 0))
+                for role, s in status.roles.items()
+            }
+        )
+
+    async def releasing_replicas(self) -> Mapping[str, int]:
+        return await self.inner.releasing_replicas()
 
     def holds(self) -> Mapping[str, Hold]:
         return self.inner.holds()

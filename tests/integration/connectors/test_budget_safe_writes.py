@@ -11,8 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.kubernetes import KubernetesConnector
 from disagg_planner.errors import ConnectorError
+from disagg_planner.operator.pool import PooledConnector, PoolMember
 from tests.integration.connectors.conftest import (
     DGD_NAME,
     DGD_PLURAL,
@@ -24,6 +26,7 @@ from tests.integration.connectors.conftest import (
     replicas_patch,
     worker,
 )
+from tests.unit.core.conftest import write_h200_like_profile
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
@@ -153,3 +156,40 @@ async def test_gpus_in_use_never_exceed_the_budget(cluster, api_client, scenario
         time.now += 1.0  # between two ticks
     in_use = dynamo.gpus_in_use(dict(zip((PREFILL, DECODE), scenario["gpus"], strict=True)))
     assert max(in_use) <= scenario["budget"], (in_use, dynamo.snapshots)
+
+
+async def test_a_pooled_deployment_holds_the_gpus_of_its_terminating_engines(
+    cluster, api_client, tmp_path
+):
+    """Issue 30: a pool grants another member only GPUs that are free. A member that scaled
+    down holds the GPUs of its engines still terminating until their pods are gone."""
+    time = FakeTime()
+    deploy(cluster, (2, 8), gpus=(1, 4), adapters=(False, False))
+    dynamo = cluster.simulate_dynamo(time, grace_s=30.0)
+    inner = connector(api_client, time)
+    await inner.validate()
+    await inner.set_replicas({"decode": 6})
+    config = PlannerConfig(
+        dgd_name=DGD_NAME,
+        backend="vllm",
+        profile_results_dir=str(write_h200_like_profile(tmp_path)),
+    )
+    pooled = PooledConnector(inner, config)
+
+    status = await pooled.status()
+    assert (status.roles["decode"].desired, status.roles["decode"].terminating) == (6, 2)
+    assert (
+        status.gpus_in_use
+        == 2 * 1 + (6 + 2) * 4
+        == max(dynamo.gpus_in_use({PREFILL: 1, DECODE: 4}))
+    )
+    proposal = PoolMember(DGD_NAME, config, pooled, status).proposal()
+    assert proposal is not None and proposal.held_gpus == 34
+
+    time.now += 31.0  # the grace passed: the pods are gone, their GPUs free
+    dynamo.reconcile()
+    assert await pooled.releasing_replicas() == {"prefill": 0, "decode": 0}
+    status = await pooled.status()
+    assert status.gpus_in_use == 2 * 1 + 6 * 4
+    proposal = PoolMember(DGD_NAME, config, pooled, status).proposal()
+    assert proposal is not None and proposal.held_gpus == 26

@@ -13,7 +13,7 @@ import pytest
 
 from disagg_planner.operator.crd import GROUP, VERSION
 from disagg_planner.operator.pool import POOL_KIND, POOL_PLURAL
-from tests.integration.connectors.conftest import NS
+from tests.integration.connectors.conftest import DGD_POD_LABEL, NS, PODS, SERVICE_POD_LABEL
 from tests.integration.operator.conftest import INTERVAL_S, POOL, OperatorCluster, eventually
 from tests.kube_dynamo import DGD_PLURAL
 from tests.kube_dynamo import GROUP as DGD_GROUP
@@ -139,34 +139,60 @@ SHARD = "planner.autoscaling.dev/shard"
 
 
 class PoolDynamo:
-    """The Dynamo operator of several DGDs, in real time: a rise of a service's replicas
-    creates its pods at once (they hold their GPUs from that moment, the worst case for a
-    budget); a fall marks the extra pods terminating, and they hold their GPUs for
-    ``grace_s`` more. The DGD's status counts the pods not terminating, as Dynamo's does,
-    written through the API (the operator's watch caches see it)."""
+    """The Dynamo operator of several DGDs, in real time, with pods in kmock (Dynamo's
+    labels): a rise of a service's replicas creates its pods at once (they hold their GPUs
+    from that moment, the worst case for a budget); a fall marks the extra pods terminating
+    (``deletionTimestamp``), and they hold their GPUs for ``grace_s`` more before they are
+    gone. The DGD's status counts the pods not terminating, as Dynamo's does, written through
+    the API (the operator's watch caches see it)."""
 
     def __init__(self, cluster: OperatorCluster, names: tuple[str, ...], grace_s: float) -> None:
         self.cluster = cluster
         self.names = names
         self.grace_s = grace_s
-        self.running: dict[tuple[str, str], int] = {}
-        self.leaving: list[tuple[float, str, str]] = []  # (gone at, dgd, service)
+        self.running: dict[tuple[str, str], list[str]] = {}  # pod names, oldest first
+        self.leaving: list[tuple[float, str]] = []  # (gone at, pod name)
+        self._serial = 0
 
     def gpus_held(self) -> int:
         """GPUs held now (one per replica in these graphs), terminating pods included."""
-        return sum(self.running.values()) + len(self.leaving)
+        return sum(len(pods) for pods in self.running.values()) + len(self.leaving)
+
+    def _create_pod(self, name: str, service: str) -> str:
+        self._serial += 1
+        pod = f"{name}-{service}-{self._serial}"
+        self.cluster.kmock.objects[PODS, NS, pod] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod,
+                "namespace": NS,
+                "labels": {DGD_POD_LABEL: name, SERVICE_POD_LABEL: service},
+            },
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        return pod
 
     async def reconcile(self) -> None:
         now = time.monotonic()
+        kmock = self.cluster.kmock
+        for _gone_at, pod in [p for p in self.leaving if p[0] <= now]:
+            del kmock.objects[PODS, NS, pod]
         self.leaving = [p for p in self.leaving if p[0] > now]
         for name in self.names:
             services = self.cluster.dgd(name)["spec"]["services"]
             status = {}
             for service in ("prefill", "decode"):
                 wanted = int(services[service]["replicas"])
-                had = self.running.get((name, service), wanted)
-                self.leaving += [(now + self.grace_s, name, service)] * max(0, had - wanted)
-                self.running[name, service] = wanted
+                pods = self.running.setdefault((name, service), [])
+                while len(pods) > wanted:  # the newest leave first, as a ReplicaSet's do
+                    pod = pods.pop()
+                    kmock.objects[PODS, NS, pod].patch(
+                        {"metadata": {"deletionTimestamp": "2030-01-01T00:00:00Z"}}
+                    )
+                    self.leaving.append((now + self.grace_s, pod))
+                while len(pods) < wanted:
+                    pods.append(self._create_pod(name, service))
                 status[service] = {"replicas": wanted, "readyReplicas": wanted}
             if status != (self.cluster.dgd(name).get("status") or {}).get("services"):
                 await asyncio.to_thread(

@@ -204,6 +204,13 @@ class KubernetesConnector(Reads, Writes, Resume):
             }
         )
 
+    async def releasing_replicas(self) -> dict[str, int]:
+        """Pods of each role marked for deletion and not yet exited (by Dynamo's labels)."""
+        async with self._lock:
+            obs = await self._observe()
+        by_service = await self._api.terminating_pods()
+        return {role: by_service.get(obs.services[role].service, 0) for role in self._roles}
+
     async def set_replicas(
         self, replicas: Mapping[str, int], *, blocking: bool = False
     ) -> ScaleOutcome:
