@@ -74,9 +74,14 @@ class FitError(ValueError):
 
 STAGES: tuple[Stage, ...] = (
     Stage(
+        "vllm-decode",
+        lambda p: p.source == "aic-vllm" and p.kind == "decode_step",
+        "AIConfigurator's measured vLLM 0.24.0 tables, decode steps at batch 8 and 32",
+    ),
+    Stage(
         "decode-latency",
         lambda p: p.source == "vllm-latency",
-        "vLLM nightly batch-8 decode latencies",
+        "vLLM nightly batch-8 decode latencies (a V0-engine build)",
     ),
     Stage(
         "trtllm-loaded",
@@ -86,7 +91,7 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "vllm-prefill",
         lambda p: (
-            p.source == "aic-vllm"
+            (p.source == "aic-vllm" and p.kind == "prefill_ttft")
             or (p.source in ("dynamo", "dynamo-raw") and p.kind.startswith("prefill"))
         ),
         "AIConfigurator's measured vLLM tables, lone-request prefill at ISL 1k-16k",
@@ -99,10 +104,19 @@ STAGES: tuple[Stage, ...] = (
 )
 
 PARAMS: tuple[Param, ...] = (
-    Param("hbm.default", 0.75, 0.3, 0.95, "decode-latency", "weight stream, H100 and others"),
-    Param("hbm.h200_sxm", 0.66, 0.3, 0.95, "decode-latency", "weight stream, H200"),
-    Param("backends.vllm.step_overhead_us", 500.0, 20.0, 3000.0, "decode-latency", "per step"),
-    Param("allreduce_latency_us", 8.0, 1.0, 40.0, "decode-latency", "one TP all-reduce"),
+    Param("hbm.default", 0.75, 0.3, 0.95, "vllm-decode", "weight stream, H100 and others"),
+    Param("hbm.h200_sxm", 0.66, 0.3, 0.95, "vllm-decode", "weight stream, H200"),
+    Param("backends.vllm.step_overhead_us", 500.0, 20.0, 3000.0, "vllm-decode", "per step"),
+    Param("allreduce_latency_us", 8.0, 1.0, 40.0, "vllm-decode", "one TP all-reduce"),
+    Param("backends.vllm.fp8_layer_overhead_us", 10.0, 0.0, 100.0, "vllm-decode", "FP8 per layer"),
+    Param(
+        "backends.vllm.legacy_layer_overhead_us",
+        40.0,
+        0.0,
+        200.0,
+        "decode-latency",
+        "V0 engine per layer",
+    ),
     Param("backends.trtllm.gemm_prefill.fp8", 0.45, 0.15, 0.95, "trtllm-loaded", "prefill GEMM"),
     Param("backends.trtllm.gemm_decode.fp8", 0.45, 0.15, 0.95, "trtllm-loaded", "decode GEMM"),
     Param("backends.trtllm.kv_read", 0.75, 0.3, 0.98, "trtllm-loaded", "KV-cache reads"),
@@ -133,6 +147,11 @@ PRIORS: dict[str, tuple[float, str]] = {
     "backends.trtllm.gemm_prefill.fp4": (0.30, _AS_VLLM),
     "backends.trtllm.gemm_decode.bf16": (0.62, _AS_VLLM),
     "backends.trtllm.gemm_decode.fp4": (0.30, _AS_VLLM),
+    "backends.trtllm.fp8_layer_overhead_us": (
+        0.0,
+        "prior: none (TensorRT-LLM fuses the FP8 activation quantisation into the kernel before)",
+    ),
+    "backends.trtllm.legacy_layer_overhead_us": (0.0, "prior: none (a vLLM V0 engine term)"),
     "backends.trtllm.attention": (
         0.45,
         "prior: as vllm (the training rows are too short to fix it)",
