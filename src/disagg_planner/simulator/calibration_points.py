@@ -477,6 +477,16 @@ POINTS: tuple[CalibrationPoint, ...] = (
     _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 1024, 56.79),
     _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 4096, 196.84),
     _aic_prefill("sim:llama-3.3-70b-fp8@h200_sxm:tp4", "H200 70B-FP8 TP4", 16384, 833.11),
+    # ... and its BF16 prefill by the same tables (the BF16 GEMM efficiency was a prior).
+    _aic_prefill("sim:llama-3.1-8b@h200_sxm:tp1", "H200 8B BF16 TP1", 1024, 27.18),
+    _aic_prefill("sim:llama-3.1-8b@h200_sxm:tp1", "H200 8B BF16 TP1", 4096, 98.83),
+    _aic_prefill("sim:llama-3.1-8b@h200_sxm:tp1", "H200 8B BF16 TP1", 16384, 454.62),
+    _aic_prefill("sim:llama-3.1-8b@h100_sxm:tp1", "H100 8B BF16 TP1", 1024, 28.11),
+    _aic_prefill("sim:llama-3.1-8b@h100_sxm:tp1", "H100 8B BF16 TP1", 4096, 96.07),
+    _aic_prefill("sim:llama-3.1-8b@h100_sxm:tp1", "H100 8B BF16 TP1", 16384, 455.7),
+    _aic_prefill("sim:llama-3.3-70b@h200_sxm:tp4", "H200 70B BF16 TP4", 1024, 71.72),
+    _aic_prefill("sim:llama-3.3-70b@h200_sxm:tp4", "H200 70B BF16 TP4", 4096, 272.62),
+    _aic_prefill("sim:llama-3.3-70b@h200_sxm:tp4", "H200 70B BF16 TP4", 16384, 1154.35),
     # vLLM 0.24.0's decode steps by the same tables: BF16 and FP8 weights, 8B TP1 and 70B TP4,
     # both GPUs, at the nightly latency test's shape and a larger batch (values:
     # --aic-references); the nightly build's own steps (above) are an older engine.
