@@ -74,3 +74,19 @@ def test_a_request_decodes_in_fewer_iterations_at_a_lower_itl() -> None:
     assert plain_iters - spec_iters == 300 - 120
     # each iteration costs more, but a token less than half the plain one at batch 1
     assert plain_itl / 2.5 < spec_itl < plain_itl / 2
+
+
+def test_a_disaggregated_decode_engine_runs_the_speculative_iterations() -> None:
+    # The prefill engine emits the first token; the decode engine's spec decides the rest.
+    spec = PLAIN + ":nextn=3:accept=2.5"
+    cluster = Cluster(
+        engines={"prefill": PLAIN, "decode": spec}, replicas={"prefill": 1, "decode": 1}
+    )
+    cluster.submit([TraceRequest(0.0, 1000, 301), TraceRequest(0.0, 2000, 101)])
+    cluster.run_to_completion()
+    assert all(r.ok for r in cluster.records)
+    decode_iterations = sum(e.iterations for e in cluster.engines("decode"))
+    # one iteration samples the first request's first token from the transferred KV, then
+    # its other 300 tokens take 120 at 2.5 each; the second request (its 100 tokens in 40)
+    # joins them, its own first token in one of them
+    assert decode_iterations == 1 + math.ceil(300 / 2.5)
