@@ -62,6 +62,19 @@ POLICIES = ("static-peak", "hpa", "dynamo-default", "planner", "best-static", "o
 WIDE_EP_POLICIES = ("fixed-dp16", "planner", "elastic-ep", "best-static")
 WIDE_EP_PROFILE = "gb200/vllm/deepseek-v3/tp1-dp16-ep16"
 WIDE_EP_ENGINE = "sim:deepseek-v3@gb200:tp1:dp16:ep16"
+# The speculative-decoding workload (issue 35): the scorecard's engine running EAGLE-3 with 7
+# draft tokens at an accept length of 2.77, the published one of
+# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B on MT-bench (K = 7, temperature 1: the comparison table
+# of the nebius/EAGLE3-Llama-3.3-70B-Instruct model card), Dynamo's vLLM speculative-decoding
+# example's draft head. Its policies: the planner unaware of it (sizing decode as if every
+# iteration emitted one token), the planner told the draft length and the accept length, and
+# the cheapest static deployment.
+SPEC_DECODE_ENGINE = "sim:llama-3.1-8b-fp8@h200_sxm:tp1:nextn=7:accept=2.77"
+SPEC_DECODE_SETTINGS: dict[str, Any] = {
+    "num_speculative_tokens": 7,
+    "speculative_accept_length": 2.77,
+}
+SPEC_DECODE_POLICIES = ("planner", "planner-spec", "best-static")
 # The elastic policy's settings on the wide-EP workload; its followers' start-up + join is the
 # scenario's start-up delay (the same pods a new replica would start), set in _plan.
 WIDE_EP_ELASTIC: dict[str, Any] = {
@@ -96,9 +109,13 @@ class Scenario:
     elastic: dict[str, Any] | None = None
     router: str = "least_loaded"
     settings: dict[str, Any] | None = None  # config settings of every policy of the workload
+    # a speculative-decoding workload: the planner-spec policy's settings
+    spec_decode: dict[str, Any] | None = None
 
     @property
     def policies(self) -> tuple[str, ...]:
+        if self.spec_decode is not None:
+            return SPEC_DECODE_POLICIES
         return WIDE_EP_POLICIES if self.elastic is not None else POLICIES
 
     def located(self) -> Scenario:
@@ -209,6 +226,19 @@ SCENARIOS = (
         # elastic policy's lead time (followers + resize + one interval)
         settings={"throughput_adjustment_interval_seconds": 60.0},
     ),
+    Scenario(
+        "spec-decode sinusoid 5-45 req/s",
+        WorkloadSpec(workload="sinusoid:min=5,max=45,period=600,duration=1800,isl=3000,osl=300"),
+        500,
+        20,
+        "Dynamo's test load (5 to 45 req/s, period 600 s, ISL/OSL 3000/300, 30 min) on engines "
+        "running speculative decoding (EAGLE-3, 7 draft tokens, accept length 2.77: "
+        f"`{SPEC_DECODE_ENGINE}`); the profile is the plain engine's. `planner` does not know "
+        "of it, `planner-spec` is told `num_speculative_tokens` 7 and "
+        "`speculative_accept_length` 2.77 and sizes decode by it",
+        engine=SPEC_DECODE_ENGINE,
+        spec_decode=SPEC_DECODE_SETTINGS,
+    ),
 )
 
 
@@ -250,13 +280,16 @@ def _run_one(
     scenario, policy, variant, startup, found = args
     if policy == "elastic-ep":
         variant = variant | _elastic_variant(scenario, startup)
+    if policy == "planner-spec":
+        assert scenario.spec_decode is not None
+        variant = variant | scenario.spec_decode
     plan = _plan(scenario, variant, startup)
     if found is not None:
         # the same key: the same requests, cluster, targets and floors (a variant may change
         # them, and then this run finds its own)
         adopt_references(*found)
     name = policy
-    if policy == "elastic-ep":
+    if policy in ("elastic-ep", "planner-spec"):
         name = "planner"
     elif policy == "fixed-dp16":
         name = "static:1"
@@ -266,7 +299,8 @@ def _run_one(
         name = "static:" + ",".join(str(peak[r]) for r in plan.setup.specs)
         plan = replace(plan, setup=replace(plan.setup, initial_replicas=peak))
     summary = run(plan, name, progress=False).summary.to_json()
-    summary["policy"] = policy if policy in ("elastic-ep", "fixed-dp16") else summary["policy"]
+    renamed = ("elastic-ep", "fixed-dp16", "planner-spec")
+    summary["policy"] = policy if policy in renamed else summary["policy"]
     summary["scenario"] = scenario.name
     summary["real_traffic"] = scenario.real
     summary["startup_delay_s"] = startup
@@ -522,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         found = list(pool.map(_references, runs))
         print(f"references found in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         tasks = [
-            (s, p, variant if p in ("planner", "elastic-ep") else {}, d, refs)
+            (s, p, variant if p in ("planner", "elastic-ep", "planner-spec") else {}, d, refs)
             for (s, d), refs in zip(runs, found, strict=True)
             for p in (args.policy or s.policies)
         ]

@@ -223,7 +223,10 @@ class BackendEfficiency:
     ``gemm_prefill`` / ``gemm_decode``: fraction of the dense peak (per weight dtype) the GEMMs
     of prefill tokens / of decode tokens reach end to end; ``attention``: fraction of the BF16
     peak the prefill attention kernels reach; ``kv_read``: fraction of the HBM peak the KV-cache
-    reads (decode attention, prefill context) reach; overheads per iteration and per request.
+    reads (decode attention, prefill context) reach; overheads per iteration and per request;
+    ``fp8_layer_overhead_s``: per layer of an FP8 (W8A8) model, the activation-quantisation
+    kernels in front of its GEMMs; ``legacy_layer_overhead_s``: per layer, the CPU work a V0
+    engine (``EngineSpec.legacy_engine``) exposes between GPU steps.
     """
 
     gemm_prefill: dict[str, float]
@@ -232,6 +235,8 @@ class BackendEfficiency:
     kv_read: float
     step_overhead_s: float
     request_overhead_s: float
+    fp8_layer_overhead_s: float
+    legacy_layer_overhead_s: float
 
 
 @dataclass(frozen=True)
@@ -446,6 +451,8 @@ def _backend(name: str, raw: dict[str, Any], entries: dict[str, Any]) -> Backend
             kv_read=float(raw["kv_read"]),
             step_overhead_s=float(raw["step_overhead_us"]) * us,
             request_overhead_s=float(raw["request_overhead_us"]) * us,
+            fp8_layer_overhead_s=float(raw["fp8_layer_overhead_us"]) * us,
+            legacy_layer_overhead_s=float(raw["legacy_layer_overhead_us"]) * us,
         )
     except KeyError as exc:
         raise CatalogueError(f"{_FIT}: backends.{name} lacks field {exc.args[0]!r}") from None

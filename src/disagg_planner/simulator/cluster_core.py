@@ -277,13 +277,14 @@ class ClusterCore:
             # engine recomputes to sample the first output token.
             req.computed = req.isl - 1
             req.remote_kv = True
-            req.target = req.osl
+            # with speculative decoding, fewer iterations than tokens
+            req.target = engine.model.spec.decode_iterations(req.osl)
         elif engine.role == "prefill":
             req.prefill_worker = engine.worker_id
             req.target = 1
         else:
             req.prefill_worker = req.decode_worker = engine.worker_id
-            req.target = req.osl
+            req.target = engine.model.spec.decode_iterations(req.osl)
         req.dispatch_s = now
         engine.add(req, now)
 

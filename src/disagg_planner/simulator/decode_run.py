@@ -22,7 +22,7 @@ import numpy as np
 
 from disagg_planner.simulator.decode_group import DecodeGroup
 from disagg_planner.simulator.iteration import VarSource, variance_of
-from disagg_planner.simulator.metrics import Histogram
+from disagg_planner.simulator.metrics import ItlSink
 from disagg_planner.simulator.request import SimRequest
 
 MAX_RUN = 4096
@@ -134,7 +134,7 @@ def account_stepped(
     *,
     m: int,
     final: bool,
-    itl: Histogram,
+    itl: ItlSink,
     block_size: int,
     free: int,
 ) -> tuple[list[SimRequest], int]:

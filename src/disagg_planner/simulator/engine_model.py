@@ -23,8 +23,15 @@ Model (per data-parallel rank, whose ``tp`` GPUs work in lockstep; all quantitie
   otherwise over the scale-out network.
 - **Elementwise kernels**: ``T * L * 2 B * (a_h * hidden + a_f * ffn / tp)`` activation bytes
   through HBM, added (these kernels do not overlap the GEMMs).
+- **Speculative decoding** (the spec's ``nextn=N:accept=A``): each decode iteration verifies
+  ``N + 1`` tokens per sequence (GEMM rows, communication and attention FLOPs ``x (N + 1)``;
+  the KV is read once) and first drafts them in ``N`` passes of a one-layer draft (EAGLE's
+  head, one MTP module), each one decoder layer's weights, KV and overhead; the scheduler
+  gives a request ``1 + ceil((osl - 1) / A)`` iterations (``EngineSpec.decode_iterations``).
 - **Overhead**: ``step + layer * L + request * (B + prefill requests)`` (scheduling, sampling,
-  kernel launches under CUDA graphs); ``step`` and ``request`` per backend.
+  kernel launches under CUDA graphs); ``step`` and ``request`` per backend; ``layer`` adds,
+  per backend, the activation-quantisation kernels of an FP8 model and, on vLLM's V0 engine
+  (a release before 0.8, the spec's ``version``), the CPU work it exposes between steps.
 
 The fitted factors live in ``engine_fit.yaml`` (each with the training points it was fitted
 to; ``python -m disagg_planner.simulator.fit`` refits them), the priors in ``catalogue.yaml``;
@@ -150,7 +157,20 @@ class EngineModel:
         else:
             self._ep_bytes_per_token = 0.0
             self._ep_bw = 1.0
-        self._fixed_overhead = be.step_overhead_s + e.layer_overhead_s * m.layers
+        per_layer = e.layer_overhead_s
+        if m.weight_dtype == "fp8":
+            per_layer += be.fp8_layer_overhead_s
+        if s.legacy_engine:
+            per_layer += be.legacy_layer_overhead_s
+        self._fixed_overhead = be.step_overhead_s + per_layer * m.layers
+        # Speculative decoding: rows verified per decoding sequence, and the draft passes'
+        # cost per decode iteration: n passes of one decoder layer (weights or FLOPs, KV read,
+        # per-layer overhead) over the batch.
+        self._verify = s.num_speculative_tokens + 1
+        self._draft_passes = s.num_speculative_tokens
+        self._draft_layer_weight_s = self._dense_weight_bytes / m.layers / self._hbm
+        self._draft_layer_flops = self._flops_dense_per_token / m.layers
+        self._draft_layer_overhead = per_layer
         # Memory for the KV cache.
         weights_resident = (m.non_expert_params * wbytes / tp) + (
             m.routed_expert_params_total * wbytes / (tp * dp)
@@ -289,11 +309,21 @@ class EngineModel:
                 return np.full(decode_kv_tokens.shape, base)
             return base
         kv = decode_kv_tokens
-        attn_flops_d = kv * self._attn_decode_flops_pair / self._attn_peak
+        attn_flops_d = kv * self._attn_decode_flops_pair * self._verify / self._attn_peak
         attn_bytes_d = kv * (self._kv_bytes_per_token_gpu / self._kv_hbm)
+        if self._draft_passes:
+            base += self._draft_fixed_s(b)
+            attn_bytes_d = attn_bytes_d * (1.0 + self._draft_passes / self._layers)
         if isinstance(kv, np.ndarray):
             return base + np.maximum(attn_flops_d, attn_bytes_d)
         return base + max(float(attn_flops_d), float(attn_bytes_d))
+
+    def _draft_fixed_s(self, b: int) -> float:
+        """The draft passes of one decode iteration of ``b`` sequences, but their KV reads
+        (one layer's share of the decode attention each, added by the callers)."""
+        flops = self._draft_layer_flops * b * self._s_per_flop_decode / self._gemm_eff(b)
+        weights = self._draft_layer_weight_s
+        return self._draft_passes * (max(flops, weights) + self._draft_layer_overhead)
 
     def _decode_run_s(self, batch: int, kv_tokens: int, steps: int) -> list[float]:
         """:meth:`decode_run_s` at the timing model's own speed.
@@ -304,10 +334,15 @@ class EngineModel:
         """
         base = self._decode_base.get(batch)
         if base is None:
-            base = self._decode_base[batch] = self._base_s(0, 0, batch, 0, None)
-        flops_pair = self._attn_decode_flops_pair
+            base = self._base_s(0, 0, batch, 0, None)
+            if self._draft_passes:
+                base += self._draft_fixed_s(batch)
+            self._decode_base[batch] = base
+        flops_pair = self._verify * self._attn_decode_flops_pair
         peak = self._attn_peak
         bytes_per_s = self._kv_bytes_per_token_gpu / self._kv_hbm
+        if self._draft_passes:
+            bytes_per_s *= 1.0 + self._draft_passes / self._layers
         if steps > 64:
             kv = kv_tokens + batch * np.arange(steps, dtype=np.float64)
             durs = base + np.maximum(kv * flops_pair / peak, kv * bytes_per_s)
@@ -330,8 +365,10 @@ class EngineModel:
         n_prefill: int,
         prefill_attention_pairs: float | None,
     ) -> float:
-        """Everything of an iteration but the decode attention, which grows with the KV."""
-        tokens = p + b
+        """Everything of an iteration but the decode attention, which grows with the KV (and
+        but the draft passes of speculative decoding)."""
+        bt = b * self._verify  # GEMM rows of the decodes: each verifies its drafts too
+        tokens = p + bt
         # GEMMs: the dense part of every token ...
         t_gemm = 0.0
         if tokens > 0:
@@ -345,7 +382,7 @@ class EngineModel:
             s_decode = self._s_per_flop_decode
             rows = n_prefill if n_prefill < p else p
             chunk = p - rows
-            t_full = dense * chunk * s_prefill + (dense + head) * (b + rows) * s_decode
+            t_full = dense * chunk * s_prefill + (dense + head) * (bt + rows) * s_decode
             # divided by _gemm_eff(tokens), inline (this runs once per simulated iteration)
             t_flops = t_full * (tokens + self._half) / tokens
             weight_bytes = self._dense_weight_bytes
@@ -354,7 +391,7 @@ class EngineModel:
                 touched = 1.0 - (1.0 - self._top_k / self._experts) ** global_tokens
                 weight_bytes += self._moe_layers * self._expert_bytes_per_gpu_layer * touched
                 per_expert = global_tokens * self._top_k / self._experts
-                routed = self._flops_routed_per_token * (chunk * s_prefill + (b + rows) * s_decode)
+                routed = self._flops_routed_per_token * (chunk * s_prefill + (bt + rows) * s_decode)
                 t_flops += routed / self._gemm_eff(per_expert)
             t_weights = weight_bytes / self._hbm
             t_gemm = t_flops if t_flops >= t_weights else t_weights  # max(), without a call

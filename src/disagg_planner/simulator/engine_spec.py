@@ -9,6 +9,8 @@ Grammar (the string form is what the command line and configs use)::
     KEY    := max_num_batched_tokens (mnbt) | max_num_seqs (seqs) | block_size (block)
             | gpu_memory_utilization (mem) | max_model_len | kv_cache_dtype (kv)
             | prefix_caching (on|off) | backend (vllm|sglang|trtllm) | speed
+            | version (engine_version) | nextn (num_speculative_tokens)
+            | accept (accept_length)
 
 Examples: ``sim:llama-3.1-8b-fp8@h200_sxm:tp1``, ``sim:deepseek-r1@gb200:tp1:dp16:ep16``,
 ``sim:llama-3.3-70b-fp8@h100_sxm:tp4:mnbt=4096``.
@@ -24,6 +26,18 @@ of the calibrated roofline (:mod:`disagg_planner.simulator.aic_engine`; the opti
 config for, by its model-hub id or by the catalogue name of the same architecture
 (``aic:meta-llama/Meta-Llama-3.1-8B@h200_sxm``, ``aic:llama-3.1-8b-fp8@h200_sxm:trtllm:tp1``);
 a bare ``vllm``/``sglang``/``trtllm`` option names the backend whose tables are used.
+
+``version=X.Y[.Z]`` (``sim:`` vLLM engines only) names the vLLM release the engine runs; left
+out, the release AIConfigurator's measured tables come from (:data:`CURRENT_VLLM`). Two things
+depend on it: releases before :data:`V1_DEFAULT_VLLM` ran the V0 engine, whose per-step CPU
+work is exposed between GPU steps (the fitted ``legacy_layer_overhead_us``), and releases
+before :data:`P2P_SKIPPED_VLLM` run the tensor-parallel peer-to-peer check at start-up
+(:mod:`disagg_planner.simulator.startup`).
+
+``nextn=N:accept=A`` (``sim:`` only) runs speculative decoding (MTP or EAGLE): each decode
+iteration verifies ``N`` draft tokens per sequence and emits ``A`` tokens on average,
+``1 <= A <= N + 1`` (a request of ``osl`` tokens decodes in ``1 + ceil((osl - 1) / A)``
+iterations); its cost is in :mod:`disagg_planner.simulator.engine_model`.
 
 ``speed=X`` (either timing) runs the engine at ``X`` times the speed its timing model gives:
 every step, prefill and decode, takes ``1 / X`` as long (``speed=0.5``: half as fast). It
@@ -62,7 +76,28 @@ _KEY_ALIASES = {
     "prefix_caching": "prefix_caching",
     "backend": "backend",
     "speed": "speed",
+    "version": "engine_version",
+    "engine_version": "engine_version",
+    "nextn": "num_speculative_tokens",
+    "num_speculative_tokens": "num_speculative_tokens",
+    "accept": "accept_length",
+    "accept_length": "accept_length",
 }
+# vLLM's and SGLang's speculative configs allow a handful of draft tokens; Dynamo's planner
+# setting takes 1-16 (config/schema.py), and so does this.
+MAX_SPECULATIVE_TOKENS = 16
+_VERSION = re.compile(r"^\d+(\.\d+){0,2}$")
+# The vLLM release the engine model's default is fitted to: AIConfigurator's measured vLLM
+# tables (aiconfigurator-core 0.12.0) are of vLLM 0.24.0, and so is the ITL it was validated
+# against (CALIBRATION.md).
+CURRENT_VLLM = (0, 24, 0)
+# vLLM 0.8.0 made the V1 engine the default; earlier releases ran V0 unless told otherwise.
+V1_DEFAULT_VLLM = (0, 8, 0)
+# VLLM_SKIP_P2P_CHECK defaults to 1 (the driver's answer is trusted, no ~60 s probe): vLLM
+# start-up logs of October 2025 (vllm#27521, 0.11.x) print "Skipping P2P check" with no flag
+# set, and vllm#50775 calls 1 "the default"; 0.6.x still needed the flag (vllm#8257, vllm#8911
+# added it as opt-in). The earliest release evidenced is taken.
+P2P_SKIPPED_VLLM = (0, 11, 0)
 _PAR = re.compile(r"^(tp|dp|ep)(\d+)$")
 
 
@@ -94,6 +129,12 @@ class EngineSpec:
     # Multiple of the timing model's speed the simulated engine runs at: each step takes
     # 1 / speed as long (the module doc); 1.0 is the model itself.
     speed: float = 1.0
+    # The vLLM release ("X.Y[.Z]"; "" is CURRENT_VLLM): see the module doc.
+    engine_version: str = ""
+    # Speculative decoding: draft tokens verified per step (0: none) and the mean tokens a
+    # sequence emits per decode iteration (the accept length, 1 + accepted drafts).
+    num_speculative_tokens: int = 0
+    accept_length: float = 0.0
 
     def __post_init__(self) -> None:
         seqs, tokens = batch_defaults(self.gpu, self.backend)
@@ -123,10 +164,59 @@ class EngineSpec:
             problems.append(f"timing={self.timing!r} must be one of {', '.join(TIMINGS)}")
         if not (math.isfinite(self.speed) and self.speed > 0):
             problems.append(f"speed={self.speed!r} must be a finite number > 0")
+        if self.engine_version:
+            if not _VERSION.match(self.engine_version):
+                problems.append(
+                    f"version={self.engine_version!r} must be a vLLM release X.Y[.Z], e.g. 0.24.0"
+                )
+            if self.backend != "vllm" or self.timing != "sim":
+                problems.append(
+                    f"version={self.engine_version} names a vLLM release: only a sim: vLLM "
+                    "engine takes it (aic: tables are of their own release)"
+                )
+        n, a = self.num_speculative_tokens, self.accept_length
+        if not 0 <= n <= MAX_SPECULATIVE_TOKENS:
+            problems.append(f"nextn={n} must be in [0, {MAX_SPECULATIVE_TOKENS}]")
+        elif n and not (math.isfinite(a) and 1.0 <= a <= n + 1):
+            problems.append(
+                f"accept={a:g} must be in [1, nextn + 1 = {n + 1}] (tokens a sequence emits "
+                "per decode step: the verified one plus the accepted drafts)"
+            )
+        elif not n and a:
+            problems.append(f"accept={a:g} needs nextn (the draft tokens per step)")
+        if n and self.timing != "sim":
+            problems.append("nextn: speculative decoding is modelled by the sim: engine only")
         if (self.timing == "aic") != (self.aic_model is not None):
             problems.append("an aic engine needs its aic_model, and only an aic engine has one")
         if problems:
             raise EngineSpecError(f"engine spec {self}: " + "; ".join(problems))
+
+    @property
+    def vllm_version(self) -> tuple[int, ...]:
+        """The vLLM release as (major, minor, patch), the default release when none is named
+        (``0.11`` is ``(0, 11, 0)``, so that it compares equal to ``0.11.0``)."""
+        if not self.engine_version:
+            return CURRENT_VLLM
+        parts = [int(part) for part in self.engine_version.split(".")]
+        return tuple(parts + [0] * (3 - len(parts)))
+
+    @property
+    def legacy_engine(self) -> bool:
+        """Whether the engine is vLLM's V0 engine (a release before V1 was the default)."""
+        return self.backend == "vllm" and self.vllm_version < V1_DEFAULT_VLLM
+
+    @property
+    def runs_p2p_check(self) -> bool:
+        """Whether start-up runs vLLM's tensor-parallel peer-to-peer check (TP > 1 on a
+        release that does not skip it by default)."""
+        return self.tp > 1 and self.backend == "vllm" and self.vllm_version < P2P_SKIPPED_VLLM
+
+    def decode_iterations(self, osl: int) -> int:
+        """Iterations a request of ``osl`` output tokens takes to generate them: the first
+        token comes with its prefill, the rest ``accept_length`` per decode iteration."""
+        if not self.num_speculative_tokens or osl <= 1:
+            return osl
+        return 1 + math.ceil((osl - 1) / self.accept_length)
 
     @property
     def gpus(self) -> int:
@@ -163,6 +253,11 @@ class EngineSpec:
             parts.append("prefix_caching=off")
         if self.backend != "vllm" and self.timing == "sim":
             parts.append(f"backend={self.backend}")
+        if self.engine_version:
+            parts.append(f"version={self.engine_version}")
+        if self.num_speculative_tokens:
+            parts.append(f"nextn={self.num_speculative_tokens}")
+            parts.append(f"accept={self.accept_length!r}")
         if self.speed != 1.0:
             # short where that is exact ("2", not "2.0"); else every digit, so that it parses back
             short = f"{self.speed:g}"
@@ -283,6 +378,10 @@ def parse(text: str) -> EngineSpec:
                     "(the multiple of the engine's own speed: 0.5 is half as fast)"
                 )
             fields[key] = speed
+        elif key == "num_speculative_tokens":
+            fields[key] = _int(value, key, text)
+        elif key == "accept_length":
+            fields[key] = _float(value, key, text)
         elif key == "prefix_caching":
             if value.lower() not in ("on", "off", "true", "false", "1", "0"):
                 raise EngineSpecError(f"engine spec {text!r}: prefix_caching={value!r}: use on|off")

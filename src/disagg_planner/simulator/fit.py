@@ -11,25 +11,32 @@ stage that selects one), and training points marked ``outlier`` are reported, no
 It runs in stages, one phase at a time, each stage fitting a few factors to the points that
 pin them down, with the factors of earlier stages held:
 
-1. ``decode-latency``: small-batch decode is weight streaming plus fixed costs, so vLLM's
-   nightly batch-8 latencies (8B TP1 and 70B TP4, H100 and H200) fix the weight-stream
-   efficiency per GPU, vLLM's step overhead and the TP all-reduce latency;
-2. ``trtllm-loaded``: TensorRT-LLM's published max-throughput rows at the shapes kept for
+1. ``vllm-decode``: small-batch decode is weight streaming plus fixed costs, so
+   AIConfigurator's measured vLLM 0.24.0 tables, composed into decode steps at batch 8 and 32
+   (8B TP1 and 70B TP4, BF16 and FP8, H100 and H200), fix the weight-stream efficiency per
+   GPU, vLLM's step overhead, the TP all-reduce latency and the FP8 activation-quantisation
+   overhead per layer;
+2. ``decode-latency``: vLLM's nightly batch-8 latencies (the same models and GPUs, an older
+   V0-engine build: ``version=0.6``) fix the V0 engine's per-layer overhead;
+3. ``trtllm-loaded``: TensorRT-LLM's published max-throughput rows at the shapes kept for
    training (H200, 8B and 70B FP8) fix TRT-LLM's prefill and decode FP8 GEMM efficiencies,
    its KV-read efficiency and its step and per-request overheads (offline simulator runs);
-3. ``vllm-prefill``: AIConfigurator's measured vLLM kernel tables, composed into lone
+4. ``vllm-prefill``: AIConfigurator's measured vLLM kernel tables, composed into lone
    requests' prefill at ISL 1k, 4k and 16k (8B on H100 and H200, 70B TP4 on H200), fix vLLM's
    FP8 prefill GEMM efficiency and its prefill-attention efficiency (the long prompts separate
    the two). Dynamo's "80 ms TTFT at ISL 3000" and the 27 ms of its raw profile are in the
    stage as outliers: reported with their residuals, not fitted (``CalibrationPoint.outlier``
    says why), and the fit fails if it meets a point marked outlier after all;
-4. ``vllm-kv``: Dynamo's H200 8B-FP8 profile (10k tok/s/GPU at 10 ms ITL) fixes vLLM's
+5. ``vllm-prefill-bf16``: the same prefills of the BF16 models fix vLLM's BF16 GEMM
+   efficiency (attention held);
+6. ``vllm-kv``: Dynamo's H200 8B-FP8 profile (10k tok/s/GPU at 10 ms ITL) fixes vLLM's
    KV-read efficiency.
 
-What no training point separates is a prior or tied (``PRIORS``, ``TIES``): BF16 and FP4
-GEMM efficiencies, SGLang (no public SGLang point here: it uses vLLM's factors), vLLM's large-
-batch FP8 decode GEMMs (tied to TRT-LLM's: both run CUTLASS FP8 GEMMs; no vLLM training
-point has decode batches large enough to be compute-bound).
+What no training point separates is a prior or tied (``PRIORS``, ``TIES``): FP4 GEMM
+efficiencies, TRT-LLM's BF16 ones, SGLang (no public SGLang point here: it uses vLLM's
+factors), vLLM's large-batch FP8 and BF16 decode GEMMs (FP8 tied to TRT-LLM's: both run
+CUTLASS FP8 GEMMs; BF16 to its prefill GEMMs; no vLLM training point has decode batches large
+enough to be compute-bound).
 """
 
 from __future__ import annotations
@@ -44,10 +51,14 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from disagg_planner.simulator import catalogue
+from disagg_planner.simulator import catalogue, engine_spec
 from disagg_planner.simulator.calibration import POINTS, CalibrationPoint
 
 FIT_FILE = Path(__file__).with_name("engine_fit.yaml")
+
+
+def _weight_dtype(point: CalibrationPoint) -> str:
+    return engine_spec.parse(point.engine).model.weight_dtype
 
 
 @dataclass(frozen=True)
@@ -74,9 +85,14 @@ class FitError(ValueError):
 
 STAGES: tuple[Stage, ...] = (
     Stage(
+        "vllm-decode",
+        lambda p: p.source == "aic-vllm" and p.kind == "decode_step",
+        "AIConfigurator's measured vLLM 0.24.0 tables, decode steps at batch 8 and 32",
+    ),
+    Stage(
         "decode-latency",
         lambda p: p.source == "vllm-latency",
-        "vLLM nightly batch-8 decode latencies",
+        "vLLM nightly batch-8 decode latencies (a V0-engine build)",
     ),
     Stage(
         "trtllm-loaded",
@@ -86,10 +102,17 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "vllm-prefill",
         lambda p: (
-            p.source == "aic-vllm"
+            (p.source == "aic-vllm" and p.kind == "prefill_ttft" and _weight_dtype(p) == "fp8")
             or (p.source in ("dynamo", "dynamo-raw") and p.kind.startswith("prefill"))
         ),
         "AIConfigurator's measured vLLM tables, lone-request prefill at ISL 1k-16k",
+    ),
+    Stage(
+        "vllm-prefill-bf16",
+        lambda p: (
+            p.source == "aic-vllm" and p.kind == "prefill_ttft" and _weight_dtype(p) == "bf16"
+        ),
+        "AIConfigurator's measured vLLM tables, lone-request BF16 prefill at ISL 1k-16k",
     ),
     Stage(
         "vllm-kv",
@@ -99,10 +122,19 @@ STAGES: tuple[Stage, ...] = (
 )
 
 PARAMS: tuple[Param, ...] = (
-    Param("hbm.default", 0.75, 0.3, 0.95, "decode-latency", "weight stream, H100 and others"),
-    Param("hbm.h200_sxm", 0.66, 0.3, 0.95, "decode-latency", "weight stream, H200"),
-    Param("backends.vllm.step_overhead_us", 500.0, 20.0, 3000.0, "decode-latency", "per step"),
-    Param("allreduce_latency_us", 8.0, 1.0, 40.0, "decode-latency", "one TP all-reduce"),
+    Param("hbm.default", 0.75, 0.3, 0.95, "vllm-decode", "weight stream, H100 and others"),
+    Param("hbm.h200_sxm", 0.66, 0.3, 0.95, "vllm-decode", "weight stream, H200"),
+    Param("backends.vllm.step_overhead_us", 500.0, 20.0, 3000.0, "vllm-decode", "per step"),
+    Param("allreduce_latency_us", 8.0, 1.0, 40.0, "vllm-decode", "one TP all-reduce"),
+    Param("backends.vllm.fp8_layer_overhead_us", 10.0, 0.0, 100.0, "vllm-decode", "FP8 per layer"),
+    Param(
+        "backends.vllm.legacy_layer_overhead_us",
+        40.0,
+        0.0,
+        200.0,
+        "decode-latency",
+        "V0 engine per layer",
+    ),
     Param("backends.trtllm.gemm_prefill.fp8", 0.45, 0.15, 0.95, "trtllm-loaded", "prefill GEMM"),
     Param("backends.trtllm.gemm_decode.fp8", 0.45, 0.15, 0.95, "trtllm-loaded", "decode GEMM"),
     Param("backends.trtllm.kv_read", 0.75, 0.3, 0.98, "trtllm-loaded", "KV-cache reads"),
@@ -110,6 +142,14 @@ PARAMS: tuple[Param, ...] = (
     Param("backends.trtllm.request_overhead_us", 2.0, 0.0, 20.0, "trtllm-loaded", "per request"),
     Param("backends.vllm.gemm_prefill.fp8", 0.45, 0.15, 0.95, "vllm-prefill", "prefill GEMM"),
     Param("backends.vllm.attention", 0.45, 0.15, 0.95, "vllm-prefill", "prefill attention"),
+    Param(
+        "backends.vllm.gemm_prefill.bf16",
+        0.62,
+        0.15,
+        0.95,
+        "vllm-prefill-bf16",
+        "BF16 prefill GEMM",
+    ),
     Param("backends.vllm.kv_read", 0.66, 0.3, 0.98, "vllm-kv", "KV-cache reads"),
 )
 
@@ -118,21 +158,18 @@ _AS_VLLM = "prior: as vllm (no TRT-LLM point at this precision)"
 PRIORS: dict[str, tuple[float, str]] = {
     "hbm.b200": (0.70, "prior: no B200 training point (Azure GB200 HBM microbenchmark 92%)"),
     "hbm.gb200": (0.70, "prior: as b200"),
-    "backends.vllm.gemm_prefill.bf16": (
-        0.62,
-        "prior: Vidur's H100/A100 BF16 GEMM profiles, 64-78% at >= 1-2K tokens",
-    ),
     "backends.vllm.gemm_prefill.fp4": (0.30, "prior: TRT-LLM B200 FP4 70B, >= 34% of FP4 dense"),
-    "backends.vllm.gemm_decode.bf16": (
-        0.62,
-        "prior: as gemm_prefill.bf16 (no BF16 training point decodes compute-bound batches)",
-    ),
     "backends.vllm.gemm_decode.fp4": (0.30, "prior: as gemm_prefill.fp4"),
     "backends.vllm.request_overhead_us": (4.0, "prior: BLIS's fitted vLLM value, ~4 us/request"),
     "backends.trtllm.gemm_prefill.bf16": (0.62, _AS_VLLM),
     "backends.trtllm.gemm_prefill.fp4": (0.30, _AS_VLLM),
     "backends.trtllm.gemm_decode.bf16": (0.62, _AS_VLLM),
     "backends.trtllm.gemm_decode.fp4": (0.30, _AS_VLLM),
+    "backends.trtllm.fp8_layer_overhead_us": (
+        0.0,
+        "prior: none (TensorRT-LLM fuses the FP8 activation quantisation into the kernel before)",
+    ),
+    "backends.trtllm.legacy_layer_overhead_us": (0.0, "prior: none (a vLLM V0 engine term)"),
     "backends.trtllm.attention": (
         0.45,
         "prior: as vllm (the training rows are too short to fix it)",
@@ -140,6 +177,10 @@ PRIORS: dict[str, tuple[float, str]] = {
 }
 # Values that follow a fitted one: path -> (the fitted path, why).
 TIES: dict[str, tuple[str, str]] = {
+    "backends.vllm.gemm_decode.bf16": (
+        "backends.vllm.gemm_prefill.bf16",
+        "tied to the BF16 prefill GEMMs (no BF16 training point decodes compute-bound batches)",
+    ),
     "backends.vllm.gemm_decode.fp8": (
         "backends.trtllm.gemm_decode.fp8",
         "tied to TRT-LLM's (CUTLASS FP8 GEMMs in both; no vLLM training point decodes "

@@ -157,6 +157,38 @@ class Histogram:
         return tuple(out)
 
 
+class PerTokenItl:
+    """The frontend's ITL histogram as an engine running speculative decoding feeds it: each
+    decode iteration emits ``accept`` tokens per sequence on average, so a gap between two
+    iterations is ``accept`` tokens' worth, recorded as ``gap / accept`` (the amortised
+    per-token cadence, as a request's ``itl_ms`` and the planner's ITL estimate count it).
+    The same calls as :class:`Histogram`'s, each value divided before it is recorded."""
+
+    __slots__ = ("_accept", "histogram")
+
+    def __init__(self, histogram: Histogram, accept: float) -> None:
+        self.histogram = histogram
+        self._accept = accept
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.histogram.observe(value / self._accept, n)
+
+    def observe_seq(self, values: list[float]) -> None:
+        a = self._accept
+        self.histogram.observe_seq([v / a for v in values])
+
+    def observe_repeat(self, value: float, n: int) -> None:
+        self.histogram.observe_repeat(value / self._accept, n)
+
+    def observe_weighted(self, values: list[float], total: float, weight: int) -> None:
+        a = self._accept
+        self.histogram.observe_weighted([v / a for v in values], total / a, weight)
+
+
+# What an engine records its inter-token gaps into.
+ItlSink = Histogram | PerTokenItl
+
+
 class FrontendMetrics:
     """The frontend's counters and histograms for one model in one Dynamo namespace."""
 

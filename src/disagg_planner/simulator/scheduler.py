@@ -35,7 +35,7 @@ from disagg_planner.simulator.iteration import (
     variance,
     variance_of,
 )
-from disagg_planner.simulator.metrics import Histogram, array_sum
+from disagg_planner.simulator.metrics import Histogram, ItlSink, PerTokenItl, array_sum
 from disagg_planner.simulator.request import SimRequest
 
 FpmCallback = Callable[[ForwardPassMetrics], None]
@@ -76,7 +76,11 @@ class EngineCore(RankBatch):
         self.worker_id = worker_id
         self.dp_rank = dp_rank
         self.sink = sink
-        self.itl = itl
+        spec = model.spec
+        # speculative decoding: an iteration's gap is shared by the tokens it emits
+        self.itl: ItlSink = (
+            PerTokenItl(itl, spec.accept_length) if spec.num_speculative_tokens else itl
+        )
         self.on_fpm = on_fpm
         self.busy = False
         self.paused = False

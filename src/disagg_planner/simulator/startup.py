@@ -66,7 +66,8 @@ ENGINE_INIT_ANCHOR_S = 39.3
 # = 145 s against the 8B's 34.4 s for the same three steps, so init grows as params^0.662
 # (log(145 / 34.4) / log(70.6e9 / 8.03e9)).
 ENGINE_INIT_EXPONENT = math.log(145.0 / 34.4) / math.log(70.6e9 / 8.03e9)
-# Same issue: the peer-to-peer access check of a tensor-parallel engine, about 60 s.
+# Same issue: the peer-to-peer access check of a tensor-parallel engine, about 60 s; only vLLM
+# releases before engine_spec.P2P_SKIPPED_VLLM run it (EngineSpec.runs_p2p_check).
 P2P_CHECK_S = 60.0
 # Same issue: "the very first request ... takes 30-60 seconds" on the 70B; smaller models
 # scale down with the engine-initialisation curve.
@@ -168,7 +169,7 @@ def phase_model(spec: EngineSpec) -> PhaseModel:
     # parameters (the dense anchors have all parameters active)
     params = spec.model.active_params
     init = ENGINE_INIT_ANCHOR_S * (params / ENGINE_INIT_ANCHOR_PARAMS) ** ENGINE_INIT_EXPONENT
-    if spec.tp > 1:
+    if spec.runs_p2p_check:
         init += P2P_CHECK_S
     first = FIRST_REQUEST_ANCHOR_S * (params / FIRST_REQUEST_ANCHOR_PARAMS) ** ENGINE_INIT_EXPONENT
     return PhaseModel(

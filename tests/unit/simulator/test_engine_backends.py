@@ -11,8 +11,9 @@ from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.simulator import catalogue, fit
 from disagg_planner.simulator.calibration import POINTS
 from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.engine_spec import parse
 from disagg_planner.simulator.engines import engine_for
-from disagg_planner.simulator.errors import CatalogueError
+from disagg_planner.simulator.errors import CatalogueError, EngineSpecError
 
 H200_8B = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 
@@ -155,3 +156,74 @@ def test_a_backend_copying_an_unknown_one_is_refused() -> None:
     tree["backends"]["sglang"] = {"same_as": "vllm"}
     with pytest.raises(CatalogueError, match=r"backends\.trtllm lacks field 'kv_read'"):
         catalogue.efficiency_from(tree)
+
+
+def test_a_v0_engine_release_pays_its_per_layer_overhead_on_every_step() -> None:
+    # Issue 31: vLLM's nightly build (an older engine) and vLLM 0.24.0's measured kernels
+    # disagree by ~45 us per layer at the same shapes; the spec's release says which it is.
+    eff = catalogue.efficiency().backend("vllm")
+    assert eff.legacy_layer_overhead_s > 0
+    for spec in ("sim:llama-3.1-8b@h200_sxm:tp1", "sim:llama-3.3-70b@h100_sxm:tp4"):
+        current, v0 = engine_for(spec), engine_for(spec + ":version=0.6")
+        layers = current.spec.model.layers
+        for batch, context in ((1, 100), (64, 2048)):
+            extra = v0.decode_step_time_s(batch, context) - current.decode_step_time_s(
+                batch, context
+            )
+            assert extra == pytest.approx(layers * eff.legacy_layer_overhead_s, rel=1e-9)
+        # V1 the default from 0.8.0: no extra
+        v1 = engine_for(spec + ":version=0.8.0")
+        assert v1.decode_step_time_s(8, 96) == current.decode_step_time_s(8, 96)
+
+
+def test_fp8_weights_pay_the_activation_quantisation_per_layer_on_vllm_only() -> None:
+    vllm, trt = catalogue.efficiency().backend("vllm"), catalogue.efficiency().backend("trtllm")
+    assert vllm.fp8_layer_overhead_s > 0 and trt.fp8_layer_overhead_s == 0
+    fp8 = engine_for(H200_8B)
+    without = dict(fit.build({p.path: fit._get(catalogue.fit_data(), p.path) for p in fit.PARAMS}))
+    fit._set(without, "backends.vllm.fp8_layer_overhead_us", 0.0)
+    with catalogue.trial_fit(without):
+        bare = engine_for(H200_8B)
+    assert fp8.decode_step_time_s(8, 96) - bare.decode_step_time_s(8, 96) == pytest.approx(
+        fp8.spec.model.layers * vllm.fp8_layer_overhead_s, rel=1e-9
+    )
+
+
+def test_vllm_decode_is_fitted_to_the_release_of_its_points() -> None:
+    # The default release's decode factors come from vLLM 0.24.0's tables (BF16 and FP8, two
+    # GPUs, TP1 and TP4); the nightly build's latencies fit only the V0 term.
+    by_stage = {s.name: fit.stage_points(s) for s in fit.STAGES}
+    tables = by_stage["vllm-decode"]
+    assert {p.engine for p in tables} >= {
+        "sim:llama-3.1-8b@h200_sxm:tp1",
+        "sim:llama-3.1-8b-fp8@h200_sxm:tp1",
+        "sim:llama-3.3-70b@h100_sxm:tp4",
+        "sim:llama-3.3-70b-fp8@h100_sxm:tp4",
+    }
+    assert all(not parse(p.engine).legacy_engine for p in tables)
+    assert all(parse(p.engine).legacy_engine for p in by_stage["decode-latency"])
+    assert [p.path for p in fit.PARAMS if p.stage == "decode-latency"] == [
+        "backends.vllm.legacy_layer_overhead_us"
+    ]
+    # the validation ITL's shape is not among the training shapes
+    itl = next(p for p in POINTS if p.point_set == "validation" and p.kind == "decode_step")
+    assert all((p.batch, p.context) != (itl.batch, itl.context) for p in tables)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("sim:llama-3.1-8b@h200_sxm:version=latest", "must be a vLLM release X.Y"),
+        ("sim:llama-3.1-8b@h200_sxm:backend=trtllm:version=0.6", "only a sim: vLLM engine"),
+    ],
+)
+def test_a_release_that_is_not_a_vllm_one_is_refused(spec: str, message: str) -> None:
+    with pytest.raises(EngineSpecError, match=message):
+        parse(spec)
+
+
+def test_the_release_round_trips_through_the_spec_text() -> None:
+    spec = parse("sim:llama-3.1-8b@h200_sxm:tp1:version=0.6")
+    assert str(spec) == "sim:llama-3.1-8b@h200_sxm:tp1:version=0.6"
+    assert parse(str(spec)) == spec and spec.vllm_version == (0, 6, 0)
+    assert parse("sim:llama-3.1-8b@h200_sxm").vllm_version == (0, 24, 0)

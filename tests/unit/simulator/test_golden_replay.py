@@ -66,57 +66,57 @@ STEP = "step:rates=4/24,at=300,duration=900,isl=3000,osl=300"
 # the same simulated times, so any change of the model shows here).
 GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     "planner": {
-        "requests_csv": "33bf3f140077033802c68dc472e789f513516541ac8138768280784f182af1a1",
-        "timeline": "59e349156b50110cffa35c1e8b0186d1406d9fffafba9f769d8f3c11fb69a8f2",
+        "requests_csv": "e52214d04a061350f8425b8faaed30552efd70d99cbf42275aa49765eb70bc92",
+        "timeline": "cc6d17b26b91938e3ca56240418867de046a5e45564d471e46cd6e37f13c88de",
         "summary": {
             "requests": 15567,
             "completed": 15567,
             "failed": 0,
             "slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 1.0},
             "ttft_ms": {
-                "p50": 66.21067215132825,
-                "p90": 108.92101918897197,
-                "p95": 135.91067288203925,
-                "p99": 180.40642799165767,
+                "p50": 65.88204115803364,
+                "p90": 108.21976903666837,
+                "p95": 134.78401180682337,
+                "p99": 177.30062892529534,
             },
             "itl_ms": {
-                "p50": 7.161766875308931,
-                "p90": 7.985842440784775,
-                "p95": 8.270335438108555,
-                "p99": 8.684850560719209,
+                "p50": 7.053106117101808,
+                "p90": 7.899527515418531,
+                "p95": 8.191807460679895,
+                "p99": 8.622227255671055,
             },
-            "gpu_hours": 0.7523489184684522,
-            "oracle_gpu_hours": 0.7014093510810712,
+            "gpu_hours": 0.7523027838754344,
+            "oracle_gpu_hours": 0.701381670325261,
             "scale_actions": {"prefill": 1, "decode": 1},
             "max_replicas": {"prefill": 3, "decode": 2},
-            "duration_s": 901.6912212972856,
+            "duration_s": 901.6580043903127,
         },
     },
     "load": {
-        "requests_csv": "85f670494b53ae627ee87fd616c0cb9df1f5340ee40fcfbb802ab0fbaea5ae97",
-        "timeline": "890bd58b66231c1c7a4745453a6491c63b9a78e40b20edf94573470616f6c84d",
+        "requests_csv": "7b125614959f7c1436e814ab313ffa96b115f4f175cfed9024822563d5624eaa",
+        "timeline": "91caa87be5b0cdce352f08e7cae03cf9c384336c95a8fd4d30bf43cc0d953af6",
         "summary": {
             "requests": 15567,
             "completed": 15567,
             "failed": 0,
-            "slo_attainment": {"ttft": 0.8807734309757821, "itl": 1.0, "both": 0.8807734309757821},
+            "slo_attainment": {"ttft": 0.901843643605062, "itl": 1.0, "both": 0.901843643605062},
             "ttft_ms": {
-                "p50": 67.33084598135974,
-                "p90": 589.8879380065181,
-                "p95": 1266.2524869020776,
-                "p99": 1938.5948516240537,
+                "p50": 67.0140566653572,
+                "p90": 494.1580231266016,
+                "p95": 910.8543561981489,
+                "p99": 1735.766851915074,
             },
             "itl_ms": {
-                "p50": 7.080348722217991,
-                "p90": 7.948902280237162,
-                "p95": 8.32369121982257,
-                "p99": 11.407481887138049,
+                "p50": 6.969761771621587,
+                "p90": 7.860153740954651,
+                "p95": 8.24529157617069,
+                "p99": 11.226370818477802,
             },
-            "gpu_hours": 0.7393791347747635,
-            "oracle_gpu_hours": 0.7014093510810712,
+            "gpu_hours": 0.7393385955697777,
+            "oracle_gpu_hours": 0.701381670325261,
             "scale_actions": {"prefill": 3, "decode": 1},
             "max_replicas": {"prefill": 3, "decode": 2},
-            "duration_s": 901.6912212972871,
+            "duration_s": 901.6547360127998,
         },
     },
 }
@@ -145,8 +145,8 @@ TIMELINE_COLUMNS = (
 )
 
 GOLDEN_CLUSTER: dict[str, str] = {
-    "moe_resize": "cb355bb8ed6d7aa2d32968d011bd8584b8548e2ef6d62b14a5062dfd06708203",
-    "tight_prefix": "dc6364b6c78061f4429a9852c7ac54a3d184f90740c32782d3e1a0d7397565aa",
+    "moe_resize": "04714a181af5b728733150b1cf962ba499d4ac73bc6b88f366401cdcc14be703",
+    "tight_prefix": "30287c8147fa8be82efa2493fc50b9c0140c122c29bba422d85c78e2ea8130f9",
 }
 
 
