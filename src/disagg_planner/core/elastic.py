@@ -81,7 +81,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.config.sections.elastic_ep import parse_elastic_ep_timing
 from disagg_planner.core.budget import BudgetResult, apply_gpu_budget
 from disagg_planner.core.rules import RuleValue, backlog_tokens, fit_line, slo_request_seconds
 from disagg_planner.core.sizing import CapacityProfile, LoadForecast, size_decode, size_prefill
