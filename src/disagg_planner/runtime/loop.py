@@ -71,7 +71,7 @@ from disagg_planner.runtime.outcome import (
     held_reasons,
 )
 from disagg_planner.runtime.summary import summary_line
-from disagg_planner.wiring import build_core, profile_for
+from disagg_planner.runtime.wiring import build_core, profile_for
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from disagg_planner.runtime.connector_settings import (
     virtual_settings,
 )
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
-from disagg_planner.wiring import profile_for
+from disagg_planner.runtime.wiring import profile_for
 
 log = logging.getLogger(__name__)
 
