@@ -12,11 +12,11 @@ from kubernetes import client as k8s_client
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.kubernetes import KubernetesConnector
-from disagg_planner.exporter import HealthState, PlannerMetrics
 from disagg_planner.observe.prometheus import PrometheusTrafficObserver
 from disagg_planner.profiles import Profile, load_profile
 from disagg_planner.runtime.connector_settings import kubernetes_settings
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
+from disagg_planner.runtime.metrics import HealthState, PlannerMetrics
 from tests.integration.connectors.conftest import DGD_NAME, NS, Cluster, frontend, worker
 from tests.unit.core.conftest import write_h200_like_profile
 from tests.unit.observe.canned_prometheus import CannedPrometheus, vector_reply
