@@ -12,8 +12,9 @@ import pytest
 from disagg_planner.core.elastic import ElasticReason
 from disagg_planner.runtime.outcome import ProblemKind
 from tests.integration.elastic.conftest import FakeVllmEngine
+from tests.integration.runtime.conftest import spec_replicas
 from tests.unit.observe.canned_prometheus import vector_reply
-from tests.unit.runtime.conftest import loop_config, spec_replicas, traffic_parts
+from tests.unit.runtime.conftest import loop_config, traffic_parts
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
