@@ -59,11 +59,11 @@ from disagg_planner.connectors.kubernetes import (  # noqa: E402
     planner_api_client,
 )
 from disagg_planner.connectors.kubernetes.cache import WatchCaches  # noqa: E402
-from disagg_planner.exporter import PlannerMetrics  # noqa: E402
 from disagg_planner.operator.crd import GROUP, PLURAL, VERSION  # noqa: E402
 from disagg_planner.operator.status import StatusWriter  # noqa: E402
 from disagg_planner.runtime.clock import WallClock  # noqa: E402
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef  # noqa: E402
+from disagg_planner.runtime.metrics import PlannerMetrics  # noqa: E402
 from disagg_planner.runtime.outcome import TickOutcome  # noqa: E402
 from disagg_planner.runtime.service import (  # noqa: E402
     load_profile_for,

@@ -63,7 +63,7 @@ from disagg_planner.replay.parallel import resolve_jobs  # noqa: E402
 from disagg_planner.replay.runner import engine_spec_for_profile  # noqa: E402
 from disagg_planner.replay.session import run  # noqa: E402
 from disagg_planner.replay.summary import score_requests  # noqa: E402
-from disagg_planner.wiring import profile_for  # noqa: E402
+from disagg_planner.runtime.wiring import profile_for  # noqa: E402
 
 MULTIPLES = (0.5, 0.7, 1.0, 1.4, 2.0)
 QUICK_MULTIPLES = (0.5, 1.0, 2.0)

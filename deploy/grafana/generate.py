@@ -2,10 +2,10 @@
 for the Grafana sidecar (``planner-dashboard-configmap.yaml``, label ``grafana_dashboard:
 "1"``).
 
-Every query reads the operator's own ``dynamo_planner_*`` series (src/disagg_planner/exporter.py),
-all filtered by the ``namespace`` and ``dgd`` variables (each series carries both labels, one
-operator serving many DGDs). Rows: replicas, load, latency against the SLO, corrections and
-decisions, cost, engines, health.
+Every query reads the operator's own ``dynamo_planner_*`` series
+(src/disagg_planner/runtime/metrics.py), all filtered by the ``namespace`` and ``dgd``
+variables (each series carries both labels, one operator serving many DGDs). Rows: replicas,
+load, latency against the SLO, corrections and decisions, cost, engines, health.
 
 Usage: ``python deploy/grafana/generate.py`` (write) or ``--check`` (exit 1 when a committed
 file differs; CI runs this).

@@ -29,7 +29,7 @@ from disagg_planner.predictors.backtest import (
 from disagg_planner.predictors.base import LoadPredictor
 from disagg_planner.predictors.traces import FORMATS, bucket_trace, read_trace
 from disagg_planner.predictors.warmup import SERIES, WarmupReport
-from disagg_planner.wiring import warm_up_predictors
+from disagg_planner.runtime.wiring import warm_up_predictors
 
 # The predictors library raises its own TraceError (it may not import planner); the CLI shows
 # it as one line and exits 2, like every other bad input.

@@ -36,9 +36,9 @@ from disagg_planner.cli import (
     report_cmd,
     run_cmd,
 )
+from disagg_planner.cli.logging_setup import configure_logging
 from disagg_planner.config.flags import flag_summary
 from disagg_planner.errors import classify
-from disagg_planner.logging_setup import configure_logging
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.core.throughput import ThroughputPlanner
 from disagg_planner.core.types import DeploymentStatus, RoleStatus, TrafficObservation
 from disagg_planner.errors import SpecError
-from disagg_planner.wiring import gpus_per_replica, predictor_factory, profile_for
+from disagg_planner.runtime.wiring import gpus_per_replica, predictor_factory, profile_for
 
 # The profile phases each role's sizing reads (an aggregated engine runs both).
 ROLE_PHASES: dict[str, tuple[str, ...]] = {

@@ -20,9 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from disagg_planner.core.types import DeploymentStatus, ThroughputReason
+
+if TYPE_CHECKING:
+    # Type-only: the elastic_ep package's __init__ imports the Kubernetes connector, which
+    # imports this module (progress.py itself imports nothing of the connectors).
+    from disagg_planner.connectors.elastic_ep.progress import ElasticFollowers
 
 
 class HoldReason(StrEnum):
@@ -177,6 +182,12 @@ class Connector(Protocol):
         to discover their publishers; None where the engines are not pods it can discover."""
         ...
 
+    def elastic_followers(self) -> ElasticFollowers | None:
+        """The follower pods of the elastic-EP engine, which this connector raises before a
+        grow and retires after a shrink; None where the engine's GPUs are someone else's to
+        provide (the engine then starts at ``elastic_ep_min_dp``)."""
+        ...
+
     def use_worker_loads(self, loads: WorkerLoads) -> None:
         """Where a scale-down reads the load of each pod, so that the least-loaded workers
         leave; a connector that does not choose which workers leave ignores it."""
@@ -201,6 +212,9 @@ class ConnectorDefaults:
     hears of no change to its deployment (the virtual and the simulated connector)."""
 
     def pod_discovery(self) -> PodDiscovery | None:
+        return None
+
+    def elastic_followers(self) -> ElasticFollowers | None:
         return None
 
     def use_worker_loads(self, loads: WorkerLoads) -> None:

@@ -59,7 +59,6 @@ import kopf
 from kubernetes import client as k8s_client
 
 from disagg_planner.connectors.kubernetes.cache import WatchCaches
-from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.operator.crd import GROUP, KIND, PLURAL, VERSION
 from disagg_planner.operator.policy import OperatorDefaults, config_from_spec, plain, target_of
 from disagg_planner.operator.pool import (
@@ -71,6 +70,7 @@ from disagg_planner.operator.pool import (
 from disagg_planner.operator.status import MESSAGE_LIMIT, StatusWriter
 from disagg_planner.runtime.clock import WallClock
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef, is_spec_error
+from disagg_planner.runtime.metrics import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.runtime.outcome import Problem, ProblemKind
 from disagg_planner.runtime.service import load_profile_for, make_connector, make_recorder
 

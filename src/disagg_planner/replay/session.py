@@ -31,12 +31,12 @@ from disagg_planner.replay.runner import (
 )
 from disagg_planner.replay.summary import FLAP_WINDOW_S
 from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.runtime.wiring import profile_for
 from disagg_planner.simulator import engine_spec as engine_specs
 from disagg_planner.simulator import startup
 from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.workloads import parse_workload, scale_load, speedup
-from disagg_planner.wiring import profile_for
 
 log = logging.getLogger(__name__)
 

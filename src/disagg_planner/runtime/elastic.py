@@ -51,12 +51,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.connectors.base import Connector
 from disagg_planner.connectors.elastic_ep import (
     CLAIM_REASON,
     DynamoElasticEpAdmin,
     ElasticEpAdmin,
     ElasticEpController,
-    ElasticEpKubernetes,
+    ElasticFollowers,
     JoinProbe,
     RayDashboardJoinProbe,
     ResizeRefused,
@@ -147,14 +148,15 @@ class ElasticDriver:
     """The elastic-EP axis of one deployment's loop (see the module doc).
 
     ``profile`` is the throughput loop's capacity profile (the policy sizes ranks with it);
-    ``connector`` is the loop's: an :class:`ElasticEpKubernetes` also scales the follower
-    pods in two stages, any other connector leaves the GPUs to someone else and the engine
-    starts at ``elastic_ep_min_dp``. Raises :class:`SpecError` when the settings cannot drive
-    an engine.
+    ``connector`` is the loop's: when its :meth:`Connector.elastic_followers` answers
+    follower pods (the Kubernetes connector with a follower service, pooled or not), they
+    are scaled in two stages; otherwise the GPUs are someone else's and the engine starts at
+    ``elastic_ep_min_dp``. Raises :class:`SpecError` when the settings cannot drive an
+    engine.
     """
 
     def __init__(
-        self, config: PlannerConfig, *, profile: Profile | None, connector: object
+        self, config: PlannerConfig, *, profile: Profile | None, connector: Connector
     ) -> None:
         role = config.elastic_ep
         if role is None:
@@ -173,7 +175,7 @@ class ElasticDriver:
         self._task_what = ""
         self._inline = isinstance(connector, ElasticEngineProvider)
         self._controller: ElasticController | None = None
-        self.followers: ElasticEpKubernetes | None = None
+        self.followers: ElasticFollowers | None = None
         self.admin_url: str = ""
         if isinstance(connector, ElasticEngineProvider):
             self._controller = connector.elastic_controller(config)
@@ -184,7 +186,7 @@ class ElasticDriver:
                 "e.g. http://leader:8000, or a Dynamo vLLM worker's system port)"
             )
         self.admin_url = config.elastic_ep_admin_url
-        self.followers = connector if isinstance(connector, ElasticEpKubernetes) else None
+        self.followers = connector.elastic_followers()
         if config.elastic_ep_api != "auto":
             self._controller = self._make_controller(config.elastic_ep_api)
 

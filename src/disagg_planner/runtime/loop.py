@@ -52,7 +52,6 @@ from disagg_planner.core.types import (
     TrafficObservation,
 )
 from disagg_planner.errors import SpecError, classify
-from disagg_planner.exporter import HealthState, PlannerMetrics
 from disagg_planner.observe import TrafficObserver
 from disagg_planner.profiles import Profile
 from disagg_planner.report.recorder import DiagnosticsRecorder
@@ -61,6 +60,7 @@ from disagg_planner.runtime.calls import apply_scale, observe_traffic, read_stat
 from disagg_planner.runtime.clock import Clock, Offload, WallClock
 from disagg_planner.runtime.elastic import ElasticDriver, ElasticTick
 from disagg_planner.runtime.engine_sources import Stoppable, start_engine_sources
+from disagg_planner.runtime.metrics import HealthState, PlannerMetrics
 from disagg_planner.runtime.observation import EngineSource, ObservationBuilder, engine_queues
 from disagg_planner.runtime.outcome import (
     Problem,
@@ -71,7 +71,7 @@ from disagg_planner.runtime.outcome import (
     held_reasons,
 )
 from disagg_planner.runtime.summary import summary_line
-from disagg_planner.wiring import build_core, profile_for
+from disagg_planner.runtime.wiring import build_core, profile_for
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from disagg_planner.connectors.elastic_ep import ElasticEpKubernetes
 from disagg_planner.connectors.kubernetes import KubernetesConnector
 from disagg_planner.connectors.kubernetes.cache import WatchCaches
 from disagg_planner.connectors.virtual import VirtualConnector
-from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.profiles import Profile, resolve_profile
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.runtime.clock import Clock, WallClock
@@ -37,7 +36,8 @@ from disagg_planner.runtime.connector_settings import (
     virtual_settings,
 )
 from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
-from disagg_planner.wiring import profile_for
+from disagg_planner.runtime.metrics import HealthState, MetricsServer, PlannerMetrics
+from disagg_planner.runtime.wiring import profile_for
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from disagg_planner.cli.main import main
-from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
+from disagg_planner.runtime.metrics import HealthState, MetricsServer, PlannerMetrics
 
 
 def test_a_live_report_is_fetched_and_an_unknown_deployment_named(

@@ -8,7 +8,7 @@ import pytest
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.errors import TraceError
-from disagg_planner.wiring import build_core
+from disagg_planner.runtime.wiring import build_core
 from tests.unit.core.conftest import write_h200_like_profile
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from disagg_planner.exporter import PlannerMetrics
+from disagg_planner.runtime.metrics import PlannerMetrics
 from tests.unit.deploy.conftest import REPO
 
 GRAFANA = REPO / "deploy" / "grafana"
@@ -56,7 +56,7 @@ def test_every_metric_in_a_query_is_one_the_planner_exports():
     used = {name for _, expr in expressions() for name in PLANNER_NAME.findall(expr)}
     assert used, "the dashboard queries no planner metric"
     assert used <= exported, (
-        f"not exported by src/disagg_planner/exporter.py: {sorted(used - exported)}"
+        f"not exported by src/disagg_planner/runtime/metrics.py: {sorted(used - exported)}"
     )
 
 

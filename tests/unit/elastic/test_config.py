@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from disagg_planner.config.loader import load_config
-from disagg_planner.config.schema import PlannerConfig, parse_elastic_ep_timing
+from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.config.sections.elastic_ep import parse_elastic_ep_timing
 from disagg_planner.errors import ConfigError
 
 

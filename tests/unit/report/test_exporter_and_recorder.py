@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from disagg_planner.exporter import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.report.recorder import BLOCK_TICKS, DiagnosticsRecorder, TickWindow
 from disagg_planner.report.snapshot import EngineQueues, TickSnapshot
+from disagg_planner.runtime.metrics import HealthState, MetricsServer, PlannerMetrics
 
 
 def snap(t: float, *, engines: tuple[EngineQueues, ...] = (), **kw) -> TickSnapshot:

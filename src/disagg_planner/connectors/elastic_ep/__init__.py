@@ -57,6 +57,7 @@ from disagg_planner.connectors.elastic_ep.followers import (
 from disagg_planner.connectors.elastic_ep.join_probe import JoinProbe, RayDashboardJoinProbe
 from disagg_planner.connectors.elastic_ep.progress import (
     RECORD_ANNOTATION,
+    ElasticFollowers,
     FollowerObservation,
     FollowerPool,
     ResizePhase,
@@ -81,6 +82,7 @@ __all__ = [
     "ElasticEpKubernetes",
     "ElasticEpKubernetesSettings",
     "ElasticEpSettings",
+    "ElasticFollowers",
     "FollowerObservation",
     "FollowerPool",
     "FollowersNotEmpty",

@@ -33,6 +33,7 @@ from disagg_planner.connectors.elastic_ep.progress import (
     BACKOFF_ANNOTATION,
     BACKOFF_TYPE,
     RECORD_ANNOTATION,
+    ElasticFollowers,
     FollowerObservation,
     GrowBackoff,
     ResizeRecord,
@@ -86,6 +87,10 @@ class ElasticEpKubernetes(KubernetesConnector):
         self.follower_service: str = settings.follower_service
         self.elastic_role = settings.elastic_role
         self._adapter_name = f"{self.dgd_name}-{self.follower_service.lower()}"
+
+    def elastic_followers(self) -> ElasticFollowers:
+        """This DGD's follower service: the driver raises it before a grow."""
+        return self
 
     async def _get_follower_adapter(self) -> Mapping[str, Any] | None:
         return await self._api.get_adapter(self._adapter_name, self.follower_service)

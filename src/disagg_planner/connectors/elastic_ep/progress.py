@@ -220,3 +220,13 @@ class FollowerPool(Protocol):
         addresses without an engine, where known; ``empty_nodes``: how many there are);
         FollowersNotEmpty otherwise. Returns their names."""
         ...
+
+
+class ElasticFollowers(FollowerPool, Protocol):
+    """The follower pods of an elastic-EP engine whose connector raises them before a grow
+    (:meth:`disagg_planner.connectors.base.Connector.elastic_followers`), on a deployment
+    Dynamo's own elastic-EP reconciler may drive instead."""
+
+    async def reconciler_claim(self, role: str) -> str | None:
+        """Why Dynamo's reconciler drives ``role``'s engine, or None when it does not."""
+        ...

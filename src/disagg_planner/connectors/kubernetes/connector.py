@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 from kubernetes import client as k8s_client
 
@@ -45,6 +46,10 @@ from disagg_planner.connectors.kubernetes.resume import Resume
 from disagg_planner.connectors.kubernetes.writes import Writes, _PendingDrain
 from disagg_planner.core.types import DeploymentStatus, RoleStatus
 from disagg_planner.errors import ConnectorError, DeploymentError
+
+if TYPE_CHECKING:
+    # Type-only: the elastic_ep package's __init__ imports this connector (its subclass).
+    from disagg_planner.connectors.elastic_ep.progress import ElasticFollowers
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +154,11 @@ class KubernetesConnector(Reads, Writes, Resume):
             dgd_name=self.dgd_name,
             service_roles={svc: role for role, svc in self._role_services.items()},
         )
+
+    def elastic_followers(self) -> ElasticFollowers | None:
+        """None: an elastic engine's GPUs are someone else's (ElasticEpKubernetes, the
+        connector with a follower service, answers its follower pods)."""
+        return None
 
     def use_worker_loads(self, loads: WorkerLoads) -> None:
         """Where a scale-down reads the load of each pod (module doc: graceful scale-down);

@@ -11,7 +11,8 @@ from disagg_planner.observe.prometheus import PrometheusTrafficObserver
 from disagg_planner.runtime.loop import DeploymentLoop
 from disagg_planner.runtime.service import deployment_ref, make_connector
 from tests.integration.connectors.conftest import etcd_url  # noqa: F401  (fixture)
-from tests.unit.runtime.conftest import JumpClock, loop_config
+from tests.integration.runtime.conftest import JumpClock
+from tests.unit.runtime.conftest import loop_config
 
 
 async def test_decisions_go_to_etcd_and_the_acknowledgement_is_the_ready_count(

@@ -12,8 +12,9 @@ import pytest
 from disagg_planner.core.elastic import ElasticReason
 from disagg_planner.runtime.outcome import ProblemKind
 from tests.integration.elastic.conftest import FakeVllmEngine
+from tests.integration.runtime.conftest import spec_replicas
 from tests.unit.observe.canned_prometheus import vector_reply
-from tests.unit.runtime.conftest import loop_config, spec_replicas, traffic_parts
+from tests.unit.runtime.conftest import loop_config, traffic_parts
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
@@ -204,6 +205,31 @@ async def test_make_connector_scales_followers_on_kubernetes(engine, api_client)
     plain = make_connector(elastic_config(engine), clock=clock, api_client=api_client)
     assert isinstance(plain, KubernetesConnector)
     assert not isinstance(plain, ElasticEpKubernetes)
+
+
+async def test_the_driver_scales_the_followers_the_connector_answers_pooled_or_not(
+    engine, api_client, profile
+) -> None:
+    # The driver asks the connector protocol (elastic_followers) instead of naming the
+    # Kubernetes class, so that a connector wrapped in a GPU pool's grant keeps its followers.
+    from disagg_planner.operator.pool import PooledConnector
+    from disagg_planner.runtime.clock import WallClock
+    from disagg_planner.runtime.elastic import ElasticDriver
+    from disagg_planner.runtime.service import make_connector
+
+    clock = WallClock()
+    with_followers = elastic_config(
+        engine, elastic_ep_follower_service="decode-elastic", elastic_ep_api="vllm"
+    )
+    two_stage = make_connector(with_followers, clock=clock, api_client=api_client)
+    pooled = PooledConnector(two_stage, with_followers)
+    for connector in (two_stage, pooled):
+        driver = ElasticDriver(with_followers, profile=profile, connector=connector)
+        assert driver.followers is two_stage
+    plain_config = elastic_config(engine, elastic_ep_api="vllm")
+    plain = make_connector(plain_config, clock=clock, api_client=api_client)
+    for connector in (plain, PooledConnector(plain, plain_config)):
+        assert ElasticDriver(plain_config, profile=profile, connector=connector).followers is None
 
 
 async def test_on_kubernetes_followers_are_ready_before_the_grow_reaches_the_engine(

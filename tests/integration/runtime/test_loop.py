@@ -13,9 +13,10 @@ from disagg_planner.core.types import ThroughputReason
 from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.runtime.outcome import ProblemKind
 from tests.integration.connectors.conftest import DGD_PLURAL, Cluster, frontend, worker
+from tests.integration.runtime.conftest import spec_replicas
 from tests.kube_dynamo import BETA
 from tests.unit.observe.canned_prometheus import CannedPrometheus, Reply, vector_reply
-from tests.unit.runtime.conftest import loop_config, spec_replicas, traffic_parts
+from tests.unit.runtime.conftest import loop_config, traffic_parts
 
 
 async def test_a_throughput_tick_scales_the_dgd_and_reports_it(
