@@ -96,6 +96,8 @@ class Page:
     decisions_html: str = ""
     folded: list[Panel] = field(default_factory=list)
     footer: str = ""
+    # (name, colour) of what the page's colours stand for; None: the roles (ROLE_COLOURS)
+    colours: Sequence[tuple[str, str]] | None = None
 
 
 def fmt_percent(value: float | None) -> str:
