@@ -226,11 +226,13 @@ def _offered_load_panel(runs: Sequence[RunFolder], colours: dict[str, str]) -> P
         return Panel("cmp-load", "Offered load", None, "no request in requests.csv")
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for name, colour, load in loads:
+        # each window a step from its start to its end: the last window's end closes it
+        x = [*load.t_s, load.t_s[-1] + load.window_s]
         # markers too: a short replay has a handful of windows
         fig.add_trace(
             go.Scatter(
-                x=list(load.t_s),
-                y=list(load.requests_per_s),
+                x=x,
+                y=[*load.requests_per_s, load.requests_per_s[-1]],
                 name=f"{name}: requests/s",
                 mode="lines+markers",
                 line={"color": colour, "shape": "hv", "width": 2},
@@ -240,8 +242,8 @@ def _offered_load_panel(runs: Sequence[RunFolder], colours: dict[str, str]) -> P
         )
         fig.add_trace(
             go.Scatter(
-                x=list(load.t_s),
-                y=[v / 1000 for v in load.prompt_tokens_per_s],
+                x=x,
+                y=[v / 1000 for v in (*load.prompt_tokens_per_s, load.prompt_tokens_per_s[-1])],
                 name=f"{name}: prompt ktokens/s",
                 mode="lines",
                 line={"color": colour, "shape": "hv", "width": 1, "dash": "dot"},
@@ -314,7 +316,8 @@ def render_comparison(
                     y=list(values),
                     name=f"{run.policy} p99",
                     mode="lines",
-                    line={"color": colour},
+                    # equal latencies would hide one policy under another: dashes apart
+                    line={"color": colour, "dash": _dash(k)},
                 )
             )
     replicas.update_xaxes(title_text="time (s)", row=len(roles), col=1)
@@ -372,6 +375,17 @@ def render_comparison(
             + ". Each policy's own report.html is in its folder.",
         )
     )
+
+
+def winner_line(summaries: Sequence[ReplaySummary]) -> str:
+    """The terminal's line under the table of several policies: the page's winner and why,
+    and the requests nothing could serve."""
+    model = compare(summaries, {})
+    winner = model.winner
+    line = f"winner: {winner.policy} ({winner.rule}: {winner.why})"
+    if model.unservable is not None:
+        line += f"\n{model.unservable.line}"
+    return line
 
 
 def outputs_message(out_dir: Path, policies: Sequence[str]) -> str:

@@ -108,6 +108,8 @@ footer{font-size:11px;color:#777;margin:16px 0}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(430px,1fr));gap:10px}
 .cards .headline{margin-bottom:0}.cards .tile{flex:1 1 110px}.cards .tile .value{font-size:17px}
 .cards .tile.big .value{font-size:22px}.cards h2{font-size:15px}
+.headline .note,.headline .unservable{font-size:12px;color:#555;margin:6px 0}
+.headline .unservable{color:#8a5a00}
 .winner{font-size:16px;margin:2px 0 8px}.winner .rule{font-size:12px;color:#555}
 .verdicts{list-style:none;padding:0;margin:0}
 .verdicts li{padding:4px 0;border-bottom:1px solid #eee;font-size:14px}
