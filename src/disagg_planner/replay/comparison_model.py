@@ -26,6 +26,7 @@ import numpy as np
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.replay_summary import ReplaySummary
 from disagg_planner.report.decisions import ReasonCount, count_reasons
+from disagg_planner.report.elements import fmt_percent, fmt_target
 
 # The policies that are the references' searches (the parallel runner starts them once those
 # are found): clairvoyant, so never named the winner.
@@ -104,12 +105,12 @@ class Unservable:
     @property
     def line(self) -> str:
         text = (
-            f"{self.requests} of {self.of} requests ({_pct(self.share)}) miss the latency "
-            f"targets even alone on an idle cluster: {_pct(self.ceiling)} is the most any "
+            f"{self.requests} of {self.of} requests ({fmt_percent(self.share)}) miss the latency "
+            f"targets even alone on an idle cluster: {fmt_percent(self.ceiling)} is the most any "
             "policy reaches"
         )
         if self.ceiling < self.target:
-            text += f", under the {_target(self.target)} target: no policy can meet it here"
+            text += f", under the {fmt_target(self.target)} target: no policy can meet it here"
         return text
 
 
@@ -132,22 +133,14 @@ class TickReason:
     changed: bool
 
 
-def _pct(value: float) -> str:
-    return f"{value:.2%}"
-
-
-def _target(value: float) -> str:
-    return f"{value:.0%}" if round(value * 100, 6) == round(value * 100) else f"{value:.1%}"
-
-
 def _misses_because(summary: ReplaySummary) -> str:
     """What kept ``summary`` under its target: the latency target(s) below it, failed
     requests, and requests nothing could serve."""
     slo = summary.slo
     assert slo is not None  # called for a verdict of "misses"
     att, target = summary.slo_attainment, slo.attainment_target
-    ttft = f"TTFT <= {slo.ttft_target_ms:g} ms for {_pct(att.ttft)}"
-    itl = f"ITL <= {slo.itl_target_ms:g} ms for {_pct(att.itl)}"
+    ttft = f"TTFT <= {slo.ttft_target_ms:g} ms for {fmt_percent(att.ttft)}"
+    itl = f"ITL <= {slo.itl_target_ms:g} ms for {fmt_percent(att.itl)}"
     if att.ttft < target and att.itl < target:
         parts = [f"both latency targets bind ({ttft}, {itl})"]
     elif att.ttft < target:
@@ -173,16 +166,18 @@ def verdict_of(summary: ReplaySummary, *, baseline: ReplaySummary | None) -> Ver
     att = summary.slo_attainment.both
     slo, meets = summary.slo, summary.meets_target
     if slo is None or meets is None:
-        line = f"scored without an attainment target: {_pct(att)} within both on {cost}"
+        line = f"scored without an attainment target: {fmt_percent(att)} within both on {cost}"
         reason = "its summary.json names no SLO target (written before replays recorded one)"
     elif meets:
-        line = f"meets the {_target(slo.attainment_target)} target on {cost}"
+        line = f"meets the {fmt_target(slo.attainment_target)} target on {cost}"
         reason = (
-            f"{_pct(att)} of requests within TTFT {slo.ttft_target_ms:g} ms and ITL "
+            f"{fmt_percent(att)} of requests within TTFT {slo.ttft_target_ms:g} ms and ITL "
             f"{slo.itl_target_ms:g} ms"
         )
     else:
-        line = f"misses the {_target(slo.attainment_target)} target: {_pct(att)} on {cost}"
+        line = (
+            f"misses the {fmt_target(slo.attainment_target)} target: {fmt_percent(att)} on {cost}"
+        )
         reason = _misses_because(summary)
     return Verdict(
         policy=summary.policy,
@@ -218,7 +213,7 @@ def pick_winner(verdicts: Sequence[Verdict]) -> Winner:
         return Winner(best.policy, WinnerRule.CHEAPEST_MEETING_TARGET, why + among)
     best = max(candidates, key=lambda v: (v.attainment, -v.gpu_hours))
     why = (
-        f"no policy meets the target; the highest attainment ({_pct(best.attainment)}, on "
+        f"no policy meets the target; the highest attainment ({fmt_percent(best.attainment)}, on "
         f"{best.gpu_hours:.2f} GPU-h)"
     )
     return Winner(best.policy, WinnerRule.HIGHEST_ATTAINMENT, why + among)
