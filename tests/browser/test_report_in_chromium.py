@@ -8,6 +8,7 @@ Outside CI a machine without chromium skips with the command to install it; in C
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -30,6 +31,8 @@ INSTALL = "apt-get install -y chromium chromium-driver (and pip install selenium
 # Short, but long enough for the planner to scale up on the step and the HPA to react.
 WORKLOAD = "step:rates=6/24,at=150,duration=420,isl=2000,osl=200"
 POLICIES = ("planner", "hpa")
+# The comparison page's policies: a reference too, which the winner rule never names.
+COMPARED = (*POLICIES, "oracle")
 
 
 def _need_browser() -> tuple[str, str]:
@@ -72,7 +75,7 @@ def replay_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"profile": "h200_sxm/vllm/llama-3.1-8b-fp8/tp1", "max_gpu_budget": -1}
     )
     plan = prepare(config, WorkloadSpec(workload=WORKLOAD), startup_delay_s=60.0)
-    run_policies(plan, POLICIES, out_dir=out, jobs=1, progress=False)
+    run_policies(plan, COMPARED, out_dir=out, jobs=1, progress=False)
     return out
 
 
@@ -210,16 +213,112 @@ def test_policy_report_renders_and_shows_the_summary(
     _screenshot(browser, artifacts / f"report-{policy}.png")
 
 
+# Per plot on the page: the colour of each trace drawn for a policy (its name starts with
+# the policy's), as plotly drew it.
+_TRACE_COLOURS_JS = """
+const out = [];
+for (const plot of document.querySelectorAll('.js-plotly-plot')) {
+  for (const trace of plot._fullData || []) {
+    const colour = (trace.line && trace.line.color) || (trace.marker && trace.marker.color);
+    out.push([plot.id, trace.name || '', String(colour || '')]);
+  }
+}
+return out;
+"""
+
+
+def _expected_winner(summaries: dict[str, dict[str, Any]]) -> str:
+    """The page's stated rule, written out again: the cheapest policy meeting its target,
+    else the highest attainment; the references (oracle, best-static) never."""
+
+    def meets(s: dict[str, Any]) -> bool:
+        return bool(s["slo_attainment"]["both"] >= s["slo"]["attainment_target"])
+
+    candidates = {p: s for p, s in summaries.items() if p not in ("oracle", "best-static")}
+    meeting = [p for p, s in candidates.items() if meets(s)]
+    if meeting:
+        return min(meeting, key=lambda p: candidates[p]["gpu_hours"])
+    return max(candidates, key=lambda p: candidates[p]["slo_attainment"]["both"])
+
+
 @pytest.mark.slow
 def test_comparison_renders_each_policy(browser: Any, replay_out: Path, artifacts: Path) -> None:
     page = replay_out / "comparison.html"
     assert not re.search(r"<script[^>]*\bsrc=", page.read_text(encoding="utf-8"))
     _open(browser, page)
+    # every panel draws, the offered load included, and it is the first
     _check_plots(browser, page)
-    for policy in POLICIES:
-        summary = json.loads((replay_out / policy / "summary.json").read_text())
+    panels = [p.get_attribute("id") for p in browser.find_elements("css selector", "section.panel")]
+    assert panels[0] == "panel-cmp-load", panels
+    assert {"panel-cmp-replicas", "panel-cmp-gpus", "panel-cmp-ttft", "panel-cmp-itl"} <= set(
+        panels
+    )
+    summaries = {p: json.loads((replay_out / p / "summary.json").read_text()) for p in COMPARED}
+    for policy, summary in summaries.items():
         _check_headline(browser, summary, scope=f"section.headline[data-policy='{policy}']")
+
+    # the first screen: the winner by the stated rule, then one verdict line per policy
+    winner = browser.find_element("css selector", "h2.winner")
+    assert winner.get_attribute("data-winner") == _expected_winner(summaries)
+    assert winner.location["y"] < 300
+    assert "Rule: the winner is the policy with the fewest GPU-hours" in (
+        browser.find_element("css selector", "section.comparison-verdicts").text
+    )
+    lines = browser.find_elements("css selector", "ul.verdicts li")
+    assert [li.get_attribute("data-policy") for li in lines] == list(COMPARED)
+    for li in lines:
+        summary = summaries[str(li.get_attribute("data-policy"))]
+        meets = summary["slo_attainment"]["both"] >= summary["slo"]["attainment_target"]
+        text = li.text
+        assert ("meets the" if meets else "misses the") in text, text
+        assert f"{summary['gpu_hours']:.2f} GPU-h" in text, text
+        assert li.location["y"] < 1200  # no scrolling to read the verdicts
+
+    # each policy's ticks by reason, in full: no scroll box hides a row
+    tally = browser.find_element("css selector", "section.reason-tally")
+    assert browser.execute_script("return arguments[0].scrollHeight", tally) <= (
+        browser.execute_script("return arguments[0].clientHeight", tally) + 1
+    )
+    for policy in COMPARED:
+        card = tally.find_element("css selector", f".tally[data-policy='{policy}']")
+        with (replay_out / policy / "timeline.csv").open() as handle:
+            ticks = sum(1 for row in csv.DictReader(handle) if row["event"] == "tick")
+        counts = [
+            int(td.text) for td in card.find_elements("css selector", "tbody tr td:nth-child(2)")
+        ]
+        assert sum(counts) == ticks, policy
+
+    # one colour per policy: the key, the verdicts' swatches and every trace drawn for it
+    key = {
+        e.text.strip("\u25a0 ").strip(): e.get_attribute("data-colour")
+        for e in browser.find_elements("css selector", "footer .legend-roles span")
+    }
+    assert set(key) == set(COMPARED) and len(set(key.values())) == len(COMPARED)
+    for li in lines:
+        swatch = li.find_element("css selector", ".swatch")
+        assert swatch.value_of_css_property("color") == _rgba(
+            key[str(li.get_attribute("data-policy"))]
+        )
+    drawn = browser.execute_script(_TRACE_COLOURS_JS)
+    of_policy = [
+        (plot, name, colour, p)
+        for plot, name, colour in drawn
+        for p in COMPARED
+        if name == p or name.startswith(f"{p} ")
+    ]
+    for plot, name, colour, policy in of_policy:
+        assert colour.lower() == str(key[policy]).lower(), (plot, name, colour)
+    assert {(plot, p) for plot, _, _, p in of_policy} == {
+        (f"plot-cmp-{panel}", p) for panel in ("replicas", "gpus", "ttft", "itl") for p in COMPARED
+    }
     legend = " ".join(e.text for e in browser.find_elements("css selector", "g.legend text"))
-    assert all(policy in legend for policy in POLICIES)
+    assert all(policy in legend for policy in COMPARED)
     _check_console(browser, page)
     _screenshot(browser, artifacts / "comparison.png")
+
+
+def _rgba(hex_colour: str | None) -> str:
+    """``#rrggbb`` as the browser computes a CSS colour."""
+    assert hex_colour is not None and len(hex_colour) == 7
+    r, g, b = (int(hex_colour[k : k + 2], 16) for k in (1, 3, 5))
+    return f"rgba({r}, {g}, {b}, 1)"

@@ -20,7 +20,7 @@ from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_pr
 from disagg_planner.config import load_config
 from disagg_planner.config.flags import add_config_arguments, config_flags
 from disagg_planner.errors import SpecError
-from disagg_planner.replay.comparison import outputs_message
+from disagg_planner.replay.comparison import outputs_message, winner_line
 from disagg_planner.replay.default_workload import (
     DEFAULT_DURATION_S,
     DEFAULT_POLICIES,
@@ -246,6 +246,8 @@ def _replay(args: argparse.Namespace) -> int:
         print(json.dumps(as_json if len(as_json) > 1 else as_json[0], indent=2, default=str))
     else:
         print(summary_table(summaries))
+        if len(summaries) > 1:
+            print(winner_line(summaries))
         print(outputs_message(out_dir, policies))
     return 0
 

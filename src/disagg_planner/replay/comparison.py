@@ -1,7 +1,10 @@
 """The comparison page of several policies of a replay, built from their output folders
 (``summary.json``, ``timeline.csv``, ``requests.csv``), so that it can be rebuilt later from
-earlier runs (``planner report --compare DIR...``): a side-by-side table, each policy's
-headline card, then their replicas, GPUs and latency overlaid (one colour per policy)."""
+earlier runs (``planner report --compare DIR...``). Read top down: the winner by the rule the
+page states and each policy's verdict in one line (what it says:
+:mod:`disagg_planner.replay.comparison_model`), the offered load, their replicas, GPUs and
+latency overlaid, each policy's ticks by reason, then the side-by-side table and each policy's
+headline card. One colour per policy in every panel, the verdicts and the footer's key."""
 
 from __future__ import annotations
 
@@ -11,10 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from disagg_planner.errors import SpecError
+from disagg_planner.replay.comparison_model import (
+    WINNER_RULE,
+    Comparison,
+    OfferedLoad,
+    TickReason,
+    compare,
+    offered_load,
+)
 from disagg_planner.replay.headline import headline_card
 from disagg_planner.replay.replay_summary import SUMMARY_FILE, ReplaySummary
 from disagg_planner.replay.report import LATENCY_WINDOW_S, RequestSeries, latency_windows
@@ -22,6 +34,7 @@ from disagg_planner.report.elements import (
     SLO_COLOUR,
     Page,
     Panel,
+    esc,
     fmt_number,
     fmt_percent,
     fmt_ratio,
@@ -32,6 +45,7 @@ from disagg_planner.report.elements import (
 from disagg_planner.report.html import render_page
 
 COMPARISON_FILE = "comparison.html"
+LOAD_COLOUR = "#444444"  # the offered load is every policy's: no policy's colour
 
 
 @dataclass(frozen=True)
@@ -88,9 +102,23 @@ def read_timeline(path: Path) -> list[dict[str, Any]]:
                     "desired": {r: int(row[f"desired_{r}"]) for r in roles},
                     "ready": {r: int(row[f"ready_{r}"]) for r in roles},
                     "gpus_in_use": int(row["gpus_in_use"]),
+                    # a timeline written before these columns has no ticks to tally
+                    "event": row.get("event") or "",
+                    "decision": row.get("decision") or "",
+                    "reason": row.get("reason") or "",
                 }
             )
     return rows
+
+
+def tick_reasons(timeline: Sequence[dict[str, Any]]) -> list[TickReason]:
+    """The ticks of a timeline read by :func:`read_timeline`: each decision's reason, and
+    whether it set replicas."""
+    return [
+        TickReason(row["reason"], bool(row["decision"]))
+        for row in timeline
+        if row["event"] == "tick"
+    ]
 
 
 def _comparison_table(runs: Sequence[RunFolder]) -> str:
@@ -123,6 +151,116 @@ def _comparison_table(runs: Sequence[RunFolder]) -> str:
     )
 
 
+def _verdicts_html(model: Comparison, colours: dict[str, str]) -> str:
+    winner = model.winner
+    items = []
+    for v in model.verdicts:
+        css = "neutral" if v.meets is None else "pass" if v.meets else "fail"
+        crown = " <strong>(winner)</strong>" if v.policy == winner.policy else ""
+        items.append(
+            f"<li data-policy='{esc(v.policy)}' data-meets='{esc(v.meets)}'>"
+            f"<span class='swatch' style='color:{colours[v.policy]}'>&#9632;</span>"
+            f"<strong>{esc(v.policy)}</strong>{crown}: "
+            f"<span class='verdict-line {css}'>{esc(v.line)}</span>"
+            f"<span class='why'>{esc(v.reason)}</span></li>"
+        )
+    baseline = (
+        f"GPU-hours are compared with {model.baseline}'s. " if model.baseline is not None else ""
+    )
+    unservable = (
+        ""
+        if model.unservable is None
+        else f"<p class='unservable'>{esc(model.unservable.line)}.</p>"
+    )
+    return (
+        "<section class='headline comparison-verdicts'>"
+        f"<h2 class='winner' data-winner='{esc(winner.policy)}' data-rule='{winner.rule}'>"
+        f"<span class='swatch' style='color:{colours[winner.policy]}'>&#9632;</span>"
+        f"Winner: {esc(winner.policy)} <span class='rule'>({esc(winner.rule)}: "
+        f"{esc(winner.why)})</span></h2>"
+        f"{unservable}<ul class='verdicts'>{''.join(items)}</ul>"
+        f"<p class='note'>{esc(baseline)}Rule: {esc(WINNER_RULE)}</p></section>"
+    )
+
+
+def _tallies_html(model: Comparison, colours: dict[str, str]) -> str:
+    cards = []
+    for policy, counts in model.tallies.items():
+        ticks = sum(c.ticks for c in counts)
+        rows = "".join(
+            f"<tr><td>{esc(c.reason)}</td><td>{c.ticks}</td><td>{c.changes}</td></tr>"
+            for c in counts
+        )
+        body = (
+            "<table><thead><tr><th>reason</th><th>ticks</th><th>set replicas</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
+            if counts
+            else "<p class='empty'>no tick recorded in its timeline.csv</p>"
+        )
+        cards.append(
+            f"<div class='tally' data-policy='{esc(policy)}'><h4>"
+            f"<span class='swatch' style='color:{colours[policy]}'>&#9632;</span>"
+            f"{esc(policy)}: {ticks} ticks</h4>{body}</div>"
+        )
+    return (
+        "<section class='headline reason-tally'><h3>Each policy's decisions, by reason</h3>"
+        "<p class='note'>every tick counts (a tick that holds decides too); set replicas: the "
+        f"ticks that changed them</p><div class='tallies'>{''.join(cards)}</div></section>"
+    )
+
+
+def _offered_load_panel(runs: Sequence[RunFolder], colours: dict[str, str]) -> Panel:
+    """The requests arriving per window; one curve when every folder replayed the same
+    arrivals (one replay's policies), else one per policy in its colour."""
+    same = all(np.array_equal(r.requests.arrival_s, runs[0].requests.arrival_s) for r in runs[1:])
+    shown = runs[:1] if same else runs
+    loads: list[tuple[str, str, OfferedLoad]] = [
+        (
+            "every policy" if same else r.policy,
+            LOAD_COLOUR if same else colours[r.policy],
+            offered_load(r.requests.arrival_s, r.requests.isl),
+        )
+        for r in shown
+    ]
+    if not any(len(r.requests.arrival_s) for r in shown):
+        return Panel("cmp-load", "Offered load", None, "no request in requests.csv")
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    for name, colour, load in loads:
+        # each window a step from its start to its end: the last window's end closes it
+        x = [*load.t_s, load.t_s[-1] + load.window_s]
+        # markers too: a short replay has a handful of windows
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[*load.requests_per_s, load.requests_per_s[-1]],
+                name=f"{name}: requests/s",
+                mode="lines+markers",
+                line={"color": colour, "shape": "hv", "width": 2},
+                marker={"size": 4},
+            ),
+            secondary_y=False,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=[v / 1000 for v in (*load.prompt_tokens_per_s, load.prompt_tokens_per_s[-1])],
+                name=f"{name}: prompt ktokens/s",
+                mode="lines",
+                line={"color": colour, "shape": "hv", "width": 1, "dash": "dot"},
+            ),
+            secondary_y=True,
+        )
+    fig.update_yaxes(title_text="requests/s", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="prompt ktokens/s", rangemode="tozero", secondary_y=True)
+    fig.update_xaxes(title_text="time (s)")
+    layout(fig, height=300)
+    window = loads[0][2].window_s
+    note = f"arrivals per {window:.0f} s window"
+    if not same:
+        note += "; the folders replayed different arrivals, so each policy's are drawn"
+    return Panel("cmp-load", "Offered load: requests and prompt tokens arriving", fig, note=note)
+
+
 def render_comparison(
     runs: Sequence[RunFolder], *, title: str = "planner replay: comparison"
 ) -> str:
@@ -130,6 +268,8 @@ def render_comparison(
     colour per policy, one subplot per role)."""
     if not runs:
         raise SpecError("nothing to compare: give at least one replay output folder")
+    model = compare([r.summary for r in runs], {r.policy: tick_reasons(r.timeline) for r in runs})
+    colours = {r.policy: policy_colour(k) for k, r in enumerate(runs)}
     headlines = (
         "<div class='cards'>"
         + "".join(headline_card(r.summary, title=r.policy) for r in runs)
@@ -176,7 +316,8 @@ def render_comparison(
                     y=list(values),
                     name=f"{run.policy} p99",
                     mode="lines",
-                    line={"color": colour},
+                    # equal latencies would hide one policy under another: dashes apart
+                    line={"color": colour, "dash": _dash(k)},
                 )
             )
     replicas.update_xaxes(title_text="time (s)", row=len(roles), col=1)
@@ -186,6 +327,7 @@ def render_comparison(
     layout(gpus, height=300)
     slo = runs[0].summary.slo
     panels = [
+        _offered_load_panel(runs, colours),
         Panel("cmp-replicas", "Desired replicas per role, each policy", replicas),
         Panel("cmp-gpus", "GPUs in use, each policy", gpus),
     ]
@@ -224,13 +366,26 @@ def render_comparison(
     return render_page(
         Page(
             title=title,
-            headline_html=_comparison_table(runs) + headlines,
+            headline_html=_verdicts_html(model, colours),
             panels=panels,
+            decisions_html=_tallies_html(model, colours) + _comparison_table(runs) + headlines,
+            colours=list(colours.items()),
             footer="Built from "
             + ", ".join(str(r.path) for r in runs)
             + ". Each policy's own report.html is in its folder.",
         )
     )
+
+
+def winner_line(summaries: Sequence[ReplaySummary]) -> str:
+    """The terminal's line under the table of several policies: the page's winner and why,
+    and the requests nothing could serve."""
+    model = compare(summaries, {})
+    winner = model.winner
+    line = f"winner: {winner.policy} ({winner.rule}: {winner.why})"
+    if model.unservable is not None:
+        line += f"\n{model.unservable.line}"
+    return line
 
 
 def outputs_message(out_dir: Path, policies: Sequence[str]) -> str:

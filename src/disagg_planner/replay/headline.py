@@ -6,7 +6,7 @@ each policy's page and on the comparison page; the live controller's card is
 from __future__ import annotations
 
 from disagg_planner.replay.replay_summary import ReplaySummary
-from disagg_planner.report.elements import esc, fmt_number, fmt_percent, fmt_ratio
+from disagg_planner.report.elements import esc, fmt_number, fmt_percent, fmt_ratio, fmt_target
 
 
 def _tile(key: str, label: str, value: str, sub: str = "", css: str = "", big: bool = False) -> str:
@@ -28,9 +28,9 @@ def headline_card(summary: ReplaySummary, *, title: str = "") -> str:
     if meets is None or target is None:
         verdict, verdict_class = "scored without an attainment target", "neutral"
     elif meets:
-        verdict, verdict_class = f"meets the SLO target ({target:.0%})", "pass"
+        verdict, verdict_class = f"meets the SLO target ({fmt_target(target)})", "pass"
     else:
-        verdict, verdict_class = f"misses the SLO target ({target:.0%})", "fail"
+        verdict, verdict_class = f"misses the SLO target ({fmt_target(target)})", "fail"
     by_role = ", ".join(f"{r} {v:.2f}" for r, v in summary.gpu_hours_by_role.items())
     refs = summary.references
     best_note = oracle_note = fluid_note = ""
@@ -53,7 +53,7 @@ def headline_card(summary: ReplaySummary, *, title: str = "") -> str:
             "slo_attainment.both",
             "SLO attainment, TTFT and ITL",
             fmt_percent(att.both),
-            f"target {target:.0%}" if target is not None else "no target set",
+            f"target {fmt_target(target)}" if target is not None else "no target set",
             pass_class(att.both),
             big=True,
         ),

@@ -33,15 +33,13 @@ from disagg_planner.replay.bounds import (
     references_key,
 )
 from disagg_planner.replay.comparison import write_comparison
+from disagg_planner.replay.comparison_model import REFERENCE_POLICIES
 from disagg_planner.replay.plan import ReplayPlan
 from disagg_planner.replay.progress import REDRAW_S, RunProgress, size_line
 from disagg_planner.replay.runner import ReplayResult
 from disagg_planner.replay.session import ORACLE_WINDOW_S, make_policy, run
 
 log = logging.getLogger(__name__)
-
-# The policies that are the references' searches: they start once those are found.
-REFERENCE_POLICIES = ("oracle", "best-static")
 
 
 def available_cores() -> int:
@@ -117,7 +115,7 @@ def _run_all(
 ) -> list[ReplayResult]:
     jobs = resolve_jobs(jobs)
     for name in policies:
-        if name not in REFERENCE_POLICIES:  # those two are the references' searches
+        if name not in REFERENCE_POLICIES:  # those are the references' searches
             make_policy(name, plan)  # a bad name refused before minutes of searching
     span = max(r.arrival_s for r in plan.requests)
     log.info("%s", size_line(len(plan.requests), span, policies))

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from disagg_planner.replay.replay_summary import Attainment, Percentiles, ReplaySummary
+from disagg_planner.report.elements import fmt_target
 from disagg_planner.simulator.request import RequestRecord
 from disagg_planner.simulator.startup import STARTUP_PHASES
 
@@ -243,7 +244,7 @@ def _verdict(summary: ReplaySummary) -> str:
     slo, meets = summary.slo, summary.meets_target
     if slo is None or meets is None:
         return "-"
-    return f"{'yes' if meets else 'no'} ({slo.attainment_target:.0%})"
+    return f"{'yes' if meets else 'no'} ({fmt_target(slo.attainment_target)})"
 
 
 def _ratio(value: float | None) -> str:

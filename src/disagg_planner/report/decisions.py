@@ -3,7 +3,8 @@ its reason (the replicas panel marks them, the page lists them in a table)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from disagg_planner.report.elements import Decision, esc, ordered_roles, role_colour
 from disagg_planner.report.snapshot import TickSnapshot
@@ -37,14 +38,38 @@ def decisions_of(
     return out
 
 
+NO_REASON = "no reason recorded"
+
+
+@dataclass(frozen=True)
+class ReasonCount:
+    """How many ticks decided for one reason, and how many of them set replicas."""
+
+    reason: str
+    ticks: int
+    changes: int
+
+
+def count_reasons(ticks: Iterable[tuple[str, bool]]) -> tuple[ReasonCount, ...]:
+    """``(reason, set replicas)`` of each tick counted by reason, most frequent first (then
+    by name): a tick that changes nothing is a decision too (to hold), and its reason says
+    why. An empty reason is counted as :data:`NO_REASON`."""
+    ticks_by: dict[str, int] = {}
+    changes_by: dict[str, int] = {}
+    for reason, changed in ticks:
+        key = reason or NO_REASON
+        ticks_by[key] = ticks_by.get(key, 0) + 1
+        changes_by[key] = changes_by.get(key, 0) + int(changed)
+    return tuple(
+        ReasonCount(reason, n, changes_by[reason])
+        for reason, n in sorted(ticks_by.items(), key=lambda item: (-item[1], item[0]))
+    )
+
+
 def reason_tally(snapshots: Sequence[TickSnapshot]) -> list[tuple[str, int]]:
-    """How many ticks decided each way (``short_reason``), most frequent first: a tick that
-    changes nothing is a decision too (to hold), and its reason says why."""
-    counts: dict[str, int] = {}
-    for snapshot in snapshots:
-        reason = short_reason(snapshot) or "no reason recorded"
-        counts[reason] = counts.get(reason, 0) + 1
-    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    """How many ticks decided each way (``short_reason``), most frequent first."""
+    counted = count_reasons((short_reason(s), bool(s.scale_to)) for s in snapshots)
+    return [(c.reason, c.ticks) for c in counted]
 
 
 def decisions_table(

@@ -96,10 +96,18 @@ class Page:
     decisions_html: str = ""
     folded: list[Panel] = field(default_factory=list)
     footer: str = ""
+    # (name, colour) of what the page's colours stand for; None: the roles (ROLE_COLOURS)
+    colours: Sequence[tuple[str, str]] | None = None
 
 
 def fmt_percent(value: float | None) -> str:
     return "not computed" if value is None else f"{value:.2%}"
+
+
+def fmt_target(value: float) -> str:
+    """An attainment target: a whole percent as such (99%), else to a tenth (99.9%, which
+    ``.0%`` would print as 100%)."""
+    return f"{value:.0%}" if round(value * 100, 6) == round(value * 100) else f"{value:.1%}"
 
 
 def fmt_number(value: float | None, digits: int = 2) -> str:

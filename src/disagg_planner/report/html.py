@@ -108,6 +108,16 @@ footer{font-size:11px;color:#777;margin:16px 0}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(430px,1fr));gap:10px}
 .cards .headline{margin-bottom:0}.cards .tile{flex:1 1 110px}.cards .tile .value{font-size:17px}
 .cards .tile.big .value{font-size:22px}.cards h2{font-size:15px}
+.headline .note,.headline .unservable{font-size:12px;color:#555;margin:6px 0}
+.headline .unservable{color:#8a5a00}
+.winner{font-size:16px;margin:2px 0 8px}.winner .rule{font-size:12px;color:#555}
+.verdicts{list-style:none;padding:0;margin:0}
+.verdicts li{padding:4px 0;border-bottom:1px solid #eee;font-size:14px}
+.verdicts .why{display:block;font-size:12px;color:#555;margin-left:22px}
+.swatch{font-size:16px;margin-right:6px}
+.tallies{display:grid;grid-template-columns:repeat(auto-fit,minmax(280px,1fr));gap:10px}
+.tallies table{border-collapse:collapse;width:100%;font-size:12px}
+.tallies th,.tallies td{border-bottom:1px solid #eee;padding:3px 6px;text-align:left}
 """
 
 # Plots drawn inside a closed <details> have no width: redraw them when it opens.
@@ -143,8 +153,10 @@ def _panel_html(panel: Panel, *, first_plot: list[bool]) -> str:
 def render_page(page: Page) -> str:
     """The page's HTML; plotly.js is inlined once, with the first plot."""
     first_plot = [True]
-    role_key = "".join(
-        f"<span style='color:{c}'>&#9632; {r}</span>" for r, c in ROLE_COLOURS.items()
+    colours = ROLE_COLOURS.items() if page.colours is None else page.colours
+    key = "".join(
+        f"<span data-colour='{esc(c)}' style='color:{esc(c)}'>&#9632; {esc(name)}</span>"
+        for name, c in colours
     )
     parts = [
         f"<h1>{esc(page.title)}</h1>",
@@ -161,7 +173,7 @@ def render_page(page: Page) -> str:
             f"per-engine queues, every request</summary>{inner}</details>"
         )
     parts.append(
-        f"<footer><div class='legend-roles'>Colours: {role_key}</div>{esc(page.footer)}</footer>"
+        f"<footer><div class='legend-roles'>Colours: {key}</div>{esc(page.footer)}</footer>"
     )
     # with no figure at all plotly.js was never loaded: no script to run
     script = "" if first_plot[0] else f"<script>{_SCRIPT}</script>"
