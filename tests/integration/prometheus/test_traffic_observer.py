@@ -187,15 +187,8 @@ def assert_same_observation(live: object, replay: object) -> None:
     assert live.end_s == pytest.approx(replay.end_s, abs=1e-6)
     assert live.duration_s == pytest.approx(replay.duration_s, abs=1e-6)
     assert live.accept_length_missing == replay.accept_length_missing
-    for name in (
-        "num_req",
-        "ttft_ms",
-        "itl_ms",
-        "isl",
-        "osl",
-        "request_duration_s",
-        "accept_length",
-    ):
+    averages = ("ttft_ms", "itl_ms", "isl", "osl", "request_duration_s")
+    for name in ("num_req", *averages, "accept_length"):
         a, b = getattr(live, name), getattr(replay, name)
         assert (a is None) == (b is None), name
         if a is not None:
