@@ -67,14 +67,18 @@ WIDE_EP_ENGINE = "sim:deepseek-v3@gb200:tp1:dp16:ep16"
 # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B on MT-bench (K = 7, temperature 1: the comparison table
 # of the nebius/EAGLE3-Llama-3.3-70B-Instruct model card), Dynamo's vLLM speculative-decoding
 # example's draft head. Its policies: the planner unaware of it (sizing decode as if every
-# iteration emitted one token), the planner told the draft length and the accept length, and
-# the cheapest static deployment.
+# iteration emitted one token), the planner told the draft length and the accept length, the
+# planner told only the draft length (reading the accept length from the engines'
+# speculative-decoding counters, as a user who does not know it would run it), and the
+# cheapest static deployment.
 SPEC_DECODE_ENGINE = "sim:llama-3.1-8b-fp8@h200_sxm:tp1:nextn=7:accept=2.77"
 SPEC_DECODE_SETTINGS: dict[str, Any] = {
     "num_speculative_tokens": 7,
     "speculative_accept_length": 2.77,
 }
-SPEC_DECODE_POLICIES = ("planner", "planner-spec", "best-static")
+SPEC_DECODE_POLICIES = ("planner", "planner-spec", "planner-spec-observed", "best-static")
+# the planner policies of that workload that are told of it
+SPEC_DECODE_PLANNERS = ("planner-spec", "planner-spec-observed")
 # The elastic policy's settings on the wide-EP workload; its followers' start-up + join is the
 # scenario's start-up delay (the same pods a new replica would start), set in _plan.
 WIDE_EP_ELASTIC: dict[str, Any] = {
@@ -235,7 +239,9 @@ SCENARIOS = (
         "running speculative decoding (EAGLE-3, 7 draft tokens, accept length 2.77: "
         f"`{SPEC_DECODE_ENGINE}`); the profile is the plain engine's. `planner` does not know "
         "of it, `planner-spec` is told `num_speculative_tokens` 7 and "
-        "`speculative_accept_length` 2.77 and sizes decode by it",
+        "`speculative_accept_length` 2.77 and sizes decode by it, `planner-spec-observed` is "
+        "told only `num_speculative_tokens` 7 and sizes decode by the accept length it reads "
+        "from the engines' `vllm:spec_decode_*` counters",
         engine=SPEC_DECODE_ENGINE,
         spec_decode=SPEC_DECODE_SETTINGS,
     ),
@@ -280,16 +286,19 @@ def _run_one(
     scenario, policy, variant, startup, found = args
     if policy == "elastic-ep":
         variant = variant | _elastic_variant(scenario, startup)
-    if policy == "planner-spec":
+    if policy in SPEC_DECODE_PLANNERS:
         assert scenario.spec_decode is not None
-        variant = variant | scenario.spec_decode
+        told = scenario.spec_decode
+        if policy == "planner-spec-observed":  # the draft length only
+            told = {k: v for k, v in told.items() if k != "speculative_accept_length"}
+        variant = variant | told
     plan = _plan(scenario, variant, startup)
     if found is not None:
         # the same key: the same requests, cluster, targets and floors (a variant may change
         # them, and then this run finds its own)
         adopt_references(*found)
     name = policy
-    if policy in ("elastic-ep", "planner-spec"):
+    if policy in ("elastic-ep", *SPEC_DECODE_PLANNERS):
         name = "planner"
     elif policy == "fixed-dp16":
         name = "static:1"
@@ -299,7 +308,7 @@ def _run_one(
         name = "static:" + ",".join(str(peak[r]) for r in plan.setup.specs)
         plan = replace(plan, setup=replace(plan.setup, initial_replicas=peak))
     summary = run(plan, name, progress=False).summary.to_json()
-    renamed = ("elastic-ep", "fixed-dp16", "planner-spec")
+    renamed = ("elastic-ep", "fixed-dp16", *SPEC_DECODE_PLANNERS)
     summary["policy"] = policy if policy in renamed else summary["policy"]
     summary["scenario"] = scenario.name
     summary["real_traffic"] = scenario.real
@@ -556,7 +565,13 @@ def main(argv: list[str] | None = None) -> int:
         found = list(pool.map(_references, runs))
         print(f"references found in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         tasks = [
-            (s, p, variant if p in ("planner", "elastic-ep", "planner-spec") else {}, d, refs)
+            (
+                s,
+                p,
+                variant if p in ("planner", "elastic-ep", *SPEC_DECODE_PLANNERS) else {},
+                d,
+                refs,
+            )
             for (s, d), refs in zip(runs, found, strict=True)
             for p in (args.policy or s.policies)
         ]

@@ -58,13 +58,25 @@ def kv_hit_rate(*, configured: float | None, observed: float | None) -> RuleValu
 
 
 def accept_length(
-    *, configured: float | None, observed: float | None, num_speculative_tokens: int | None
+    *,
+    configured: float | None,
+    observed: float | None,
+    num_speculative_tokens: int | None,
+    unseen_because: str | None = None,
 ) -> RuleValue:
     """Rule ``spec_decode_accept``: output tokens per sequence per decode iteration.
 
     1 (no speculative decoding) unless ``num_speculative_tokens`` (``nextn``) is set; then
-    the configured accept length, else the observed one, else 1; clamped to
-    ``[1, nextn + 1]`` (an accept length above it is a misread metric, below 1 impossible).
+    the configured accept length, else the observed one (vLLM's counters,
+    ``1 + accepted / drafts``), else 1; clamped to ``[1, nextn + 1]`` (an accept length
+    above it is a misread metric, below 1 impossible). ``unseen_because`` says why none was
+    observed (the reason of the fallback to 1).
+
+    >>> accept_length(configured=None, observed=2.5, num_speculative_tokens=3).reason
+    'spec_decode_accept: decode work / 2.50 (observed accept length)'
+    >>> accept_length(configured=None, observed=None, num_speculative_tokens=3,
+    ...               unseen_because="no drafts").reason
+    'spec_decode_accept: none (accept length neither configured nor seen: no drafts)'
     """
     if not num_speculative_tokens:
         return RuleValue(1.0, "spec_decode_accept: none (no speculative tokens configured)")
@@ -76,7 +88,10 @@ def accept_length(
             return RuleValue(
                 a, f"spec_decode_accept: decode work / {a:.2f} ({source} accept length{clamp})"
             )
-    return RuleValue(1.0, "spec_decode_accept: none (accept length neither configured nor seen)")
+    why = f": {unseen_because}" if unseen_because else ""
+    return RuleValue(
+        1.0, f"spec_decode_accept: none (accept length neither configured nor seen{why})"
+    )
 
 
 def prefill_requests(num_req: float, hit: RuleValue) -> float:
@@ -96,26 +111,36 @@ class DemandRules:
 
     kv_hit: RuleValue
     accept: RuleValue
+    # speculative decoding configured (nextn set): the accept rule is reported even when it
+    # falls back to 1, so that the decision says why decode was not discounted
+    speculative: bool = False
 
     def acting(self) -> list[str]:
-        """The reasons of the rules that change the demand (none at 0 % hits, accept 1)."""
+        """The reasons of the rules that change the demand (none at 0 % hits, accept 1), and
+        the accept rule's whenever speculative decoding is configured."""
         acting = [self.kv_hit.reason] if self.kv_hit.value > 0 else []
-        return acting + ([self.accept.reason] if self.accept.value > 1 else [])
+        shown = self.accept.value > 1 or self.speculative
+        return acting + ([self.accept.reason] if shown else [])
 
 
 class DemandSignals:
     """The last KV hit rate and accept length observed (a window without them keeps the
-    previous value: an idle router reports no hit rate, which says nothing about the cache)."""
+    previous value: an idle router reports no hit rate, which says nothing about the cache;
+    an idle engine makes no drafts, which says nothing about how many it would accept).
+    Until one is seen, the latest reason why not is kept for the fallback's reason."""
 
     def __init__(self) -> None:
         self.kv_hit_rate: float | None = None
         self.accept_length: float | None = None
+        self.accept_length_missing: str | None = None
 
     def observe(self, obs: TrafficObservation) -> None:
         if obs.kv_hit_rate is not None:
             self.kv_hit_rate = obs.kv_hit_rate
         if obs.accept_length is not None:
             self.accept_length = obs.accept_length
+        else:
+            self.accept_length_missing = obs.accept_length_missing
 
     def rules(self, config: PlannerConfig) -> DemandRules:
         """Both rules for the next sizing, configured values first."""
@@ -125,5 +150,7 @@ class DemandSignals:
                 configured=config.speculative_accept_length,
                 observed=self.accept_length,
                 num_speculative_tokens=config.num_speculative_tokens,
+                unseen_because=self.accept_length_missing,
             ),
+            speculative=bool(config.num_speculative_tokens),
         )

@@ -109,6 +109,9 @@ class TrafficObservation:
     kv_hit_rate: float | None = None
     # mean tokens per sequence per decode step (speculative decoding), when read
     accept_length: float | None = None
+    # why ``accept_length`` is None (no engine counters, no drafts, a bad value), for the
+    # reason of the rule that then falls back
+    accept_length_missing: str | None = None
 
     def __post_init__(self) -> None:
         for name in (

@@ -49,7 +49,12 @@ from disagg_planner.observe.window import (
     observation_from_increases,
     source_metrics,
 )
-from disagg_planner.signals.frontend import MODEL_LABEL, NAMESPACE_LABEL
+from disagg_planner.signals.frontend import (
+    MODEL_LABEL,
+    NAMESPACE_LABEL,
+    SPEC_DECODE_ACCEPTED_TOKENS,
+    SPEC_DECODE_DRAFTS,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +148,9 @@ class PrometheusTrafficObserver:
                 f"sum({self._metrics.requests_started}{sel}) - "
                 f"sum({self._metrics.requests_finished}{sel})"
             )
+        # the engines' speculative-decoding counters (the accept length), same filters
+        parts["spec_accepted"] = summed(SPEC_DECODE_ACCEPTED_TOKENS)
+        parts["spec_drafts"] = summed(SPEC_DECODE_DRAFTS)
         for item in HISTOGRAM_INPUTS:
             family = metric_family(self._metrics, item)
             parts[f"{item.key}_sum"] = summed(f"{family}_sum")
@@ -354,7 +362,7 @@ def _parse_vector(vector: Any) -> tuple[WindowIncreases, float | None]:
     """Split the tagged vector into per-part increases, and the evaluation time."""
     if not isinstance(vector, list):
         raise _BadResponse(f"result is a {type(vector).__name__}, expected an instant vector")
-    known = {"requests_started", "requests_finished", "in_flight"}
+    known = {"requests_started", "requests_finished", "in_flight", "spec_accepted", "spec_drafts"}
     for item in HISTOGRAM_INPUTS:
         known |= {f"{item.key}_sum", f"{item.key}_count"}
     scalars: dict[str, float] = {}
@@ -383,6 +391,8 @@ def _parse_vector(vector: Any) -> tuple[WindowIncreases, float | None]:
         counts=_by_input(scalars, "_count"),
         buckets=buckets,
         in_flight=scalars.get("in_flight"),
+        spec_accepted=scalars.get("spec_accepted"),
+        spec_drafts=scalars.get("spec_drafts"),
     )
     return increases, eval_s
 

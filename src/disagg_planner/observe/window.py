@@ -19,7 +19,12 @@ Definitions (one place, both paths):
   when no observation finished in the window; TTFT and ITL are converted from seconds to
   milliseconds, token lengths stay in tokens, request duration stays in seconds;
 - the ISL/OSL distributions = increase of ``X_bucket`` per ``le``, summed over series and
-  turned from cumulative into per-bucket counts.
+  turned from cumulative into per-bucket counts;
+- the speculative-decoding accept length = ``1 + increase(accepted) / increase(drafts)`` of
+  vLLM's two counters summed over the engines (:func:`accept_length_from_increases`); None
+  when neither has a series, else None with the reason in ``accept_length_missing`` when
+  one has none, no draft was made in the window, or a value is not a finite number >= 0 (a
+  bad engine counter never makes the traffic itself missing).
 
 Zero traffic (counters present, no increase) is a valid observation with ``num_req == 0``
 and undefined averages. No series at all is *not* zero traffic: it is a missing observation
@@ -51,6 +56,8 @@ from disagg_planner.signals.frontend import (
     MODEL_LABEL,
     NAMESPACE_LABEL,
     SOURCES,
+    SPEC_DECODE_ACCEPTED_TOKENS,
+    SPEC_DECODE_DRAFTS,
     TrafficMetricNames,
 )
 
@@ -181,6 +188,9 @@ class WindowIncreases:
     counter_series: tuple[SeriesSamples, ...] = ()
     # not an increase: requests started minus finished at the window's end (None: not read)
     in_flight: float | None = None
+    # vLLM's speculative-decoding counters over the engines (None: no series)
+    spec_accepted: float | None = None
+    spec_drafts: float | None = None
 
     @property
     def count_metric_used(self) -> str | None:
@@ -229,6 +239,9 @@ def observation_from_increases(
             average = total / count * item.scale
         averages[item.observation_field] = average
 
+    accept, accept_missing = accept_length_from_increases(
+        accepted=increases.spec_accepted, drafts=increases.spec_drafts
+    )
     histograms: dict[str, Histogram | None] = {}
     for key, obs_field in DISTRIBUTION_INPUTS.items():
         cumulative = increases.buckets.get(key)
@@ -247,6 +260,8 @@ def observation_from_increases(
         osl_histogram=histograms["osl_histogram"],
         ttft_histogram=histograms["ttft_histogram"],
         kv_hit_rate=averages["kv_hit_rate"],
+        accept_length=accept,
+        accept_length_missing=accept_missing,
         # counters scraped a moment apart can cross: never fewer than no request in flight
         in_flight=(
             max(0.0, increases.in_flight)
@@ -254,6 +269,37 @@ def observation_from_increases(
             else None
         ),
     )
+
+
+def accept_length_from_increases(
+    *, accepted: float | None, drafts: float | None
+) -> tuple[float | None, str | None]:
+    """The mean tokens a sequence emitted per speculative step over the window, or None and
+    why not.
+
+    vLLM counts one draft per sequence per step and the draft tokens the target kept, and
+    every step also emits the token the target samples itself, so the accept length is
+    ``A = 1 + accepted / drafts`` (the bonus token included; ``1 <= A <= nextn + 1``; the
+    rule ``spec_decode_accept`` clamps a misread value). Counter resets are already folded
+    into the increases (``increase()`` adds what a restarted counter counted since).
+
+    >>> accept_length_from_increases(accepted=350.0, drafts=200.0)
+    (2.75, None)
+    >>> accept_length_from_increases(accepted=0.0, drafts=0.0)
+    (None, 'no speculative drafts in the window')
+    """
+    if accepted is None and drafts is None:
+        # no engine speculates (or none is scraped): nothing to report on every window
+        return None, None
+    if accepted is None or drafts is None:
+        absent = SPEC_DECODE_ACCEPTED_TOKENS if accepted is None else SPEC_DECODE_DRAFTS
+        return None, f"no series of {absent}"
+    for name, value in ((SPEC_DECODE_ACCEPTED_TOKENS, accepted), (SPEC_DECODE_DRAFTS, drafts)):
+        if not (math.isfinite(value) and value >= 0):
+            return None, f"increase of {name} is {value}, expected a finite number >= 0"
+    if drafts == 0:
+        return None, "no speculative drafts in the window"
+    return 1.0 + accepted / drafts, None
 
 
 def histogram_from_cumulative(cumulative: Mapping[float, float]) -> Histogram:
@@ -454,6 +500,8 @@ def traffic_from_snapshots(
         counts=counts,
         buckets=buckets,
         in_flight=_in_flight(end, metrics, ns_value, wanted_model),
+        spec_accepted=total(SPEC_DECODE_ACCEPTED_TOKENS),
+        spec_drafts=total(SPEC_DECODE_DRAFTS),
     )
     used = increases.count_metric_used
     if used is not None:

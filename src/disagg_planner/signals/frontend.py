@@ -57,6 +57,15 @@ ROUTER = TrafficMetricNames(
 
 SOURCES: dict[str, TrafficMetricNames] = {"frontend": FRONTEND, "router": ROUTER}
 
+# vLLM's speculative-decoding counters, exported by the decode (and aggregated) engines,
+# whichever traffic source is read; Dynamo's planner reads the same two
+# (``get_avg_spec_decode_accept_length``): one draft per sequence per speculative step, and
+# the draft tokens the target model kept, so the mean tokens a sequence emits per step is
+# ``1 + increase(accepted) / increase(drafts)``. Read with the traffic selector (model,
+# namespace); absent where no engine speculates.
+SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts_total"
+
 # Histogram bucket bounds the simulator and test exporters use. Production frontends have
 # their own; the observer reads whatever `le` values it finds.
 TTFT_BUCKETS_S: tuple[float, ...] = (

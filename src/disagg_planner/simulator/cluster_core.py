@@ -112,7 +112,11 @@ class ClusterCore:
         self._rng = random.Random(seed)
         self.kv_transfer_bandwidth_bps = float(kv_transfer_bandwidth_bps)
         first_model = self._specs[roles[-1]].model.name
-        self.frontend = FrontendMetrics(model=model_label or first_model, namespace=namespace)
+        self.frontend = FrontendMetrics(
+            model=model_label or first_model,
+            namespace=namespace,
+            speculative=any(s.num_speculative_tokens for s in self._specs.values()),
+        )
         eff = catalogue.efficiency()
         self.frontend_latency_s = (
             eff.ttft_overhead_s if frontend_latency_s is None else float(frontend_latency_s)
@@ -323,6 +327,8 @@ class ClusterCore:
             delay /= self.kv_transfer_bandwidth_bps
             self._push(time_s + delay, EV_KV_DONE, req)
         else:
+            if engine.model.spec.num_speculative_tokens:
+                self.frontend.on_decoded(req.osl, req.target)
             self._finish(req, time_s)
         replica = self._engine_of_replica.get(id(engine))
         if replica is not None and replica.state is ReplicaState.DRAINING and replica.is_empty():

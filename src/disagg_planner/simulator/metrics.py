@@ -6,6 +6,14 @@ first token; one inter-token-latency observation per token after the first (the 
 previous token); OSL, request duration and the finished-requests counter when the request
 ends (failed requests included). Values are cumulative since the start of the simulation,
 exactly what a Prometheus scrape at that moment would read.
+
+Where the engines run speculative decoding, the page also carries vLLM's two
+speculative-decoding counters (``vllm:spec_decode_num_drafts_total``, one per sequence per
+speculative step; ``vllm:spec_decode_num_accepted_tokens_total``, the draft tokens kept), with
+the frontend's labels, so that the replay observes the accept length as the live planner
+does. They are counted when a request leaves its decode engine, for all of its steps at once
+(vLLM counts each step as it runs: the ratio over a window is the same up to which window a
+long request's steps fall in).
 """
 
 from __future__ import annotations
@@ -201,6 +209,7 @@ class FrontendMetrics:
         itl_buckets: Iterable[float] = names.ITL_BUCKETS_S,
         duration_buckets: Iterable[float] = names.DURATION_BUCKETS_S,
         token_buckets: Iterable[float] = names.TOKEN_BUCKETS,
+        speculative: bool = False,
     ) -> None:
         # Dynamo's frontend lower-cases the model label.
         self.labels: Mapping[str, str] = {
@@ -216,6 +225,10 @@ class FrontendMetrics:
         self.osl = Histogram(token_buckets)
         # the KV router's per-request share of the prompt found in the engine's prefix cache
         self.kv_hit = Histogram(names.KV_HIT_BUCKETS)
+        # the engines' speculative-decoding counters, on the page only where they speculate
+        self.speculative = speculative
+        self.spec_drafts = 0
+        self.spec_accepted = 0
         self.time_s = 0.0
 
     # -- observation hooks (called by the cluster) ---------------------------------------------
@@ -226,6 +239,15 @@ class FrontendMetrics:
         self.ttft.observe(ttft_s)
         self.isl.observe(float(isl))
         self.kv_hit.observe(min(cached_tokens, isl) / isl if isl > 0 else 0.0)
+
+    def on_decoded(self, osl: int, iterations: int) -> None:
+        """A request left its decode engine after ``iterations`` engine iterations for its
+        ``osl`` tokens: the first comes with the prefill's (or the KV transfer's) iteration,
+        each later iteration is one speculative step that drafted for it and emitted the
+        target's token plus the drafts it kept."""
+        steps = max(iterations - 1, 0)
+        self.spec_drafts += steps
+        self.spec_accepted += max(osl - 1 - steps, 0)
 
     def on_finished(self, duration_s: float, osl: int) -> None:
         self.requests_finished += 1
@@ -246,10 +268,14 @@ class FrontendMetrics:
 
     def _counters(self) -> dict[str, int]:
         f = names.FRONTEND
-        return {
+        counters = {
             f.requests_started: self.requests_started,
             f.requests_finished: self.requests_finished,
         }
+        if self.speculative:
+            counters[names.SPEC_DECODE_DRAFTS] = self.spec_drafts
+            counters[names.SPEC_DECODE_ACCEPTED_TOKENS] = self.spec_accepted
+        return counters
 
     def snapshot(self) -> MetricsSnapshot:
         labels = dict(self.labels)
@@ -343,4 +369,6 @@ _HELP = {
     names.FRONTEND.input_tokens: "Input sequence length in tokens",
     names.FRONTEND.output_tokens: "Output sequence length in tokens",
     names.ROUTER_KV_HIT_RATE: "Share of each request's prompt in the chosen worker's KV cache",
+    names.SPEC_DECODE_DRAFTS: "Speculative steps, one per sequence per step",
+    names.SPEC_DECODE_ACCEPTED_TOKENS: "Draft tokens the target model accepted",
 }

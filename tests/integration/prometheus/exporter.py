@@ -24,6 +24,8 @@ from disagg_planner.signals.frontend import (
     ITL_BUCKETS_S,
     MODEL_LABEL,
     NAMESPACE_LABEL,
+    SPEC_DECODE_ACCEPTED_TOKENS,
+    SPEC_DECODE_DRAFTS,
     TOKEN_BUCKETS,
     TTFT_BUCKETS_S,
     TrafficMetricNames,
@@ -76,12 +78,42 @@ class _Metrics:
         )
 
 
+class _EngineMetrics:
+    """vLLM's speculative-decoding counters of the engines (their own process: they restart
+    without the frontend)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        # prometheus_client adds the ``_total`` the table's names end in
+        self.drafts = Counter(
+            SPEC_DECODE_DRAFTS.removesuffix("_total"), "Drafts", LABELS, registry=reg
+        )
+        self.accepted = Counter(
+            SPEC_DECODE_ACCEPTED_TOKENS.removesuffix("_total"), "Accepted", LABELS, registry=reg
+        )
+
+
 class FrontendMetrics:
-    """Frontend traffic metrics in a private registry, and their text exposition."""
+    """Frontend traffic metrics in a private registry, and their text exposition (with the
+    engines' speculative-decoding counters where a test records them)."""
 
     def __init__(self, names: TrafficMetricNames = FRONTEND) -> None:
         self._names = names
         self._metrics = _Metrics(names)
+        self._engines = _EngineMetrics()
+
+    def record_spec_decode(
+        self, *, drafts: int, accepted: int, model: str, namespace: str, pod: str = "a"
+    ) -> None:
+        """Add speculative steps (``drafts``) and the draft tokens kept (``accepted``)."""
+        labels = (model, namespace, pod)
+        self._engines.drafts.labels(*labels).inc(drafts)
+        self._engines.accepted.labels(*labels).inc(accepted)
+
+    def restart_engines(self) -> None:
+        """The engines restart (their counters start again from 0); the frontend does not."""
+        self._engines = _EngineMetrics()
 
     def record(
         self,
@@ -118,7 +150,9 @@ class FrontendMetrics:
 
     def text(self) -> str:
         """The current values in Prometheus text exposition format."""
-        return generate_latest(self._metrics.registry).decode()
+        return (
+            generate_latest(self._metrics.registry) + generate_latest(self._engines.registry)
+        ).decode()
 
 
 class FrontendExporter(FrontendMetrics):

@@ -1,7 +1,8 @@
 """The traffic PromQL against a real Prometheus scraping a frontend exporter.
 
 One Prometheus (1 s scrapes) reads one exporter through a timeline of published states:
-baseline, known traffic, idle, counter reset. Each test evaluates the observer over the
+baseline, known traffic, idle, counter reset, the engines restarting (their
+speculative-decoding counters reset, the frontend's not). Each test evaluates the observer over the
 window between two consecutive scrapes (so ``increase()`` has nothing to extrapolate and
 every expected value is exact) and checks it, and checks that the replay path gives the
 same observation from the two scraped texts.
@@ -55,6 +56,7 @@ class Timeline:
     traffic: int
     idle: int
     reset: int
+    engine_restart: int
 
     def window(self, first: int, last: int) -> tuple[float, float]:
         """(start_s, end_s): the last scrape of ``first`` and the first scrape of ``last``."""
@@ -113,6 +115,12 @@ def timeline(module_prometheus_factory: PrometheusFactory) -> Iterator[Timeline]
         exporter.record(times(R_C, 5), model=DOT_TWIN, namespace="dyn-a")
         exporter.record(times(R_C, 9), model=PREFIX_TWIN, namespace="dyn-a")
         exporter.record(times(R_A, 6), model=LEGACY, namespace="dyn-a", count_started=False)
+        # the model's two engines speculate (vLLM's counters), another namespace's too
+        for pod in ("a", "b"):
+            exporter.record_spec_decode(
+                drafts=700, accepted=1200, model=MODEL, namespace="dyn-a", pod=pod
+            )
+        exporter.record_spec_decode(drafts=50, accepted=300, model=MODEL, namespace="dyn-b")
         baseline = exporter.publish()
         prometheus = module_prometheus_factory([exporter.target])
         wait_for_generation(prometheus, exporter)
@@ -123,6 +131,11 @@ def timeline(module_prometheus_factory: PrometheusFactory) -> Iterator[Timeline]
         exporter.record(times(R_C, 40), model=DOT_TWIN, namespace="dyn-a")
         exporter.record(times(R_C, 50), model=PREFIX_TWIN, namespace="dyn-a")
         exporter.record(times(R_A, 4), model=LEGACY, namespace="dyn-a", count_started=False)
+        exporter.record_spec_decode(drafts=300, accepted=500, model=MODEL, namespace="dyn-a")
+        exporter.record_spec_decode(
+            drafts=100, accepted=177, model=MODEL, namespace="dyn-a", pod="b"
+        )
+        exporter.record_spec_decode(drafts=50, accepted=300, model=MODEL, namespace="dyn-b")
         traffic = exporter.publish()
         wait_for_generation(prometheus, exporter)
         idle = exporter.publish()  # nothing new: the frontends are up but idle
@@ -133,8 +146,15 @@ def timeline(module_prometheus_factory: PrometheusFactory) -> Iterator[Timeline]
         exporter.record(times(R_A, 2), model=LEGACY, namespace="dyn-a", count_started=False)
         reset = exporter.publish()
         wait_for_generation(prometheus, exporter)
+        exporter.restart_engines()  # the engines restart, the frontends keep counting
+        exporter.record(times(R_A, 2), model=MODEL, namespace="dyn-a", pod="a")
+        exporter.record_spec_decode(drafts=40, accepted=70, model=MODEL, namespace="dyn-a")
+        engine_restart = exporter.publish()
+        wait_for_generation(prometheus, exporter)
         scrapes = prometheus.samples(f'{GENERATION_METRIC}{{instance="{exporter.target}"}}')
-        yield Timeline(prometheus, exporter, scrapes, baseline, traffic, idle, reset)
+        yield Timeline(
+            prometheus, exporter, scrapes, baseline, traffic, idle, reset, engine_restart
+        )
     finally:
         exporter.close()
 
@@ -166,7 +186,9 @@ def assert_same_observation(live: object, replay: object) -> None:
     assert isinstance(live, TrafficObservation) and isinstance(replay, TrafficObservation)
     assert live.end_s == pytest.approx(replay.end_s, abs=1e-6)
     assert live.duration_s == pytest.approx(replay.duration_s, abs=1e-6)
-    for name in ("num_req", "ttft_ms", "itl_ms", "isl", "osl", "request_duration_s"):
+    assert live.accept_length_missing == replay.accept_length_missing
+    averages = ("ttft_ms", "itl_ms", "isl", "osl", "request_duration_s")
+    for name in ("num_req", *averages, "accept_length"):
         a, b = getattr(live, name), getattr(replay, name)
         assert (a is None) == (b is None), name
         if a is not None:
@@ -244,6 +266,31 @@ def test_counter_reset_in_the_window_is_missing_not_low_traffic(timeline: Timeli
     assert "0% covered; 2 of 2 series" in obs.detail
 
 
+def test_accept_length_from_the_engines_speculative_counters(timeline: Timeline) -> None:
+    # two engines of the model: 300 + 100 speculative steps, 500 + 177 draft tokens kept
+    obs = timeline.observe(MODEL, "dyn-a", timeline.baseline, timeline.traffic)
+    assert_traffic(obs, num_req=8, accept_length=1 + 677 / 400)
+    other = timeline.observe(MODEL, "dyn-b", timeline.baseline, timeline.traffic)
+    assert_traffic(other, accept_length=1 + 300 / 50)
+
+
+def test_idle_engines_give_no_accept_length_and_say_why(timeline: Timeline) -> None:
+    obs = timeline.observe(MODEL, "dyn-a", timeline.traffic, timeline.idle)
+    assert_traffic(obs, num_req=0, accept_length=None)
+    assert isinstance(obs, TrafficObservation)
+    assert obs.accept_length_missing == "no speculative drafts in the window"
+    # a frontend whose engines do not speculate has nothing to say about it
+    legacy = timeline.observe(LEGACY, "dyn-a", timeline.baseline, timeline.traffic)
+    assert_traffic(legacy, accept_length=None)
+    assert isinstance(legacy, TrafficObservation) and legacy.accept_length_missing is None
+
+
+def test_engines_restarting_count_what_they_did_since(timeline: Timeline) -> None:
+    # increase() takes a counter that went down as restarted from 0: 40 steps, 70 kept
+    obs = timeline.observe(MODEL, "dyn-a", timeline.reset, timeline.engine_restart)
+    assert_traffic(obs, num_req=2, accept_length=1 + 70 / 40)
+
+
 def test_falls_back_to_finished_requests_and_says_so(
     timeline: Timeline, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -259,7 +306,7 @@ def test_falls_back_to_finished_requests_and_says_so(
 
 
 @pytest.mark.parametrize("model", [MODEL, DOT_TWIN, LEGACY, "mistral-7b", None])
-@pytest.mark.parametrize("window", ["traffic", "idle", "reset"])
+@pytest.mark.parametrize("window", ["traffic", "idle", "reset", "engine_restart"])
 def test_replay_from_snapshots_equals_promql(
     timeline: Timeline, model: str | None, window: str
 ) -> None:

@@ -45,6 +45,7 @@ ACCEPT_ROWS = [
     ("configured", 2.0, 3.0, 3, 2.0, "configured accept length"),
     ("observed when not configured", None, 2.6, 3, 2.6, "observed"),
     ("not seen yet: 1", None, None, 2, 1.0, "neither configured nor seen"),
+    ("configured wins over observed", 2.0, 2.6, 3, 2.0, "configured"),
     ("clamped to nextn + 1", None, 5.0, 1, 2.0, "clamped to [1, 2]"),
     ("clamped to 1", None, 0.5, 1, 1.0, "clamped"),
 ]
@@ -173,3 +174,30 @@ def test_the_waiting_prompts_are_discounted_too(h200_like_profile: Profile) -> N
     base = prefill_demand(3_000_000, kv_hit_rate=0.0)
     assert base > prefill_demand(0.0, kv_hit_rate=0.0)  # the backlog is part of the demand
     assert prefill_demand(3_000_000, kv_hit_rate=0.5) == pytest.approx(base / 2)
+
+
+def test_the_observed_accept_length_sizes_decode_and_is_kept_through_idle_windows(
+    h200_like_profile: Profile,
+) -> None:
+    # num_speculative_tokens without speculative_accept_length: the engines' counters decide
+    p = planner(h200_like_profile, num_speculative_tokens=3)
+    first = p.tick(
+        60.0,
+        traffic(60.0, 9000, accept_length_missing="no speculative drafts in the window"),
+        status(4, 4),
+    )
+    assert (
+        "spec_decode_accept: none (accept length neither configured nor seen: "
+        "no speculative drafts in the window)" in first.message
+    )
+    seen = p.tick(120.0, traffic(120.0, 9000, accept_length=2.0), status(4, 4))
+    assert "spec_decode_accept: decode work / 2.00 (observed accept length)" in seen.message
+    assert seen.diagnostics.sizing["decode"].demand_tokens_per_s == pytest.approx(
+        first.diagnostics.sizing["decode"].demand_tokens_per_s / 2
+    )
+    idle = p.tick(
+        180.0,
+        traffic(180.0, 9000, accept_length_missing="no speculative drafts in the window"),
+        status(4, 4),
+    )
+    assert "decode work / 2.00 (observed accept length)" in idle.message

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.demand import DemandSignals
 from disagg_planner.core.types import Histogram, MissingObservation, TrafficObservation
 from disagg_planner.observe import MissingReason, PrometheusTrafficObserver
 from tests.unit.observe.canned_prometheus import (
@@ -180,6 +181,75 @@ def test_zero_traffic_is_not_missing(api: CannedPrometheus) -> None:
     assert obs.num_req == 0
     assert (obs.ttft_ms, obs.itl_ms, obs.isl, obs.osl, obs.request_duration_s) == (None,) * 5
     assert obs.isl_histogram == Histogram(bounds=(1024.0,), counts=(0.0,), overflow=0.0)
+
+
+def test_speculative_decoding_counters_give_the_accept_length(api: CannedPrometheus) -> None:
+    # vLLM's counters over the engines: 1 + accepted / drafts (Dynamo's planner reads the same)
+    api.reply = vector_reply({**FULL, "spec_accepted": 3540, "spec_drafts": 2000})
+    observer = observer_for(api.url)
+    obs = observer.observe(duration_s=60)
+    assert isinstance(obs, TrafficObservation)
+    assert obs.accept_length == pytest.approx(2.77)
+    assert obs.accept_length_missing is None
+    query = api.requests[0].param("query")
+    selector = r'{model=~"(?i)meta\\-llama/llama\\-3\\.1\\-8b",dynamo_namespace="dyn-a"}'
+    for counter in (
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_drafts_total",
+    ):
+        assert f"sum(increase({counter}{selector}[60000ms]))" in query
+    # the rule reads it when no accept length is configured, and says so
+    demand = DemandSignals()
+    demand.observe(obs)
+    rule = demand.rules(PlannerConfig(num_speculative_tokens=7)).accept
+    assert rule.value == pytest.approx(2.77)
+    assert rule.reason == "spec_decode_accept: decode work / 2.77 (observed accept length)"
+
+
+@pytest.mark.parametrize(
+    ("parts", "why"),
+    [
+        pytest.param({}, None, id="no engine speculates: nothing to say"),
+        pytest.param(
+            {"spec_accepted": 0, "spec_drafts": 0},
+            "no speculative drafts in the window",
+            id="idle engines",
+        ),
+        pytest.param(
+            {"spec_accepted": 10, "spec_drafts": "NaN"},
+            "increase of vllm:spec_decode_num_drafts_total is nan, expected a finite number",
+            id="NaN",
+        ),
+        pytest.param(
+            {"spec_accepted": -4, "spec_drafts": 10},
+            "increase of vllm:spec_decode_num_accepted_tokens_total is -4.0",
+            id="negative",
+        ),
+        pytest.param(
+            {"spec_drafts": 10},
+            "no series of vllm:spec_decode_num_accepted_tokens_total",
+            id="one counter without series",
+        ),
+    ],
+)
+def test_bad_or_missing_speculative_counters_fall_back_with_the_reason(
+    api: CannedPrometheus, parts: dict[str, float | str], why: str | None
+) -> None:
+    api.reply = vector_reply({**FULL, **parts})
+    obs = observer_for(api.url).observe(duration_s=60)
+    # the traffic itself is still observed: an engine counter never makes it missing
+    assert isinstance(obs, TrafficObservation), obs
+    assert (obs.num_req, obs.accept_length) == (12, None)
+    if why is None:
+        assert obs.accept_length_missing is None
+    else:
+        assert obs.accept_length_missing is not None and why in obs.accept_length_missing
+    demand = DemandSignals()
+    demand.observe(obs)
+    rule = demand.rules(PlannerConfig(num_speculative_tokens=7)).accept
+    assert rule.value == 1.0
+    assert rule.reason.startswith("spec_decode_accept: none (accept length neither configured")
+    assert why is None or why in rule.reason
 
 
 def test_started_requests_without_finished_ones_leave_averages_undefined(

@@ -325,3 +325,42 @@ def test_the_simulated_router_hit_rate_reaches_the_observation() -> None:
         )
     )  # fmt: skip
     assert obs.kv_hit_rate == pytest.approx((0.5 + 0.7 + 0.0) / 3)
+
+
+def test_accept_length_from_the_engines_speculative_counters(metrics: FrontendMetrics) -> None:
+    for pod in ("a", "b"):
+        metrics.record_spec_decode(
+            drafts=500, accepted=900, model="Llama-3.1-8B", namespace="dyn-a", pod=pod
+        )
+    metrics.record_spec_decode(drafts=10, accepted=70, model="Llama-3.1-8B", namespace="dyn-b")
+    before = metrics.text()
+    add_window_traffic(metrics)
+    # two engines of the model: 600 + 200 steps, 1100 + 500 tokens kept
+    metrics.record_spec_decode(
+        drafts=600, accepted=1100, model="Llama-3.1-8B", namespace="dyn-a", pod="a"
+    )
+    metrics.record_spec_decode(
+        drafts=200, accepted=500, model="Llama-3.1-8B", namespace="dyn-a", pod="b"
+    )
+    metrics.record_spec_decode(drafts=10, accepted=70, model="Llama-3.1-8B", namespace="dyn-b")
+    obs = traffic(window(metrics, before))
+    assert obs.accept_length == pytest.approx(1 + 1600 / 800)
+    assert obs.accept_length_missing is None
+    idle = traffic(window(metrics, metrics.text()))
+    assert idle.accept_length is None
+    assert idle.accept_length_missing == "no speculative drafts in the window"
+
+
+def test_engines_restarting_in_the_window_count_what_they_did_since(
+    metrics: FrontendMetrics,
+) -> None:
+    # The frontend keeps its counters, so the window is covered; the engines' counters start
+    # again from 0 and increase() counts their values since the restart.
+    metrics.record_spec_decode(drafts=5000, accepted=9000, model="Llama-3.1-8B", namespace="dyn-a")
+    before = metrics.text()
+    add_window_traffic(metrics)
+    metrics.restart_engines()
+    metrics.record_spec_decode(drafts=100, accepted=150, model="Llama-3.1-8B", namespace="dyn-a")
+    obs = traffic(window(metrics, before))
+    assert obs.num_req == 8
+    assert obs.accept_length == pytest.approx(2.5)

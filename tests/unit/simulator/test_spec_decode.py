@@ -7,7 +7,10 @@ import math
 
 import pytest
 
+from disagg_planner.core.types import TrafficObservation
+from disagg_planner.observe import snapshot_from_samples, snapshot_from_text, traffic_from_snapshots
 from disagg_planner.predictors.traces import TraceRequest
+from disagg_planner.signals.frontend import NAMESPACE_LABEL, SPEC_DECODE_DRAFTS
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.engine_spec import parse
 from disagg_planner.simulator.engines import engine_for
@@ -90,3 +93,34 @@ def test_a_disaggregated_decode_engine_runs_the_speculative_iterations() -> None
     # its other 300 tokens take 120 at 2.5 each; the second request (its 100 tokens in 40)
     # joins them, its own first token in one of them
     assert decode_iterations == 1 + math.ceil(300 / 2.5)
+
+
+def test_the_frontend_page_carries_vllms_speculative_counters_for_the_accept_length() -> None:
+    # The replay observes the accept length from the page, as the live planner does.
+    spec = PLAIN + ":nextn=3:accept=2.5"
+    cluster = Cluster(
+        engines={"prefill": PLAIN, "decode": spec}, replicas={"prefill": 1, "decode": 1}
+    )
+    before = snapshot_from_samples(cluster.frontend.exposition_samples())
+    cluster.submit([TraceRequest(0.0, 1000, 301), TraceRequest(0.0, 2000, 101)])
+    cluster.run_to_completion()
+    after = snapshot_from_samples(cluster.frontend.exposition_samples())
+    obs = traffic_from_snapshots(
+        start=before,
+        end=after,
+        start_s=0.0,
+        end_s=60.0,
+        model_name=None,
+        namespace=cluster.frontend.labels[NAMESPACE_LABEL],
+    )
+    assert isinstance(obs, TrafficObservation), obs
+    # 300 tokens after the first in 120 steps, 100 in 40: 160 drafts, 240 draft tokens kept
+    assert cluster.frontend.spec_drafts == 160 and cluster.frontend.spec_accepted == 240
+    assert obs.accept_length == pytest.approx(1 + 240 / 160)
+    text = cluster.frontend.render_prometheus_text()
+    assert snapshot_from_text(text) == after
+    # engines that do not speculate export no such counters: nothing to observe
+    plain = Cluster(
+        engines={"prefill": PLAIN, "decode": PLAIN}, replicas={"prefill": 1, "decode": 1}
+    )
+    assert SPEC_DECODE_DRAFTS not in plain.frontend.render_prometheus_text()
