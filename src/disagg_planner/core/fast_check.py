@@ -31,7 +31,6 @@ from disagg_planner.core.feedback import (
     breach_replicas,
     breach_responds,
     observed_breach,
-    queue_until_ready,
     unfixable_tail,
 )
 from disagg_planner.core.guards import guard_chain
@@ -112,7 +111,7 @@ def fast_check(
     # the arrivals' need at the pooled lengths.
     queued_isl = recent.isl if recent.num_req > 0 and recent.isl is not None else isl
     backlog = tp.backlog(recent, queued_isl, queued_prefill_tokens)
-    tp.see_served(now_s, status, recent, calm=calm, backlog=backlog.value)
+    tp.see_served(now_s, status, recent, backlog=backlog.value)
     risk = slo_at_risk(
         ttft_tail_ms=seen.ttft_ms,
         ttft_target_ms=cfg.ttft_ms,
@@ -166,7 +165,6 @@ def fast_check(
     # the window is itself a short one: its rate is a burst's, no factor on top
     burst = RuleValue(1.0, "burst factor 1 (the fast check's window is a short window)")
     mix = tp.sizer.length_mix()
-    backlog = _with_queue_until_ready(tp, status, backlog, rate=rate, isl=isl, mix=mix.value)
     sizing, steady, capped = tp.sizer.size_with_backlog(
         observed, gpus, status, burst=burst.value, backlog=backlog, length_mix=mix.value
     )
@@ -309,32 +307,6 @@ def _breach_targets(
             # the model's error is what the observation asks over what it said
             notes += tp.feedback.learn(role, breach=observed / sized)
     return wanted, notes
-
-
-def _with_queue_until_ready(
-    tp: ThroughputPlanner,
-    status: DeploymentStatus,
-    backlog: RuleValue,
-    *,
-    rate: float,
-    isl: float,
-    mix: float,
-) -> RuleValue:
-    """``backlog`` plus the prefill tokens that queue until replicas ordered now serve
-    (:func:`disagg_planner.core.feedback.queue_until_ready`), in the same tokens (the
-    sizing applies the correction and the length mix to both)."""
-    if "prefill" not in tp.config.roles or isl <= 0 or tp.config.no_correction:
-        return backlog
-    thpt = tp.profile.prefill.thpt_per_gpu(isl) * status.roles["prefill"].gpus_per_replica
-    cost = tp.corrections.prefill_capacity * mix
-    growth = queue_until_ready(
-        arrival_tokens_per_s=rate * isl,
-        serving_tokens_per_s=status.ready("prefill") * thpt / cost,
-        time_to_ready_s=tp.time_to_ready("prefill").value,
-    )
-    if growth.value <= 0:
-        return backlog
-    return RuleValue(backlog.value + growth.value, f"{backlog.reason}; {growth.reason}")
 
 
 def _busy_window_rate(tp: ThroughputPlanner, now_s: float, span_s: float = 60.0) -> float:

@@ -134,6 +134,23 @@ def observed_tails(
     return Tails(ttft, obs.itl_ms, ttft_target_ms, itl_target_ms, quantile)
 
 
+@dataclass(frozen=True)
+class Served:
+    """A fast window a role's ready replicas served: when, the tokens per second each
+    carried, how many, and the tail over its SLO."""
+
+    at_s: float
+    per_replica: float
+    replicas: int
+    ratio: float
+
+    def text(self, role: str) -> str:
+        return (
+            f"{role}: {self.replicas} replica(s) served {self.per_replica * self.replicas:.0f} "
+            f"tok/s at {self.at_s:.0f} s, the tail at {self.ratio:.0%} of its SLO"
+        )
+
+
 @dataclass
 class FeedbackMemory:
     """What the feedback rules remember between checks, per role: the fast checks in a row
@@ -148,8 +165,8 @@ class FeedbackMemory:
     # (when, tail ratio) of the last breach scale-up, per role
     last_breach: dict[str, tuple[float, float]] = field(default_factory=dict)
     estimate_source: dict[str, str] = field(default_factory=dict)  # of busy_estimate
-    # (when, tokens/s per ready replica, replicas) of the fast windows a role served calmly
-    served: dict[str, deque[tuple[float, float, int]]] = field(default_factory=dict)
+    # the fast windows each role served within its SLO
+    served: dict[str, deque[Served]] = field(default_factory=dict)
     latency: dict[str, deque[float]] = field(default_factory=dict)  # the last estimates
 
     def latency_estimate(self, role: str, estimate: float) -> float:
@@ -159,17 +176,20 @@ class FeedbackMemory:
         seen.append(estimate)
         return min(seen)
 
-    def serve(self, role: str, *, now_s: float, tokens_per_s: float, ready: int) -> None:
-        """Remember that ``ready`` replicas of ``role`` served ``tokens_per_s`` with a calm
-        tail (:func:`served_calmly`)."""
-        if ready > 0 and tokens_per_s > 0:
+    def serve(
+        self, role: str, *, now_s: float, tokens_per_s: float, ready: int, ratio: float
+    ) -> None:
+        """Remember that ``ready`` replicas of ``role`` served ``tokens_per_s`` with their
+        tail at ``ratio`` of its SLO (kept when within it: :func:`served_calmly`)."""
+        if ready > 0 and tokens_per_s > 0 and ratio <= 1.0:
             seen = self.served.setdefault(role, deque(maxlen=SERVED_HISTORY))
-            seen.append((now_s, tokens_per_s / ready, ready))
+            seen.append(Served(now_s, tokens_per_s / ready, ready, ratio))
 
-    def proven(self, role: str, *, since_s: float) -> tuple[float, float, int] | None:
-        """The highest load per replica ``role`` served calmly since ``since_s``."""
-        seen = [s for s in self.served.get(role, ()) if s[0] >= since_s]
-        return max(seen, key=lambda s: s[1]) if seen else None
+    def proven(self, role: str, *, since_s: float, within: float = 1.0) -> Served | None:
+        """The highest load per replica ``role`` served since ``since_s`` with its tail
+        under ``within`` of its SLO."""
+        seen = [s for s in self.served.get(role, ()) if s.at_s >= since_s and s.ratio <= within]
+        return max(seen, key=lambda s: s.per_replica) if seen else None
 
     def see(self, role: str, ratio: float | None) -> int:
         """Count a check's tail for ``role``; returns the fast checks in a row over SLO."""
@@ -371,7 +391,6 @@ def latency_capacity_estimate(
     ready: int,
     service_scv: float = 1.0,
     first_token_ms: float = 0.0,
-    calm: bool = False,
 ) -> float | None:
     """The capacity correction ``c`` the frontend's mean TTFT says, where no engine reports
     a busy fraction: the ``c`` for which the profile's mean TTFT at the observed load equals
@@ -385,8 +404,10 @@ def latency_capacity_estimate(
     deployment's first decode step, which the frontend's TTFT includes), found by
     bisection within :data:`CORRECTION_BOUNDS`. None without a TTFT, without load or
     ready engines, or above :data:`MAX_LATENCY_LEARN_UTILISATION` predicted (there the
-    wait, not the engine, makes the TTFT). Below 1 only while the role is ``calm``, as
-    :func:`busy_capacity_estimate`.
+    wait, not the engine, makes the TTFT). Never below 1: a TTFT under the profile's at
+    low load says one prompt prefills faster, not that an engine carries more load (the
+    mean over mixed prompt lengths errs by some 15 % either way); the load replicas were
+    seen serving says that (:func:`served_calmly`, :func:`seen_serving`).
 
     At low load ``T ~= c S``: an engine twice as slow as profiled shows twice the TTFT,
     long before any burst shows it as a breach."""
@@ -415,7 +436,7 @@ def latency_capacity_estimate(
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if mean_ttft(mid) < ttft_ms else (lo, mid)
         estimate = (lo + hi) / 2
-    return estimate if calm else max(1.0, estimate)
+    return max(1.0, estimate)
 
 
 def faster_than_profiled(
@@ -447,48 +468,25 @@ def served_calmly(
     role: str,
     *,
     floor: int,
-    current: int,
     peak_tokens_per_s: float,
-    proven: tuple[float, float, int] | None,
+    proven: Served | None,
 ) -> RuleValue:
-    """The burst memory's ``floor`` for ``role``, or the ``current`` replicas where they
-    were seen serving its peak: ``proven`` is (when, tokens/s per replica, replicas) of the
-    highest load the role's replicas served with their tail under
-    :data:`SCALE_DOWN_MARGIN` of its SLO; where ``current`` of them at that rate carry
-    ``peak_tokens_per_s``, the profile's call for more is a model's, which the observation
-    of that very load overrules. A floor never cuts: at most ``floor``, at least
-    ``current``."""
-    if floor <= current or proven is None or current <= 0:
+    """The burst memory's ``floor`` for ``role``, or fewer where fewer were seen serving its
+    peak: ``proven`` is the highest load per replica the role's replicas served with their
+    tail within its SLO, and ``ceil(peak / proven per replica)`` replicas carry
+    ``peak_tokens_per_s`` at that rate (the floor keeps capacity for a burst seen before:
+    what served it within the SLO is that capacity).
+    The profile's call for more is a model's, which the observation of that load
+    overrules; the sizing of the load at hand still goes by the profile."""
+    if proven is None or floor <= 1 or peak_tokens_per_s <= 0:
         return RuleValue(float(floor), "")
-    seen_s, per_replica, replicas = proven
-    if peak_tokens_per_s > per_replica * current:
+    enough = max(1, math.ceil(peak_tokens_per_s / proven.per_replica - 1e-9))
+    if enough >= floor:
         return RuleValue(float(floor), "")
     return RuleValue(
-        float(current),
-        f"{role}: served calmly: {replicas} replica(s) served {per_replica * replicas:.0f} "
-        f"tok/s at {seen_s:.0f} s with the tail under {SCALE_DOWN_MARGIN:.0%} of its SLO; "
-        f"{current} carry the burst memory's peak {peak_tokens_per_s:.0f} tok/s: kept at "
-        f"{current}, not the profile's {floor}",
-    )
-
-
-def queue_until_ready(
-    *, arrival_tokens_per_s: float, serving_tokens_per_s: float, time_to_ready_s: float
-) -> RuleValue:
-    """The prefill tokens that will have queued by the time replicas ordered now serve:
-    ``max(0, arrival - serving) x time_to_ready``, ``serving`` what the ready engines
-    prefill at their corrected profile. The backlog observed now is only what queued so
-    far: a decision that drains it alone meets a queue that kept growing for one
-    time-to-ready, and every request behind it misses its TTFT."""
-    growth = arrival_tokens_per_s - serving_tokens_per_s
-    if growth <= 0 or time_to_ready_s <= 0:
-        return RuleValue(0.0, "")
-    tokens = growth * time_to_ready_s
-    return RuleValue(
-        tokens,
-        f"queue until ready: arrivals {arrival_tokens_per_s:.0f} tok/s over the ready "
-        f"engines' {serving_tokens_per_s:.0f} tok/s queue {tokens:.0f} more prefill tokens "
-        f"in the {time_to_ready_s:.0f} s before new replicas serve",
+        float(enough),
+        f"served calmly: {proven.text(role)}: {enough} carry the burst memory's peak "
+        f"{peak_tokens_per_s:.0f} tok/s, not the profile's {floor}",
     )
 
 

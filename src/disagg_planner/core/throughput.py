@@ -221,15 +221,15 @@ class ThroughputPlanner:
     ) -> list[str]:
         """The prefill capacity correction from what is observed against the offered load:
         its engines' busy fraction where they report one
-        (:func:`disagg_planner.core.feedback.busy_capacity_estimate`), else the frontend's
-        mean TTFT of ``window`` at its own rate and prompts
-        (:func:`disagg_planner.core.feedback.latency_capacity_estimate`); below 1 only
-        while prefill is ``calm`` (:meth:`calm`)."""
+        (:func:`disagg_planner.core.feedback.busy_capacity_estimate`; below 1 only while
+        prefill is ``calm``: :meth:`calm`), else the frontend's mean TTFT of ``window`` at
+        its own rate and prompts (:func:`disagg_planner.core.feedback.latency_capacity_estimate`,
+        never below 1)."""
         if self.config.no_correction or "prefill" not in status.roles:
             return []
         prefill_busy = busy.get("prefill") if busy is not None else None
         if prefill_busy is None and window is not None:
-            return self.learn_from_latency(status, window, calm=calm.get("prefill", False))
+            return self.learn_from_latency(status, window)
         if prefill_busy is None or isl <= 0:
             return []
         offered = self.offered_prefill_engines(status, rate=rate, isl=isl)
@@ -253,9 +253,7 @@ class ThroughputPlanner:
             return 0.0
         return rate * isl * self.sizer.length_mix().value / (thpt * gpus)
 
-    def learn_from_latency(
-        self, status: DeploymentStatus, window: TrafficObservation, *, calm: bool
-    ) -> list[str]:
+    def learn_from_latency(self, status: DeploymentStatus, window: TrafficObservation) -> list[str]:
         """The prefill capacity correction the window's mean TTFT says at its own rate and
         mean prompt (:func:`disagg_planner.core.feedback.latency_capacity_estimate`), while
         prefill has converged (a queue left by a change still starting is no engine's speed)."""
@@ -267,7 +265,7 @@ class ThroughputPlanner:
         ):
             return []
         mix = self.sizer.length_mix().value
-        estimate = latency_capacity_estimate(
+        estimate = latency_capacity_estimate(  # at least 1: it only ever raises
             ttft_ms=window.ttft_ms,
             own_ms=self.profile.prefill.ttft_ms(window.isl) * mix,
             offered_engines=self.offered_prefill_engines(
@@ -277,13 +275,14 @@ class ThroughputPlanner:
             service_scv=self.traffic.isl_scv,
             # the frontend's TTFT ends at the decode engine's first step, one ITL
             first_token_ms=(window.itl_ms or 0.0) if "decode" in self.config.roles else 0.0,
-            calm=calm,
         )
         if estimate is None:
             return []
         lowest = self.feedback.latency_estimate("prefill", estimate)
         return self.feedback.learn(
-            "prefill", busy_estimate=lowest, source=f"mean TTFT (lowest of {LATENCY_WINDOWS})"
+            "prefill",
+            busy_estimate=lowest,
+            source=f"mean TTFT (lowest of {LATENCY_WINDOWS})",
         )
 
     @staticmethod
@@ -298,33 +297,35 @@ class ThroughputPlanner:
         status: DeploymentStatus,
         window: TrafficObservation,
         *,
-        calm: Mapping[str, bool],
         backlog: float,
     ) -> None:
-        """Remember each converged role that served ``window`` with its tail calm and no
-        backlog (:func:`disagg_planner.core.feedback.served_calmly`)."""
+        """Remember each role whose ready replicas served ``window`` within its SLO with no
+        backlog (:func:`disagg_planner.core.feedback.served_calmly`; replicas still
+        starting serve nothing yet)."""
         if window.num_req <= 0 or window.isl is None or window.osl is None or backlog > 0:
             return
+        tails = self.tails(window)
         for role in self.config.roles:
-            if calm.get(role) and status.ready(role) >= status.desired(role):
-                tokens = self.role_tokens(
-                    role, rate=window.request_rate, isl=window.isl, osl=window.osl
-                )
-                self.feedback.serve(
-                    role, now_s=now_s, tokens_per_s=tokens, ready=status.ready(role)
-                )
+            ratio = tails.ratio(role)
+            if ratio is None:
+                continue
+            tokens = self.role_tokens(
+                role, rate=window.request_rate, isl=window.isl, osl=window.osl
+            )
+            self.feedback.serve(
+                role, now_s=now_s, tokens_per_s=tokens, ready=status.ready(role), ratio=ratio
+            )
 
     def served_floors(
         self,
         now_s: float,
         floors: Mapping[str, RuleValue],
         *,
-        current: Mapping[str, int],
         peak_rate: float,
         sized_for: LoadForecast,
     ) -> tuple[dict[str, RuleValue], list[str]]:
-        """The burst memory's floors, each held at the current replicas where they were
-        seen serving its peak calmly within the burst memory's span
+        """The burst memory's floors, each lowered to the replicas seen serving its peak
+        calmly within the burst memory's span
         (:func:`disagg_planner.core.feedback.served_calmly`), and the rule's sentences."""
         span = self.config.burst_memory_seconds
         if not floors or span is None or self.config.no_correction:
@@ -335,7 +336,6 @@ class ThroughputPlanner:
             rule = served_calmly(
                 role,
                 floor=int(floor.value),
-                current=current.get(role, 0),
                 peak_tokens_per_s=self.role_tokens(
                     role, rate=peak_rate, isl=sized_for.isl, osl=sized_for.osl
                 ),
@@ -474,7 +474,7 @@ class ThroughputPlanner:
             now_s, sized_for, gpus, mix.value, self.deployment_time_to_ready().value
         )
         memory_floor, served = self.served_floors(
-            now_s, memory_floor, current=plan_from, peak_rate=memory.value, sized_for=sized_for
+            now_s, memory_floor, peak_rate=memory.value, sized_for=sized_for
         )
         guarded = self._guard(now_s, fresh, sizing, plan_from, gpus, memory_floor, steady)
         diagnostics = replace(

@@ -314,9 +314,7 @@ ROWS = [
             )
             for k in range(1, 13)
         ),
-        # 3 for 24 req/s and the backlog, +1 for what queues on the ready engine until they
-        # serve (queue until ready, capped at one per ready engine)
-        {"prefill": 4, "decode": 3},
+        {"prefill": 3, "decode": 3},
         R.SCALE,
         "opening ramp: traffic since 0 s, the windows before 180 s are the run starting",
         (("throughput_adjustment_interval_seconds", 180.0),),
@@ -331,8 +329,7 @@ ROWS = [
             )
             for k in range(1, 13)
         ),
-        # 4 for the trend's 42 req/s, +1 for the queue until ready (as the row above)
-        {"prefill": 5, "decode": 4},
+        {"prefill": 4, "decode": 4},
         R.SCALE,
         "rate rising +8.00 req/s per minute over the last 12 short windows: sized for 42.00 req/s",
         (("throughput_adjustment_interval_seconds", 180.0),),
