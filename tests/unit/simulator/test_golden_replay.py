@@ -66,30 +66,30 @@ STEP = "step:rates=4/24,at=300,duration=900,isl=3000,osl=300"
 # the same simulated times, so any change of the model shows here).
 GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     "planner": {
-        "requests_csv": "33bf3f140077033802c68dc472e789f513516541ac8138768280784f182af1a1",
-        "timeline": "59e349156b50110cffa35c1e8b0186d1406d9fffafba9f769d8f3c11fb69a8f2",
+        "requests_csv": "0b9506f89ed8034967312b00a150c060bad977edfe2384fefa24a65b8d9dc9ed",
+        "timeline": "50b68b50fe6fbc5283f6ae2a7d011cf009a7ac2240a1aaa7430fde21750e9727",
         "summary": {
             "requests": 15567,
             "completed": 15567,
             "failed": 0,
             "slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 1.0},
             "ttft_ms": {
-                "p50": 66.21067215132825,
-                "p90": 108.92101918897197,
-                "p95": 135.91067288203925,
-                "p99": 180.40642799165767,
+                "p50": 65.97342409224893,
+                "p90": 106.20740918304818,
+                "p95": 131.84305205229515,
+                "p99": 175.2762883817127,
             },
             "itl_ms": {
-                "p50": 7.161766875308931,
-                "p90": 7.985842440784775,
-                "p95": 8.270335438108555,
+                "p50": 7.162924323321998,
+                "p90": 7.984804652511134,
+                "p95": 8.268339704208238,
                 "p99": 8.684850560719209,
             },
-            "gpu_hours": 0.7523489184684522,
+            "gpu_hours": 0.802348918468451,
             "oracle_gpu_hours": 0.7014093510810712,
-            "scale_actions": {"prefill": 1, "decode": 1},
+            "scale_actions": {"prefill": 3, "decode": 1},
             "max_replicas": {"prefill": 3, "decode": 2},
-            "duration_s": 901.6912212972856,
+            "duration_s": 901.6912212972848,
         },
     },
     "load": {
