@@ -4,7 +4,6 @@ the scale-down guard after a scale-up, sizing for when capacity arrives."""
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, replace
 
 import pytest
