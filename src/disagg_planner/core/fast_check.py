@@ -102,13 +102,16 @@ def fast_check(
         for r in cfg.roles
     }
     calm = tp.calm(recent)
-    learnt = tp.learn_from_busy(status, busy, rate=_busy_window_rate(tp, now_s), isl=isl, calm=calm)
+    learnt = tp.learn_from_busy(
+        status, busy, rate=_busy_window_rate(tp, now_s), isl=isl, calm=calm, window=recent
+    )
 
     # The waiting requests are counted at the short window's own mean prompt (those
     # reaching their first token now come out of the queue, long prompts among the last);
     # the arrivals' need at the pooled lengths.
     queued_isl = recent.isl if recent.num_req > 0 and recent.isl is not None else isl
     backlog = tp.backlog(recent, queued_isl, queued_prefill_tokens)
+    tp.see_served(now_s, status, recent, backlog=backlog.value)
     risk = slo_at_risk(
         ttft_tail_ms=seen.ttft_ms,
         ttft_target_ms=cfg.ttft_ms,

@@ -34,6 +34,7 @@ aggregated engine for both (:data:`ROLE_TAILS`). No I/O, no clock.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,17 @@ CORRECTION_GAIN = 0.2
 CORRECTION_DECAY = 0.5
 # Below this predicted utilisation a busy fraction says too little to learn from.
 MIN_LEARN_UTILISATION = 0.2
+# Above this predicted utilisation (per ready engine, at the profile) the mean TTFT is mostly
+# queueing, whose model is least right near saturation (a batching engine serves a queue
+# faster than one prompt at a time): the latency estimate learns below it only.
+MAX_LATENCY_LEARN_UTILISATION = 0.5
+
+# The latency estimate learnt is the lowest of this many fast windows' (a minute at 15 s):
+# waiting only ever adds to a TTFT, so the least-queued window says the most about the
+# engine's own speed (bursty arrivals wait longer than Poisson ones, which the model assumes).
+LATENCY_WINDOWS = 4
+# Fast windows served calmly remembered per role (an hour at 15 s).
+SERVED_HISTORY = 240
 
 # The observed tails each role answers for.
 ROLE_TAILS: dict[str, tuple[str, ...]] = {
@@ -122,6 +134,23 @@ def observed_tails(
     return Tails(ttft, obs.itl_ms, ttft_target_ms, itl_target_ms, quantile)
 
 
+@dataclass(frozen=True)
+class Served:
+    """A fast window a role's ready replicas served: when, the tokens per second each
+    carried, how many, and the tail over its SLO."""
+
+    at_s: float
+    per_replica: float
+    replicas: int
+    ratio: float
+
+    def text(self, role: str) -> str:
+        return (
+            f"{role}: {self.replicas} replica(s) served {self.per_replica * self.replicas:.0f} "
+            f"tok/s at {self.at_s:.0f} s, the tail at {self.ratio:.0%} of its SLO"
+        )
+
+
 @dataclass
 class FeedbackMemory:
     """What the feedback rules remember between checks, per role: the fast checks in a row
@@ -135,6 +164,32 @@ class FeedbackMemory:
     busy_estimate: dict[str, float] = field(default_factory=dict)  # the last, per role
     # (when, tail ratio) of the last breach scale-up, per role
     last_breach: dict[str, tuple[float, float]] = field(default_factory=dict)
+    estimate_source: dict[str, str] = field(default_factory=dict)  # of busy_estimate
+    # the fast windows each role served within its SLO
+    served: dict[str, deque[Served]] = field(default_factory=dict)
+    latency: dict[str, deque[float]] = field(default_factory=dict)  # the last estimates
+
+    def latency_estimate(self, role: str, estimate: float) -> float:
+        """The lowest of ``role``'s last :data:`LATENCY_WINDOWS` latency estimates, this
+        one included."""
+        seen = self.latency.setdefault(role, deque(maxlen=LATENCY_WINDOWS))
+        seen.append(estimate)
+        return min(seen)
+
+    def serve(
+        self, role: str, *, now_s: float, tokens_per_s: float, ready: int, ratio: float
+    ) -> None:
+        """Remember that ``ready`` replicas of ``role`` served ``tokens_per_s`` with their
+        tail at ``ratio`` of its SLO (kept when within it: :func:`served_calmly`)."""
+        if ready > 0 and tokens_per_s > 0 and ratio <= 1.0:
+            seen = self.served.setdefault(role, deque(maxlen=SERVED_HISTORY))
+            seen.append(Served(now_s, tokens_per_s / ready, ready, ratio))
+
+    def proven(self, role: str, *, since_s: float, within: float = 1.0) -> Served | None:
+        """The highest load per replica ``role`` served since ``since_s`` with its tail
+        under ``within`` of its SLO."""
+        seen = [s for s in self.served.get(role, ()) if s.at_s >= since_s and s.ratio <= within]
+        return max(seen, key=lambda s: s.per_replica) if seen else None
 
     def see(self, role: str, ratio: float | None) -> int:
         """Count a check's tail for ``role``; returns the fast checks in a row over SLO."""
@@ -152,14 +207,22 @@ class FeedbackMemory:
         busy_estimate: float | None = None,
         breach: float | None = None,
         calm: bool = False,
+        source: str = "busy fraction",
     ) -> list[str]:
-        """Update ``role``'s capacity correction (:func:`learn_capacity`); its sentence."""
+        """Update ``role``'s capacity correction (:func:`learn_capacity`; ``busy_estimate``
+        the last observed estimate, from ``source``); its sentence."""
         rule = learn_capacity(
-            role, self.correction(role), busy_estimate=busy_estimate, breach=breach, calm=calm
+            role,
+            self.correction(role),
+            busy_estimate=busy_estimate,
+            breach=breach,
+            calm=calm,
+            source=source,
         )
         self.capacity[role] = rule.value
         if busy_estimate is not None:
             self.busy_estimate[role] = busy_estimate
+            self.estimate_source[role] = source
         return [rule.reason] if rule.reason else []
 
 
@@ -264,10 +327,12 @@ def learn_capacity(
     busy_estimate: float | None = None,
     breach: float | None = None,
     calm: bool = False,
+    source: str = "busy fraction",
 ) -> RuleValue:
     """The role's capacity correction (work per token over the profile's), both ways:
 
-    - a busy-fraction estimate ``busy / predicted busy`` moves it by
+    - an observed estimate (``source``: the busy fraction's ``busy / predicted busy``, or
+      the mean TTFT's, :func:`latency_capacity_estimate`) moves it by
       :data:`CORRECTION_GAIN` towards the estimate: ``c' = c + gain x (e - c)``;
     - a breach the sizing did not foresee raises it to at least ``c x breach`` (the model
       needed that much more than it said);
@@ -279,7 +344,7 @@ def learn_capacity(
     value, why = previous, ""
     if busy_estimate is not None and math.isfinite(busy_estimate) and busy_estimate > 0:
         value = value + CORRECTION_GAIN * (busy_estimate - value)
-        why = f"busy fraction says x{busy_estimate:.2f}"
+        why = f"{source} says x{busy_estimate:.2f}"
     if breach is not None and breach > 1.0:
         value = max(value, previous * breach)
         why = f"a breach the sizing did not foresee x{breach:.2f}"
@@ -318,6 +383,62 @@ def busy_capacity_estimate(
     return estimate if calm else max(1.0, estimate)
 
 
+def latency_capacity_estimate(
+    *,
+    ttft_ms: float | None,
+    own_ms: float,
+    offered_engines: float,
+    ready: int,
+    service_scv: float = 1.0,
+    first_token_ms: float = 0.0,
+) -> float | None:
+    """The capacity correction ``c`` the frontend's mean TTFT says, where no engine reports
+    a busy fraction: the ``c`` for which the profile's mean TTFT at the observed load equals
+    the observed one,
+
+        T(c) = c S + rho / (1 - rho) x (1 + cs2) / 2 x c S,   rho = c x offered / ready
+
+    (the prompt's own prefill ``S = own_ms`` at ``c`` times the profile's work, plus
+    Kingman's mean wait for Poisson arrivals, ``cs2`` the prompts' variability) plus
+    ``first_token_ms``, what the first token costs after the prefill (a disaggregated
+    deployment's first decode step, which the frontend's TTFT includes), found by
+    bisection within :data:`CORRECTION_BOUNDS`. None without a TTFT, without load or
+    ready engines, or above :data:`MAX_LATENCY_LEARN_UTILISATION` predicted (there the
+    wait, not the engine, makes the TTFT). Never below 1: a TTFT under the profile's at
+    low load says one prompt prefills faster, not that an engine carries more load (the
+    mean over mixed prompt lengths errs by some 15 % either way); the load replicas were
+    seen serving says that (:func:`served_calmly`, :func:`seen_serving`).
+
+    At low load ``T ~= c S``: an engine twice as slow as profiled shows twice the TTFT,
+    long before any burst shows it as a breach."""
+    if ttft_ms is None or ttft_ms <= 0 or own_ms <= 0 or ready <= 0 or offered_engines <= 0:
+        return None
+    ttft_ms -= max(0.0, first_token_ms)
+    per_engine = offered_engines / ready
+    if per_engine > MAX_LATENCY_LEARN_UTILISATION:
+        return None
+    spread = (1.0 + max(0.0, service_scv)) / 2.0
+
+    def mean_ttft(c: float) -> float:
+        rho = c * per_engine
+        if rho >= 1.0:
+            return math.inf
+        return c * own_ms * (1.0 + rho / (1.0 - rho) * spread)
+
+    lo, hi = CORRECTION_BOUNDS
+    hi = min(hi, 0.999 / per_engine)
+    if mean_ttft(lo) >= ttft_ms:
+        estimate = lo
+    elif mean_ttft(hi) <= ttft_ms:
+        estimate = hi
+    else:
+        for _ in range(50):  # T(c) rises with c: bisection finds the crossing
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if mean_ttft(mid) < ttft_ms else (lo, mid)
+        estimate = (lo + hi) / 2
+    return max(1.0, estimate)
+
+
 def faster_than_profiled(
     role: str, *, current: int, profiled: int, observed: int, correction: float
 ) -> RuleValue:
@@ -340,6 +461,32 @@ def faster_than_profiled(
         f"{role}: faster than profiled: the profile asks {profiled}, its busy fraction says "
         f"x{correction:.2f} the profile's work (tail under its margin): {held} suffice "
         f"({current} running; a cut still goes by the profile)",
+    )
+
+
+def served_calmly(
+    role: str,
+    *,
+    floor: int,
+    peak_tokens_per_s: float,
+    proven: Served | None,
+) -> RuleValue:
+    """The burst memory's ``floor`` for ``role``, or fewer where fewer were seen serving its
+    peak: ``proven`` is the highest load per replica the role's replicas served with their
+    tail within its SLO, and ``ceil(peak / proven per replica)`` replicas carry
+    ``peak_tokens_per_s`` at that rate (the floor keeps capacity for a burst seen before:
+    what served it within the SLO is that capacity).
+    The profile's call for more is a model's, which the observation of that load
+    overrules; the sizing of the load at hand still goes by the profile."""
+    if proven is None or floor <= 1 or peak_tokens_per_s <= 0:
+        return RuleValue(float(floor), "")
+    enough = max(1, math.ceil(peak_tokens_per_s / proven.per_replica - 1e-9))
+    if enough >= floor:
+        return RuleValue(float(floor), "")
+    return RuleValue(
+        float(enough),
+        f"served calmly: {proven.text(role)}: {enough} carry the burst memory's peak "
+        f"{peak_tokens_per_s:.0f} tok/s, not the profile's {floor}",
     )
 
 

@@ -44,13 +44,16 @@ from dataclasses import dataclass, field, replace
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.demand import DemandSignals
 from disagg_planner.core.feedback import (
+    LATENCY_WINDOWS,
     FeedbackMemory,
     Tails,
     busy_capacity_estimate,
     cut_floor,
+    latency_capacity_estimate,
     margin_window,
     observed_tails,
     scale_down_margin,
+    served_calmly,
 )
 from disagg_planner.core.guards import Guarded, GuardLimits, guard_chain, stabilise
 from disagg_planner.core.memory import (
@@ -214,19 +217,24 @@ class ThroughputPlanner:
         rate: float,
         isl: float,
         calm: Mapping[str, bool],
+        window: TrafficObservation | None = None,
     ) -> list[str]:
-        """The prefill capacity correction from its engines' busy fraction against the
-        offered load (:func:`disagg_planner.core.feedback.busy_capacity_estimate`; below 1
-        only while prefill is ``calm``: :meth:`calm`)."""
-        if busy is None or self.config.no_correction or "prefill" not in status.roles or isl <= 0:
+        """The prefill capacity correction from what is observed against the offered load:
+        its engines' busy fraction where they report one
+        (:func:`disagg_planner.core.feedback.busy_capacity_estimate`; below 1 only while
+        prefill is ``calm``: :meth:`calm`), else the frontend's mean TTFT of ``window`` at
+        its own rate and prompts (:func:`disagg_planner.core.feedback.latency_capacity_estimate`,
+        never below 1)."""
+        if self.config.no_correction or "prefill" not in status.roles:
             return []
-        thpt = self.profile.prefill.thpt_per_gpu(isl)
-        gpus = status.roles["prefill"].gpus_per_replica
-        if thpt <= 0:
+        prefill_busy = busy.get("prefill") if busy is not None else None
+        if prefill_busy is None and window is not None:
+            return self.learn_from_latency(status, window)
+        if prefill_busy is None or isl <= 0:
             return []
-        offered = rate * isl * self.sizer.length_mix().value / (thpt * gpus)
+        offered = self.offered_prefill_engines(status, rate=rate, isl=isl)
         estimate = busy_capacity_estimate(
-            busy=busy.get("prefill"),
+            busy=prefill_busy,
             offered_engines=offered,
             ready=status.ready("prefill"),
             calm=calm.get("prefill", False),
@@ -234,6 +242,109 @@ class ThroughputPlanner:
         if estimate is None:
             return []
         return self.feedback.learn("prefill", busy_estimate=estimate)
+
+    def offered_prefill_engines(
+        self, status: DeploymentStatus, *, rate: float, isl: float
+    ) -> float:
+        """The offered prefill load in engines' worth of profiled work (the length mix's)."""
+        thpt = self.profile.prefill.thpt_per_gpu(isl) if isl > 0 else 0.0
+        gpus = status.roles["prefill"].gpus_per_replica
+        if thpt <= 0:
+            return 0.0
+        return rate * isl * self.sizer.length_mix().value / (thpt * gpus)
+
+    def learn_from_latency(self, status: DeploymentStatus, window: TrafficObservation) -> list[str]:
+        """The prefill capacity correction the window's mean TTFT says at its own rate and
+        mean prompt (:func:`disagg_planner.core.feedback.latency_capacity_estimate`), while
+        prefill has converged (a queue left by a change still starting is no engine's speed)."""
+        if (
+            window.num_req <= 0
+            or window.isl is None
+            or window.isl <= 0
+            or status.ready("prefill") < status.desired("prefill")
+        ):
+            return []
+        mix = self.sizer.length_mix().value
+        estimate = latency_capacity_estimate(  # at least 1: it only ever raises
+            ttft_ms=window.ttft_ms,
+            own_ms=self.profile.prefill.ttft_ms(window.isl) * mix,
+            offered_engines=self.offered_prefill_engines(
+                status, rate=window.request_rate, isl=window.isl
+            ),
+            ready=status.ready("prefill"),
+            service_scv=self.traffic.isl_scv,
+            # the frontend's TTFT ends at the decode engine's first step, one ITL
+            first_token_ms=(window.itl_ms or 0.0) if "decode" in self.config.roles else 0.0,
+        )
+        if estimate is None:
+            return []
+        lowest = self.feedback.latency_estimate("prefill", estimate)
+        return self.feedback.learn(
+            "prefill",
+            busy_estimate=lowest,
+            source=f"mean TTFT (lowest of {LATENCY_WINDOWS})",
+        )
+
+    @staticmethod
+    def role_tokens(role: str, *, rate: float, isl: float, osl: float) -> float:
+        """The tokens per second ``role`` works on at ``rate`` requests per second."""
+        per_request = {"prefill": isl, "decode": osl}.get(role, isl + osl)
+        return rate * per_request
+
+    def see_served(
+        self,
+        now_s: float,
+        status: DeploymentStatus,
+        window: TrafficObservation,
+        *,
+        backlog: float,
+    ) -> None:
+        """Remember each role whose ready replicas served ``window`` within its SLO with no
+        backlog (:func:`disagg_planner.core.feedback.served_calmly`; replicas still
+        starting serve nothing yet)."""
+        if window.num_req <= 0 or window.isl is None or window.osl is None or backlog > 0:
+            return
+        tails = self.tails(window)
+        for role in self.config.roles:
+            ratio = tails.ratio(role)
+            if ratio is None:
+                continue
+            tokens = self.role_tokens(
+                role, rate=window.request_rate, isl=window.isl, osl=window.osl
+            )
+            self.feedback.serve(
+                role, now_s=now_s, tokens_per_s=tokens, ready=status.ready(role), ratio=ratio
+            )
+
+    def served_floors(
+        self,
+        now_s: float,
+        floors: Mapping[str, RuleValue],
+        *,
+        peak_rate: float,
+        sized_for: LoadForecast,
+    ) -> tuple[dict[str, RuleValue], list[str]]:
+        """The burst memory's floors, each lowered to the replicas seen serving its peak
+        calmly within the burst memory's span
+        (:func:`disagg_planner.core.feedback.served_calmly`), and the rule's sentences."""
+        span = self.config.burst_memory_seconds
+        if not floors or span is None or self.config.no_correction:
+            return dict(floors), []
+        out = dict(floors)
+        notes: list[str] = []
+        for role, floor in floors.items():
+            rule = served_calmly(
+                role,
+                floor=int(floor.value),
+                peak_tokens_per_s=self.role_tokens(
+                    role, rate=peak_rate, isl=sized_for.isl, osl=sized_for.osl
+                ),
+                proven=self.feedback.proven(role, since_s=now_s - span),
+            )
+            if rule.reason:
+                out[role] = rule
+                notes.append(rule.reason)
+        return out, notes
 
     def tails(self, obs: TrafficObservation) -> Tails:
         """The window's observed latencies against the SLO
@@ -362,12 +473,15 @@ class ThroughputPlanner:
         memory, memory_floor = self.sizer.burst_floor(
             now_s, sized_for, gpus, mix.value, self.deployment_time_to_ready().value
         )
+        memory_floor, served = self.served_floors(
+            now_s, memory_floor, peak_rate=memory.value, sized_for=sized_for
+        )
         guarded = self._guard(now_s, fresh, sizing, plan_from, gpus, memory_floor, steady)
         diagnostics = replace(
             diagnostics,
             stages=guarded.stages,
             warnings=tuple(warnings),
-            rules=(*diagnostics.rules, memory.reason, *guarded.notes),
+            rules=(*diagnostics.rules, memory.reason, *served, *guarded.notes),
         )
         return self._decide(now_s, status, forecast, sizing, guarded, diagnostics)
 
@@ -423,10 +537,18 @@ class ThroughputPlanner:
             for role in self.config.roles:
                 if calm[role]:
                     estimate = self.feedback.busy_estimate.get(role)
-                    learnt += self.feedback.learn(role, busy_estimate=estimate, calm=True)
+                    source = self.feedback.estimate_source.get(role, "busy fraction")
+                    learnt += self.feedback.learn(
+                        role, busy_estimate=estimate, calm=True, source=source
+                    )
             if traffic.isl is not None:
                 learnt += self.learn_from_busy(
-                    status, busy, rate=traffic.request_rate, isl=traffic.isl, calm=calm
+                    status,
+                    busy,
+                    rate=traffic.request_rate,
+                    isl=traffic.isl,
+                    calm=calm,
+                    window=traffic,
                 )
         forecast = self._forecast()
         mean_rate = traffic.request_rate

@@ -3,6 +3,7 @@ the scale-down guard after a scale-up, sizing for when capacity arrives."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import pytest
@@ -185,7 +186,7 @@ def replace_duration(obs: TrafficObservation, duration_s: float) -> TrafficObser
     return replace(obs, duration_s=duration_s)
 
 
-def short_window(end_s: float, rate: float) -> TrafficObservation:
+def short_window(end_s: float, rate: float, *, ttft: Histogram = FAST_TTFT) -> TrafficObservation:
     return TrafficObservation(
         end_s=end_s,
         duration_s=15.0,
@@ -193,19 +194,28 @@ def short_window(end_s: float, rate: float) -> TrafficObservation:
         isl=3000,
         osl=300,
         itl_ms=10.0,
-        ttft_histogram=FAST_TTFT,
+        ttft_histogram=ttft,
     )
 
 
-def replay_rates(tp: ThroughputPlanner, rates: list[float], *, start_s: float = 0.0) -> dict:
+def replay_rates(
+    tp: ThroughputPlanner,
+    rates: list[float],
+    *,
+    start_s: float = 0.0,
+    slow_above: float = math.inf,
+) -> dict:
     """Drive a planner with one rate per 15 s window (fast checks), a throughput tick every
-    60 s, the deployment following each decision at once; the last decision's replicas."""
+    60 s, the deployment following each tick's decision at once; the last decision's
+    replicas. Windows above ``slow_above`` req/s show a TTFT tail over the SLO (the
+    deployment did not serve them within it)."""
     current = {"prefill": 1, "decode": 1}
     window: list[float] = []
     decision = None
     for k, rate in enumerate(rates, start=1):
         end = start_s + 15.0 * k
-        fast_check(tp, end, short_window(end, rate), status(*current.values()))
+        ttft = SLOW_TTFT if rate > slow_above else FAST_TTFT
+        fast_check(tp, end, short_window(end, rate, ttft=ttft), status(*current.values()))
         window.append(rate)
         if k % 4 == 0:
             decision = tp.tick(end, traffic(end, sum(window) * 15), status(*current.values()))
@@ -221,10 +231,13 @@ BURSTS = [4.0] * 40 + [60.0] * 12 + [4.0] * 28
 
 
 def test_the_burst_memory_keeps_capacity_for_the_recent_peak(h200_like_profile: Profile) -> None:
-    """A burst that rose faster than time-to-ready: after it, the deployment stays sized for
-    its peak, not for the quiet level, and the decision says why; with the rule off (and
-    no scale-down stabilisation in either) it drops to the quiet need."""
-    kept = replay_rates(planner(h200_like_profile, scale_down_stabilization_seconds=0), BURSTS)
+    """A burst that rose faster than time-to-ready (and that the one engine did not serve
+    within the SLO): after it, the deployment stays sized for its peak, not for the quiet
+    level, and the decision says why; with the rule off (and no scale-down stabilisation in
+    either) it drops to the quiet need."""
+    kept = replay_rates(
+        planner(h200_like_profile, scale_down_stabilization_seconds=0), BURSTS, slow_above=10
+    )
     dropped = replay_rates(
         planner(h200_like_profile, scale_down_stabilization_seconds=0, burst_memory_seconds=None),
         BURSTS,
@@ -232,7 +245,19 @@ def test_the_burst_memory_keeps_capacity_for_the_recent_peak(h200_like_profile: 
     assert dropped["replicas"]["prefill"] == 1
     assert kept["replicas"]["prefill"] >= 4
     assert "burst memory: the rate rose more than 2x from 4.0 req/s" in kept["decision"].message
-    assert "the burst memory's floor" in kept["decision"].message
+    assert "the burst memory's" in kept["decision"].message
+
+
+def test_a_burst_served_within_the_slo_keeps_what_served_it(h200_like_profile: Profile) -> None:
+    """Issue 29, served calmly: the same burst, which the one engine served with its TTFT
+    tail well under the SLO: the burst memory keeps the one replica seen serving the peak,
+    not the four the profile sizes it at, and the decision says so."""
+    out = replay_rates(planner(h200_like_profile, scale_down_stabilization_seconds=0), BURSTS)
+    assert out["replicas"]["prefill"] == 1
+    assert "served calmly: prefill: 1 replica(s) served 180000 tok/s" in out["decision"].message
+    assert "1 carry the burst memory's peak 180000 tok/s, not the profile's" in (
+        out["decision"].message
+    )
 
 
 def test_the_burst_memory_forgets_when_bursts_stop(h200_like_profile: Profile) -> None:

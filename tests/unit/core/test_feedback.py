@@ -10,7 +10,13 @@ from dataclasses import dataclass, replace
 import pytest
 
 from disagg_planner.core.fast_check import fast_check
-from disagg_planner.core.feedback import busy_capacity_estimate, learn_capacity
+from disagg_planner.core.feedback import (
+    Served,
+    busy_capacity_estimate,
+    latency_capacity_estimate,
+    learn_capacity,
+    served_calmly,
+)
 from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -108,7 +114,39 @@ def faster(st: DeploymentStatus, rate: float, busy: float, ttft_p99_s: float = 0
     )
 
 
+def slow_ttft(st: DeploymentStatus, mean_ttft_ms: float) -> tuple:
+    """Two minutes of fast checks at 2 req/s (ISL 3000: 0.15 engines' worth of profiled work)
+    with no busy fraction (no FPM) and the frontend's mean TTFT ``mean_ttft_ms``; the
+    profile's own prefill is 80 ms, its mean TTFT at this load 94 ms, plus the 10 ms ITL of
+    the first decode step."""
+    return tuple(
+        fast(15.0 * k, replace(window(15.0 * k, 2), ttft_ms=mean_ttft_ms), st) for k in range(1, 9)
+    )
+
+
 ROWS = [
+    Row(
+        "learn from the mean TTFT (no busy fraction): a TTFT twice the profile's at low load "
+        "raises the prefill correction towards 2, and the tick sizes with it",
+        (
+            *slow_ttft(status(1, 1), 228.571 + 10.0),
+            tick(120, traffic(120, 1200, ttft_histogram=ttft(0.1)), status(1, 1)),
+        ),
+        {"prefill": 5, "decode": 2},
+        R.SCALE,
+        "prefill capacity correction 1.83 -> 1.93 (mean TTFT (lowest of 4) says x2.00)",
+    ),
+    Row(
+        "learn from the mean TTFT: as profiled, nothing is learnt and the same tick sizes "
+        "from the profile",
+        (
+            *slow_ttft(status(1, 1), 94.118 + 10.0),
+            tick(120, traffic(120, 1200, ttft_histogram=ttft(0.1)), status(1, 1)),
+        ),
+        {"prefill": 3, "decode": 2},
+        R.SCALE,
+        "prefill: 60000 tok/s / 40000 tok/s/GPU at 50% / 1 GPU -> 3",
+    ),
     Row(
         "observed breach: a TTFT tail over the SLO with the profile saying enough scales "
         "prefill up by the observed ratio (5 ready x 1.9 -> 10, not +1)",
@@ -433,3 +471,70 @@ BUSY_ROWS = [
 def test_busy_capacity_estimate(row: BusyRow) -> None:
     got = busy_capacity_estimate(busy=row.busy, offered_engines=1.5, ready=2, calm=row.calm)
     assert (round(got, 6) if got is not None else None) == row.estimate
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    name: str
+    ttft_ms: float | None
+    offered: float
+    first_token_ms: float
+    estimate: float | None
+
+
+# the profile's own prefill 80 ms, 0.15 engines' worth of work offered to one engine:
+# Kingman's mean TTFT is 94.118 ms at the profile's speed, 228.571 ms at half of it
+LATENCY_ROWS = [
+    LatencyRow("twice the profile's mean TTFT: twice as slow", 228.571, 0.15, 0.0, 2.0),
+    LatencyRow("the profile's mean TTFT: as profiled", 94.118, 0.15, 0.0, 1.0),
+    LatencyRow("a first decode step's ITL is not the prefill's", 104.118, 0.15, 10.0, 1.0),
+    LatencyRow(
+        "faster than profiled: never below 1 (a lone prompt says no load)", 60.0, 0.15, 0, 1
+    ),
+    LatencyRow("mostly queueing (over half an engine offered): no estimate", 500.0, 0.6, 0.0, None),
+    LatencyRow("no TTFT observed: no estimate", None, 0.15, 0.0, None),
+]
+
+
+@pytest.mark.parametrize("row", LATENCY_ROWS, ids=[r.name for r in LATENCY_ROWS])
+def test_latency_capacity_estimate(row: LatencyRow) -> None:
+    got = latency_capacity_estimate(
+        ttft_ms=row.ttft_ms,
+        own_ms=80.0,
+        offered_engines=row.offered,
+        ready=1,
+        first_token_ms=row.first_token_ms,
+    )
+    assert (round(got, 3) if got is not None else None) == row.estimate
+
+
+@dataclass(frozen=True)
+class ServedRow:
+    name: str
+    proven: Served | None
+    floor: int
+    says: str
+
+
+SERVED_ROWS = [
+    ServedRow(
+        "served calmly: one replica served the peak within the SLO, the floor is one",
+        Served(690.0, 200_000.0, 1, 0.3),
+        1,
+        "served calmly: prefill: 1 replica(s) served 200000 tok/s at 690 s, the tail at 30% "
+        "of its SLO: 1 carry the burst memory's peak 180000 tok/s, not the profile's 4",
+    ),
+    ServedRow(
+        "served calmly: two served half the peak each, the floor is what carries it (4)",
+        Served(690.0, 50_000.0, 2, 0.9),
+        4,
+        "",
+    ),
+    ServedRow("served calmly: nothing served within the SLO, the profile's floor", None, 4, ""),
+]
+
+
+@pytest.mark.parametrize("row", SERVED_ROWS, ids=[r.name for r in SERVED_ROWS])
+def test_served_calmly(row: ServedRow) -> None:
+    rule = served_calmly("prefill", floor=4, peak_tokens_per_s=180_000.0, proven=row.proven)
+    assert (int(rule.value), rule.reason) == (row.floor, row.says)

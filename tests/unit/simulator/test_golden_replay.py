@@ -66,30 +66,30 @@ STEP = "step:rates=4/24,at=300,duration=900,isl=3000,osl=300"
 # the same simulated times, so any change of the model shows here).
 GOLDEN_REPLAY: dict[str, dict[str, Any]] = {
     "planner": {
-        "requests_csv": "e52214d04a061350f8425b8faaed30552efd70d99cbf42275aa49765eb70bc92",
-        "timeline": "cc6d17b26b91938e3ca56240418867de046a5e45564d471e46cd6e37f13c88de",
+        "requests_csv": "8ed6d1346cf6b07a0d1fd174d5b4e3fab236e5a1e5a57b5cdb521c2124364593",
+        "timeline": "4856991b129607469ccac81c6325a07b1e1f239d986ebb395f6ca54e8a5b71cb",
         "summary": {
             "requests": 15567,
             "completed": 15567,
             "failed": 0,
             "slo_attainment": {"ttft": 1.0, "itl": 1.0, "both": 1.0},
             "ttft_ms": {
-                "p50": 65.88204115803364,
-                "p90": 108.21976903666837,
-                "p95": 134.78401180682337,
-                "p99": 177.30062892529534,
+                "p50": 65.71696824670425,
+                "p90": 105.42763341884438,
+                "p95": 130.93239477409494,
+                "p99": 173.12808059536687,
             },
             "itl_ms": {
-                "p50": 7.053106117101808,
-                "p90": 7.899527515418531,
-                "p95": 8.191807460679895,
+                "p50": 7.054294105631374,
+                "p90": 7.898653111559204,
+                "p95": 8.18724224875853,
                 "p99": 8.622227255671055,
             },
-            "gpu_hours": 0.7523027838754344,
+            "gpu_hours": 0.8023027838754286,
             "oracle_gpu_hours": 0.701381670325261,
-            "scale_actions": {"prefill": 1, "decode": 1},
+            "scale_actions": {"prefill": 3, "decode": 1},
             "max_replicas": {"prefill": 3, "decode": 2},
-            "duration_s": 901.6580043903127,
+            "duration_s": 901.6580043903086,
         },
     },
     "load": {
