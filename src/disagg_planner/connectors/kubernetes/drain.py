@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from disagg_planner.connectors.kubernetes.api import SERVICE_POD_LABEL
+from disagg_planner.signals.shutdown import SYSTEM_PORT_ENV, ShutdownReading
 
 # Kubernetes' ReplicaSet deletes the pods of lowest cost first (an int32; unset is 0).
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -19,6 +20,9 @@ LEAVING_COST = str(-(2**31))
 DRAINING_ANNOTATION = "planner.autoscaling.dev/draining-since"
 # How often a drain reads the leaving workers' load (their FPM arrive every iteration).
 DRAIN_POLL_S = 0.5
+# How long one read of a leaving worker's metrics page may take (a drain polls every
+# DRAIN_POLL_S; a page that does not answer soon is no reading, and FPM decides).
+SHUTDOWN_SCRAPE_TIMEOUT_S = 1.0
 
 
 def pod_ready(pod: Any) -> bool:
@@ -84,36 +88,97 @@ class DrainEnd(StrEnum):
 
     # Every leaving pod's engines report no request in flight (their latest FPM).
     IDLE = "fpm_idle"
-    # No per-worker load at all (no FPM): nothing to wait for. Dynamo's worker leaves
-    # discovery on SIGTERM, so no new request reaches it, and serves what it holds within
-    # its own shutdown budget (DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS) before it exits.
+    # Every leaving pod is drained, at least one by its own staged-shutdown metrics (no
+    # request in flight and KV transfers confirmed quiescent), the others by their FPM.
+    SHUTDOWN_IDLE = "shutdown_idle"
+    # No per-worker load at all (no FPM, no shutdown metrics): nothing to wait for. Dynamo's
+    # worker leaves discovery on SIGTERM, so no new request reaches it, and serves what it
+    # holds within its own shutdown budget (DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS).
     NO_LOAD_SIGNAL = "no_load_signal"
     # No ready pod leaves (the ones leaving serve nothing).
     NOTHING_SERVING = "nothing_serving"
+    # Every pod still busy is shutting down and its own total budget is spent: it has
+    # cancelled what was left and exits, so waiting on serves nothing.
+    WORKER_BUDGET = "worker_budget"
     # The drain budget (drain_timeout_s, one total) ran out.
     TIMEOUT = "timeout"
 
 
+def usable_shutdown(reading: ShutdownReading | None) -> bool:
+    """Whether a pod's shutdown reading decides whether it drained (KV quiescence known);
+    else its FPM does."""
+    return reading is not None and reading.kv_quiescent is not None
+
+
+def pod_drained(
+    pod: str, loads: Mapping[str, int], shutdown: Mapping[str, ShutdownReading]
+) -> bool:
+    """A pod has drained when its shutdown metrics say no request in flight and KV transfers
+    quiescent, or, without usable shutdown metrics, when its latest FPM says no request."""
+    reading = shutdown.get(pod)
+    if reading is not None and usable_shutdown(reading):
+        return reading.drained
+    return loads.get(pod) == 0
+
+
 def drain_end(
-    pods: Sequence[str], loads: Mapping[str, int], *, waited_s: float, timeout_s: float
+    pods: Sequence[str],
+    loads: Mapping[str, int],
+    *,
+    waited_s: float,
+    timeout_s: float,
+    shutdown: Mapping[str, ShutdownReading] | None = None,
+    budget_ends_s: Mapping[str, float] | None = None,
 ) -> DrainEnd | None:
     """Whether the drain of the ready pods ``pods`` is over, and by which signal; None: wait
-    on. ``loads`` is every pod's requests in flight as known now (empty: no signal)."""
+    on. ``loads`` is every pod's requests in flight as known now (empty: no signal);
+    ``shutdown`` the readings of the pods shutting down (:func:`read_shutdown`);
+    ``budget_ends_s`` when (in ``waited_s`` time) each such pod's own total budget ends."""
+    shutdown = shutdown or {}
     if not pods:
         return DrainEnd.NOTHING_SERVING
-    if not loads:
+    if not loads and not shutdown:
         return DrainEnd.NO_LOAD_SIGNAL
-    if all(loads.get(pod) == 0 for pod in pods):
-        return DrainEnd.IDLE
+    busy = [pod for pod in pods if not pod_drained(pod, loads, shutdown)]
+    if not busy:
+        by_shutdown = any(usable_shutdown(shutdown.get(pod)) for pod in pods)
+        return DrainEnd.SHUTDOWN_IDLE if by_shutdown else DrainEnd.IDLE
     if waited_s >= timeout_s:
         return DrainEnd.TIMEOUT
+    ends = budget_ends_s or {}
+    if all(pod in ends for pod in busy) and waited_s >= max(ends[pod] for pod in busy):
+        return DrainEnd.WORKER_BUDGET
     return None
 
 
-def busy_text(pods: Sequence[str], loads: Mapping[str, int]) -> str:
+def busy_text(
+    pods: Sequence[str],
+    loads: Mapping[str, int],
+    shutdown: Mapping[str, ShutdownReading] | None = None,
+) -> str:
     """The leaving pods still serving, as a log line reads them."""
-    return ", ".join(
-        f"{pod} {'load unknown' if loads.get(pod) is None else f'{loads[pod]} in flight'}"
-        for pod in pods
-        if loads.get(pod) != 0
-    )
+    shutdown = shutdown or {}
+    parts = []
+    for pod in pods:
+        if pod_drained(pod, loads, shutdown):
+            continue
+        reading = shutdown.get(pod)
+        if reading is not None and usable_shutdown(reading):
+            kv = "KV transfers busy" if reading.kv_quiescent is False else "KV quiescent"
+            parts.append(f"{pod} {reading.inflight} in flight, {kv} (shutdown metrics)")
+        else:
+            load = loads.get(pod)
+            parts.append(f"{pod} {'load unknown' if load is None else f'{load} in flight'}")
+    return ", ".join(parts)
+
+
+def metrics_url(pod: Any) -> str | None:
+    """Where the worker of ``pod`` serves its ``/metrics`` page: the pod's IP and the system
+    port its container sets literally (``DYN_SYSTEM_PORT``); None when either is unknown."""
+    ip = pod.status.pod_ip if pod.status is not None else None
+    containers = (pod.spec.containers if pod.spec is not None else None) or ()
+    for container in containers:
+        for env in container.env or ():
+            if env.name == SYSTEM_PORT_ENV and env.value and env.value.isdigit() and ip:
+                return f"http://{ip}:{int(env.value)}/metrics"
+    return None

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from disagg_planner.connectors.base import (
@@ -25,11 +26,13 @@ from disagg_planner.connectors.kubernetes.api import (
 )
 from disagg_planner.connectors.kubernetes.drain import (
     DRAIN_POLL_S,
+    SHUTDOWN_SCRAPE_TIMEOUT_S,
     DrainEnd,
     busy_text,
     choose_leaving,
     drain_end,
     load_text,
+    metrics_url,
     pod_marks,
     pod_ready,
 )
@@ -43,6 +46,7 @@ from disagg_planner.connectors.kubernetes.state import (
     STATE_ANNOTATION,
 )
 from disagg_planner.errors import ConnectorError, DeploymentError
+from disagg_planner.signals.shutdown import ShutdownReading, read_shutdown
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,27 @@ class _PendingDrain:
             f"requests; {self.targets} is written when the drain ends"
         )
         return {role: Hold(role, HoldReason.DRAINING, detail) for role in self.targets}
+
+
+def _fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=SHUTDOWN_SCRAPE_TIMEOUT_S) as answer:
+        return str(answer.read().decode("utf-8", errors="replace"))
+
+
+@dataclass
+class _DrainWatch:
+    """What one drain follows: the ready leaving pods, where each serves its metrics page,
+    when each pod seen shutting down runs out of its own budget, and the fallbacks already
+    logged (once per pod and reason, not every poll)."""
+
+    urls: dict[str, str | None]
+    budget_ends_s: dict[str, float] = field(default_factory=dict)
+    logged: set[tuple[str, str]] = field(default_factory=set)
+    shutdown: dict[str, ShutdownReading] = field(default_factory=dict)
+
+    @property
+    def pods(self) -> tuple[str, ...]:
+        return tuple(self.urls)
 
 
 class Writes(ConnectorParts):
@@ -93,17 +118,17 @@ class Writes(ConnectorParts):
         if not lower:
             await self._write(obs, writes)
             return {}
-        serving = await self._mark_leaving(obs, lower)
-        end = drain_end(serving, self._loads(), waited_s=0.0, timeout_s=self._drain_budget_s())
+        watch = _DrainWatch(await self._mark_leaving(obs, lower))
+        end = await self._drain_end(watch, 0.0)
         if end is not None:
-            self._log_drain_end(serving, end, 0.0)
+            self._log_drain_end(watch, end, 0.0)
             await self._write(obs, writes, marked=True)
             return {}
         drain = _PendingDrain(
             targets=dict(writes),
-            pods=tuple(serving),
+            pods=watch.pods,
             budget_s=self._drain_budget_s(),
-            task=asyncio.create_task(self._follow_drain(dict(writes), tuple(serving))),
+            task=asyncio.create_task(self._follow_drain(dict(writes), watch)),
         )
         self._pending_drain = drain
         return drain.holds()
@@ -111,15 +136,73 @@ class Writes(ConnectorParts):
     def _drain_budget_s(self) -> float:
         return max(0.0, self._settings.drain_timeout_s)
 
-    def _log_drain_end(self, pods: Sequence[str], end: DrainEnd, waited_s: float) -> None:
+    async def _drain_end(self, watch: _DrainWatch, waited_s: float) -> DrainEnd | None:
+        """Read the leaving pods (FPM, and the staged-shutdown metrics of those shutting
+        down) and apply :func:`drain_end`."""
+        watch.shutdown = await self._shutdown_readings(watch, waited_s)
+        return drain_end(
+            watch.pods,
+            self._loads(),
+            waited_s=waited_s,
+            timeout_s=self._drain_budget_s(),
+            shutdown=watch.shutdown,
+            budget_ends_s=watch.budget_ends_s,
+        )
+
+    async def _shutdown_readings(
+        self, watch: _DrainWatch, waited_s: float
+    ) -> dict[str, ShutdownReading]:
+        """The staged-shutdown readings of the leaving pods that report one now; a pod
+        without one (no page, not shutting down, a missing or bad value, KV quiescence
+        unknown) is judged by its FPM, with the reason logged once."""
+        readings: dict[str, ShutdownReading] = {}
+        for pod, url in watch.urls.items():
+            if url is None:
+                self._note_fallback(
+                    watch, pod, "no metrics page known (pod IP or a literal DYN_SYSTEM_PORT)"
+                )
+                continue
+            try:
+                answer: ShutdownReading | str = read_shutdown(await asyncio.to_thread(_fetch, url))
+            except (OSError, ValueError) as exc:  # URLError and timeouts are OSErrors
+                answer = f"{url} unreachable ({exc})"
+            if isinstance(answer, str):
+                self._note_fallback(watch, pod, answer)
+                continue
+            readings[pod] = answer
+            # The remaining time is a snapshot at a stage transition, at or before this read.
+            watch.budget_ends_s.setdefault(pod, waited_s + answer.remaining_s)
+            if answer.kv_quiescent is None:
+                self._note_fallback(watch, pod, "KV quiescence unknown (-1)")
+        return readings
+
+    def _note_fallback(self, watch: _DrainWatch, pod: str, reason: str) -> None:
+        if (pod, reason) in watch.logged:
+            return
+        watch.logged.add((pod, reason))
+        log.info(
+            "DGD %s: drain of %s: its staged-shutdown metrics are not used (%s); its "
+            "ForwardPassMetrics decide",
+            self._ref,
+            pod,
+            reason,
+        )
+
+    def _log_drain_end(self, watch: _DrainWatch, end: DrainEnd, waited_s: float) -> None:
+        pods = watch.pods
         level = logging.WARNING if end is DrainEnd.TIMEOUT else logging.INFO
+        busy = busy_text(pods, self._loads(), watch.shutdown)
         detail = {
             DrainEnd.IDLE: "no request in flight",
+            DrainEnd.SHUTDOWN_IDLE: "no request in flight and KV transfers quiescent "
+            "(staged-shutdown metrics where the worker reports them, else FPM)",
             DrainEnd.NO_LOAD_SIGNAL: "no per-worker load known (no FPM); Dynamo's workers leave "
             "routing on SIGTERM and serve what they hold within their shutdown budget",
             DrainEnd.NOTHING_SERVING: "no ready worker leaves",
+            DrainEnd.WORKER_BUDGET: f"the shutdown budget of every worker still busy is spent "
+            f"({busy}); they cancel the rest and exit",
             DrainEnd.TIMEOUT: f"drain timeout ({self._drain_budget_s():g} s): "
-            f"{busy_text(pods, self._loads())}; lowering the replicas anyway (Dynamo serves "
+            f"{busy}; lowering the replicas anyway (Dynamo serves "
             "them for its grace period after SIGTERM)",
         }[end]
         log.log(
@@ -132,17 +215,18 @@ class Writes(ConnectorParts):
             detail,
         )
 
-    async def _follow_drain(self, writes: dict[str, int], pods: tuple[str, ...]) -> DrainEnd:
-        """Wait (in the background) for ``pods`` to drain, then write ``writes`` if they are
-        still what the deployment needs; a failure is logged (the next tick plans again)."""
+    async def _follow_drain(self, writes: dict[str, int], watch: _DrainWatch) -> DrainEnd:
+        """Wait (in the background) for the pods of ``watch`` to drain, then write ``writes``
+        if they are still what the deployment needs; a failure is logged (the next tick
+        plans again)."""
         start, budget = self._clock(), self._drain_budget_s()
         while True:
             waited = self._clock() - start
-            end = drain_end(pods, self._loads(), waited_s=waited, timeout_s=budget)
+            end = await self._drain_end(watch, waited)
             if end is not None:
                 break
             await self._sleep(min(DRAIN_POLL_S, budget - waited))
-        self._log_drain_end(pods, end, waited)
+        self._log_drain_end(watch, end, waited)
         try:
             async with self._lock:
                 obs = await self._observe()
@@ -186,16 +270,21 @@ class Writes(ConnectorParts):
             log.warning("DGD %s: the workers' load could not be read: %s", self._ref, exc)
             return {}
 
-    async def _mark_leaving(self, obs: _Observation, lower: Mapping[str, int]) -> list[str]:
+    async def _mark_leaving(
+        self, obs: _Observation, lower: Mapping[str, int]
+    ) -> dict[str, str | None]:
         """Choose and mark the pods that leave (module doc: graceful scale-down); returns
-        the ready ones (those with requests to finish)."""
+        the ready ones (those with requests to finish), each with where its worker serves
+        its metrics page (:func:`metrics_url`)."""
         pods = await self._api.dgd_pods()
         loads = self._loads()
         leaving: dict[str, bool] = {}  # pod name -> ready
+        urls: dict[str, str | None] = {}
         for role, target in lower.items():
             chosen = choose_leaving(pods, obs.services[role].service, target, loads)
             for pod in chosen:
                 leaving[pod.metadata.name] = pod_ready(pod)
+                urls[pod.metadata.name] = metrics_url(pod)
             if chosen:
                 log.info(
                     "DGD %s: %s %d -> %d: %s leave%s",
@@ -209,7 +298,7 @@ class Writes(ConnectorParts):
         since = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
         for name, marks in pod_marks(pods, leaving, since):
             await self._api.annotate_pod(name, marks)
-        return [name for name, ready in leaving.items() if ready]
+        return {name: urls[name] for name, ready in leaving.items() if ready}
 
     async def _wait_released(
         self, obs: _Observation, desired: Mapping[str, int], *, fresh: bool
