@@ -55,10 +55,19 @@ pods of lowest cost first) and ``planner.autoscaling.dev/draining-since`` (when,
 marked earlier that no longer leaves has both removed. Then the chosen ready pods are given
 time to finish what they are serving: the count drops once each reports no request in flight,
 or when ``drain_timeout_s`` has passed (a pod whose load is unknown is waited for until then;
-0: no wait), with a log line saying which way it ended. Dynamo has no drain call of its own
-(a worker drain admin API is proposed upstream, not released): on SIGTERM a worker leaves
-discovery, so that no new request reaches it, and serves what it holds for its grace period
-(``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``, 5 s by default) before the rest is cancelled
+0: no wait), with a log line saying which way it ended. A leaving pod whose worker is already
+in Dynamo's staged shutdown (its metrics page, at the pod IP and the container's literal
+``DYN_SYSTEM_PORT``, reports a stage: :mod:`disagg_planner.signals.shutdown`) is judged by that
+page instead: drained at no request in flight and KV transfers quiescent (``shutdown_idle``),
+and not waited for past its own total budget (``worker_budget``, when every pod still busy has
+spent its budget). A page that cannot be read, reports no stage (the usual case: the count,
+hence SIGTERM, comes after the drain), lacks a gauge, holds a NaN or says KV quiescence
+unknown (-1) leaves the pod to its FPM, with the reason logged once. Dynamo has no drain call
+of its own (a worker drain admin API is proposed upstream, not released): on SIGTERM a worker
+leaves discovery, so that no new request reaches it, and serves what it holds within its
+staged shutdown's one total budget (``DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS``, 30 s by
+default: router grace, requests in flight, KV-transfer quiescence, cleanup; older releases: a
+grace period, ``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``, 5 s) before the rest is cancelled
 (Dynamo issue 13559). Choosing an idle worker is what keeps that cancellation empty.
 
 State that survives restarts: the annotation ``planner.autoscaling.dev/state`` on the DGD
