@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import http.client
 import logging
 import urllib.request
 from collections.abc import Mapping
@@ -71,6 +72,15 @@ class _PendingDrain:
 def _fetch(url: str) -> str:
     with urllib.request.urlopen(url, timeout=SHUTDOWN_SCRAPE_TIMEOUT_S) as answer:
         return str(answer.read().decode("utf-8", errors="replace"))
+
+
+async def _read_page(url: str) -> ShutdownReading | str:
+    """The shutdown reading of the page at ``url``, or why there is none."""
+    try:
+        return read_shutdown(await asyncio.to_thread(_fetch, url))
+    # URLError, refused connections and timeouts are OSErrors; a cut answer an HTTPException.
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return f"{url} unreachable ({exc})"
 
 
 @dataclass
@@ -155,17 +165,15 @@ class Writes(ConnectorParts):
         """The staged-shutdown readings of the leaving pods that report one now; a pod
         without one (no page, not shutting down, a missing or bad value, KV quiescence
         unknown) is judged by its FPM, with the reason logged once."""
+        known = {pod: url for pod, url in watch.urls.items() if url is not None}
+        for pod in sorted(watch.urls.keys() - known.keys()):
+            self._note_fallback(
+                watch, pod, "no metrics page known (pod IP or a literal DYN_SYSTEM_PORT)"
+            )
+        # Read at once, so that an unreachable page costs one timeout per poll, not one per pod.
+        answers = await asyncio.gather(*(_read_page(url) for url in known.values()))
         readings: dict[str, ShutdownReading] = {}
-        for pod, url in watch.urls.items():
-            if url is None:
-                self._note_fallback(
-                    watch, pod, "no metrics page known (pod IP or a literal DYN_SYSTEM_PORT)"
-                )
-                continue
-            try:
-                answer: ShutdownReading | str = read_shutdown(await asyncio.to_thread(_fetch, url))
-            except (OSError, ValueError) as exc:  # URLError and timeouts are OSErrors
-                answer = f"{url} unreachable ({exc})"
+        for pod, answer in zip(known, answers, strict=True):
             if isinstance(answer, str):
                 self._note_fallback(watch, pod, answer)
                 continue
