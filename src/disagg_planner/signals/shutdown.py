@@ -53,6 +53,8 @@ KV_QUIESCENT = "dynamo_component_shutdown_kv_quiescent"
 SYSTEM_PORT_ENV = "DYN_SYSTEM_PORT"
 TOTAL_BUDGET_ENV = "DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS"
 DEFAULT_TOTAL_BUDGET_S = 30.0
+# Why a page holds no reading before the worker's shutdown starts (the usual case).
+NOT_SHUTTING_DOWN = "no shutdown stage reported (not shutting down)"
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def read_shutdown(text: str) -> ShutdownReading | str:
     for sample in samples:
         values.setdefault(sample.name, []).append(float(sample.value))
     if STAGE_SECONDS not in values:
-        return "no shutdown stage reported (not shutting down)"
+        return NOT_SHUTTING_DOWN
     for name in (INFLIGHT_REQUESTS, KV_QUIESCENT, REMAINING_SECONDS):
         if name not in values:
             return f"{name} is missing"

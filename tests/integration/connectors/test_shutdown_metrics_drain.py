@@ -248,10 +248,11 @@ async def test_without_a_usable_reading_the_fpm_decide_and_the_log_says_why(
     reason: str,
 ) -> None:
     """The page says "drained" or cannot tell; the worker's FPM say 1 in flight until +5 s:
-    the drain follows the FPM (today's behaviour), and logs once why the page was not used."""
+    the drain follows the FPM (today's behaviour), and logs once why the page was not used
+    (at debug level for a worker not shutting down yet, the usual case; else at info)."""
     pages.page = lambda _now: page
     t0 = fake_time.now
-    with caplog.at_level(logging.INFO, logger="disagg_planner.connectors.kubernetes"):
+    with caplog.at_level(logging.DEBUG, logger="disagg_planner.connectors.kubernetes"):
         end, waited, first = await drain(
             cluster,
             api_client,
@@ -262,8 +263,11 @@ async def test_without_a_usable_reading_the_fpm_decide_and_the_log_says_why(
     assert end is DrainEnd.IDLE
     assert 5.0 <= waited < 5.6
     assert pages.reads > 1
-    notes = [r.getMessage() for r in caplog.records if "metrics are not used" in r.getMessage()]
-    assert len(notes) == 1 and first in notes[0] and reason in notes[0], notes
+    notes = [r for r in caplog.records if "metrics are not used" in r.getMessage()]
+    assert len(notes) == 1, [r.getMessage() for r in notes]
+    assert first in notes[0].getMessage() and reason in notes[0].getMessage()
+    quiet = reason == "not shutting down"
+    assert notes[0].levelno == (logging.DEBUG if quiet else logging.INFO)
 
 
 @pytest.mark.parametrize("port", [None, "closed"], ids=["no_system_port", "unreachable"])

@@ -47,7 +47,7 @@ from disagg_planner.connectors.kubernetes.state import (
     STATE_ANNOTATION,
 )
 from disagg_planner.errors import ConnectorError, DeploymentError
-from disagg_planner.signals.shutdown import ShutdownReading, read_shutdown
+from disagg_planner.signals.shutdown import NOT_SHUTTING_DOWN, ShutdownReading, read_shutdown
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,9 @@ class Writes(ConnectorParts):
         if (pod, reason) in watch.logged:
             return
         watch.logged.add((pod, reason))
-        log.info(
+        # A worker not yet told to stop (SIGTERM follows the drain) is the usual case.
+        log.log(
+            logging.DEBUG if reason == NOT_SHUTTING_DOWN else logging.INFO,
             "DGD %s: drain of %s: its staged-shutdown metrics are not used (%s); its "
             "ForwardPassMetrics decide",
             self._ref,
