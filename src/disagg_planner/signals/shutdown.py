@@ -52,7 +52,6 @@ KV_QUIESCENT = "dynamo_component_shutdown_kv_quiescent"
 # Where the worker serves its /metrics page (the pod's container env).
 SYSTEM_PORT_ENV = "DYN_SYSTEM_PORT"
 TOTAL_BUDGET_ENV = "DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS"
-DEFAULT_TOTAL_BUDGET_S = 30.0
 # Why a page holds no reading before the worker's shutdown starts (the usual case).
 NOT_SHUTTING_DOWN = "no shutdown stage reported (not shutting down)"
 

@@ -47,7 +47,12 @@ from disagg_planner.connectors.kubernetes.state import (
     STATE_ANNOTATION,
 )
 from disagg_planner.errors import ConnectorError, DeploymentError
-from disagg_planner.signals.shutdown import NOT_SHUTTING_DOWN, ShutdownReading, read_shutdown
+from disagg_planner.signals.shutdown import (
+    NOT_SHUTTING_DOWN,
+    TOTAL_BUDGET_ENV,
+    ShutdownReading,
+    read_shutdown,
+)
 
 log = logging.getLogger(__name__)
 
@@ -209,8 +214,8 @@ class Writes(ConnectorParts):
             DrainEnd.NO_LOAD_SIGNAL: "no per-worker load known (no FPM); Dynamo's workers leave "
             "routing on SIGTERM and serve what they hold within their shutdown budget",
             DrainEnd.NOTHING_SERVING: "no ready worker leaves",
-            DrainEnd.WORKER_BUDGET: f"the shutdown budget of every worker still busy is spent "
-            f"({busy}); they cancel the rest and exit",
+            DrainEnd.WORKER_BUDGET: f"every worker still busy has spent its own shutdown "
+            f"budget ({TOTAL_BUDGET_ENV}) ({busy}); they cancel the rest and exit",
             DrainEnd.TIMEOUT: f"drain timeout ({self._drain_budget_s():g} s): "
             f"{busy}; lowering the replicas anyway (Dynamo serves "
             "them for its grace period after SIGTERM)",
