@@ -209,8 +209,9 @@ def targets(rows: list[dict[str, Any]], best: list[dict[str, Any]]) -> list[str]
         out += [_best_static_target(group, b) for b in best if b["fleet"] == fleet]
         ok = shared["gpu_hours"] <= static["gpu_hours"]
         out.append(
-            f"- {fleet}: pool GPU-h shared {shared['gpu_hours']:.2f} <= static "
-            f"{static['gpu_hours']:.2f}: {_met(ok)}"
+            # three decimals: a difference under 0.005 GPU-h must not print as equal figures
+            f"- {fleet}: pool GPU-h shared {shared['gpu_hours']:.3f} <= static "
+            f"{static['gpu_hours']:.3f}: {_met(ok)}"
             + ("" if ok else _gpu_hours_cause(shared, static))
         )
         saving = 1 - shared["gpu_hours"] / peak["gpu_hours"]
