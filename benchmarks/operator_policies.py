@@ -12,6 +12,9 @@ threads, and runs every loop for S seconds of wall time. It prints one JSON line
   end of its outcome hook: the status write included), with the interval the tick served
   (the fast check's, or the throughput interval's): over the whole run (the start-up herd
   of N loops started at once included) and over the steady part (``steady``);
+- ``steady_wake_s`` (due -> the tick started: the event loop and the worker threads busy with
+  other ticks), ``steady_tick_s`` (started -> decided) and ``event_loop_late_s`` (how late a
+  50 ms timer fires in the steady part): where the lag goes;
 - ``server_cores``: the CPU the light cluster used in the steady part (a saturated stand-in
   shows as lag that is not the planner's), and the machine's 1-minute load average;
 - ``cpu_ms_per_tick`` and ``api_per_dgd_min`` in the steady part of the run (after the
@@ -21,6 +24,10 @@ threads, and runs every loop for S seconds of wall time. It prints one JSON line
   any policy), ``rss_mib`` at the end, and their difference per policy;
 - ``shutdown``: every loop stopped (as a policy deletion stops it): seconds to stop them all,
   then the threads, watch caches, metric series and asyncio tasks left, and the RSS.
+
+Every loop runs with ``stagger_ticks`` as the operator runs it (each policy's schedule at a
+phase of its own); ``--no-stagger`` starts each schedule when its loop starts (the loops before
+that change: the baseline).
 
 kopf itself (its watch of the policies, its daemons and their bookkeeping) is not run: the
 loops are started directly, as the daemons would start them.
