@@ -16,6 +16,8 @@ once it serves and stops on SIGTERM. It serves, for any group/version/plural and
 - the Dynamo operator's part, at once: a patch of a DGD's ``spec.services.*.replicas``
   makes that service's ``status.services.*.replicas``/``readyReplicas`` follow (the steady
   state: every scale converges at the next read);
+- the discovery document of a group/version (``GET /apis/<group>/<version>``): the plurals
+  it holds objects of;
 - core ``events`` (created, counted, not kept) and ``pods`` (an empty list);
 - Prometheus' ``/api/v1/query``: every planner part at ``--rate`` requests/s (the tests'
   window: ISL 3000, OSL 150, TTFT 80 ms, ITL 20 ms) over the query's own window (its
@@ -195,6 +197,29 @@ class Cluster:
             {"status": "success", "data": {"resultType": kind, "result": result}}
         )
 
+    async def discovery(self, request: web.Request) -> web.Response:
+        """The group/version's discovery document: the plurals it holds objects of (the
+        connector resolves the DGD version it reads and writes from it)."""
+        m = request.match_info
+        self._count(request, "discovery")
+        group_version = m["group"] + "/" + m["version"]
+        plurals = sorted({plural for (gv, _, plural) in self.objects if gv == group_version})
+        if not plurals:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        resources = [
+            {
+                "name": plural,
+                "singularName": plural.removesuffix("s"),
+                "namespaced": True,
+                "kind": plural,
+                "verbs": ["get", "list", "watch", "create", "patch"],
+            }
+            for plural in plurals
+        ]
+        return web.json_response(
+            {"kind": "APIResourceList", "groupVersion": group_version, "resources": resources}
+        )
+
     async def stats_view(self, request: web.Request) -> web.Response:
         return web.json_response(dict(self.stats))
 
@@ -202,6 +227,7 @@ class Cluster:
 def app(cluster: Cluster) -> web.Application:
     application = web.Application()
     base = "/apis/{group}/{version}/namespaces/{ns}/{plural}"
+    application.router.add_get("/apis/{group}/{version}", cluster.discovery)
     application.router.add_route("*", base, cluster.collection)
     application.router.add_route("*", base + "/{name}", cluster.item)
     application.router.add_route("*", base + "/{name}/{sub}", cluster.item)

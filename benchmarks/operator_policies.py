@@ -12,6 +12,9 @@ threads, and runs every loop for S seconds of wall time. It prints one JSON line
   end of its outcome hook: the status write included), with the interval the tick served
   (the fast check's, or the throughput interval's): over the whole run (the start-up herd
   of N loops started at once included) and over the steady part (``steady``);
+- ``steady_wake_s`` (due -> the tick started: the event loop and the worker threads busy with
+  other ticks), ``steady_tick_s`` (started -> decided) and ``event_loop_late_s`` (how late a
+  50 ms timer fires in the steady part): where the lag goes;
 - ``server_cores``: the CPU the light cluster used in the steady part (a saturated stand-in
   shows as lag that is not the planner's), and the machine's 1-minute load average;
 - ``cpu_ms_per_tick`` and ``api_per_dgd_min`` in the steady part of the run (after the
@@ -21,6 +24,10 @@ threads, and runs every loop for S seconds of wall time. It prints one JSON line
   any policy), ``rss_mib`` at the end, and their difference per policy;
 - ``shutdown``: every loop stopped (as a policy deletion stops it): seconds to stop them all,
   then the threads, watch caches, metric series and asyncio tasks left, and the RSS.
+
+Every loop runs with ``stagger_ticks`` as the operator runs it (each policy's schedule at a
+phase of its own); ``--no-stagger`` starts each schedule when its loop starts (the loops before
+that change: the baseline).
 
 kopf itself (its watch of the policies, its daemons and their bookkeeping) is not run: the
 loops are started directly, as the daemons would start them.
@@ -114,6 +121,32 @@ def within_10pct(lags: list[tuple[float, float]]) -> float:
     return sum(1 for lag, interval in lags if lag <= 0.1 * interval) / max(1, len(lags))
 
 
+def quantiles(ordered: list[float]) -> dict[str, float | None]:
+    """p50, p99 and max of sorted values."""
+    if not ordered:
+        return {"p50": None, "p99": None, "max": None}
+    return {
+        "p50": ordered[len(ordered) // 2],
+        "p99": ordered[int(len(ordered) * 0.99)],
+        "max": ordered[-1],
+    }
+
+
+class LoopMonitor:
+    """How late the event loop runs a callback due every ``period_s`` (time it spent
+    blocked by synchronous work, or busy with other callbacks)."""
+
+    def __init__(self, period_s: float = 0.05) -> None:
+        self.period_s = period_s
+        self.late: list[float] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            before = time.monotonic()
+            await asyncio.sleep(self.period_s)
+            self.late.append(max(0.0, time.monotonic() - before - self.period_s))
+
+
 def lag_summary(lags: list[tuple[float, float]]) -> dict[str, float | int | None]:
     ordered = sorted(lag for lag, _ in lags)
     return {
@@ -129,14 +162,18 @@ class TimedLoop(DeploymentLoop):
     """A loop that notes, for every tick, how long after its deadline it was decided."""
 
     lags: list[tuple[float, float, float]]  # (decided at, lag s, interval s)
+    # (decided at, due -> tick started s, tick started -> decided s)
+    parts: list[tuple[float, float, float]]
 
     async def tick(self) -> TickOutcome | None:
         due = self.next_wake_s
+        began = self.clock.now()
         outcome = await super().tick()
         now = self.clock.now()
         if outcome is not None:
             interval = THROUGHPUT_INTERVAL_S if outcome.ran_throughput else FAST_CHECK_S
             self.lags.append((now, max(0.0, now - due), interval))
+            self.parts.append((now, max(0.0, began - due), now - began))
         return outcome
 
 
@@ -147,6 +184,8 @@ async def run(
     reports: Path,
     status_interval_s: float,
     server_pid: int,
+    *,
+    stagger: bool,
 ) -> dict[str, Any]:
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(
@@ -193,8 +232,10 @@ async def run(
             recorder=make_recorder(config, ref, subdirectory=True),
             on_outcome=writer.write_outcome,
             tick_log_level=logging.DEBUG,
+            stagger_ticks=stagger,
         )
         loop.lags = []
+        loop.parts = []
         stop = asyncio.Event()
         loops.append(loop)
         stops.append(stop)
@@ -207,8 +248,12 @@ async def run(
     steady_clock = WallClock().now()
     first_ticks = sum(len(loop.lags) for loop in loops)
     steady_start = time.monotonic()
+    monitor, monitor_stop = LoopMonitor(), asyncio.Event()
+    monitoring = asyncio.create_task(monitor.run(monitor_stop))
     await asyncio.sleep(max(0.0, started + duration_s - steady_start))
     last_stats, last_cpu = stats(url), time.process_time()
+    monitor_stop.set()
+    await monitoring
     server_cores = (cpu_of(server_pid) - first_server_cpu) / (time.monotonic() - steady_start)
     steady_s = time.monotonic() - steady_start
     ticks = sum(len(loop.lags) for loop in loops) - first_ticks
@@ -228,6 +273,8 @@ async def run(
     steady = [
         (lag, interval) for loop in loops for t, lag, interval in loop.lags if t >= steady_clock
     ]
+    wake = sorted(w for loop in loops for t, w, _ in loop.parts if t >= steady_clock)
+    inside = sorted(d for loop in loops for t, _, d in loop.parts if t >= steady_clock)
     series = sum(
         1
         for family in metrics.registry.collect()
@@ -250,6 +297,7 @@ async def run(
     ordered = sorted(lag for lag, _ in lags)
     return {
         "n": n,
+        "stagger": stagger,
         "duration_s": duration_s,
         "status_interval_s": status_interval_s,
         "steady_s": steady_s,
@@ -259,6 +307,9 @@ async def run(
         "lag_p99_s": ordered[int(len(ordered) * 0.99)] if ordered else None,
         "lag_max_s": ordered[-1] if ordered else None,
         "steady": lag_summary(steady),
+        "steady_wake_s": quantiles(wake),
+        "steady_tick_s": quantiles(inside),
+        "event_loop_late_s": quantiles(sorted(monitor.late)),
         "server_cores": server_cores,
         "loadavg_1m": os.getloadavg()[0],
         "cpu_ms_per_tick": 1000.0 * (last_cpu - first_cpu) / max(1, ticks),
@@ -279,6 +330,8 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=150.0)
     # the operator's --status-interval (its default): measurements are written at most this often
     parser.add_argument("--status-interval", type=float, default=30.0)
+    # the loops as before issue 36's stagger: each schedule starts when its loop starts
+    parser.add_argument("--no-stagger", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.duration_s <= THROUGHPUT_INTERVAL_S + FAST_CHECK_S:
@@ -315,6 +368,7 @@ def main() -> int:
                     Path(folder),
                     args.status_interval,
                     server.pid,
+                    stagger=not args.no_stagger,
                 )
             )
         finally:

@@ -20,14 +20,16 @@ per N: API requests per DGD per tick and per minute at the 15 s fast-check caden
 CPU seconds per tick and DGD, RSS after the rounds, and the wall time of a round (all N
 reads: the lag from "due" to "read" for the last of them).
 
-``--policies 10 100 1000`` measures the whole planner loops instead, each count in its own
-process (``benchmarks/operator_policies.py``), against the light cluster
+``--policies 10 100 1000`` measures the whole planner loops instead (and first, the largest
+count once more with every loop's schedule starting when the loop starts, as before each policy
+had a tick phase of its own: the baseline of the same run, unless ``--no-baseline``), each count
+in its own process (``benchmarks/operator_policies.py``), against the light cluster
 (``benchmarks/light_cluster.py``: an API server, the Dynamo operator's convergence and
-Prometheus, counting requests instead of keeping them: kmock saturates near 100 DGDs): due
--> decided lag of every tick against its interval, CPU per tick, API calls per DGD per
-minute in the steady part (the status writes included), RSS and memory per policy (the slope
-between consecutive counts: the first policy also pays the modules the loops import), and
-what stopping every loop leaves behind (threads, watch caches, metric series, tasks).
+Prometheus, counting requests instead of keeping them: kmock saturates near 100 DGDs): due ->
+decided lag of every tick against its interval, CPU per tick, API calls per DGD per minute in
+the steady part (the status writes included), RSS and memory per policy (the slope between
+consecutive counts: the first policy also pays the modules the loops import), and what stopping
+every loop leaves behind (threads, watch caches, metric series, tasks).
 
 What the read rounds are not: the whole operator (kopf, Prometheus, the core's decisions and
 the status patches are left out); the simulated Dynamo operator is not run (no pods, nothing
@@ -40,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import subprocess
 import sys
@@ -196,7 +199,9 @@ async def run(
     return rows
 
 
-def run_policies(counts: Sequence[int], duration_s: float, status_interval_s: float) -> list[Any]:
+def run_policies(
+    counts: Sequence[int], duration_s: float, status_interval_s: float, *, stagger: bool = True
+) -> list[Any]:
     """One process per count (benchmarks/operator_policies.py); their JSON results."""
     results = []
     for n in counts:
@@ -209,6 +214,7 @@ def run_policies(counts: Sequence[int], duration_s: float, status_interval_s: fl
                 str(duration_s),
                 "--status-interval",
                 str(status_interval_s),
+                *([] if stagger else ["--no-stagger"]),
             ],
             capture_output=True,
             text=True,
@@ -227,7 +233,28 @@ def status_per_min(r: dict[str, Any]) -> float:
     return float(writes) / r["n"] / (r["steady_s"] / 60.0)
 
 
-def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) -> list[str]:
+def share(fraction: float) -> str:
+    """A share in percent, rounded down: 99.96% shows as 99.9%, never as 100.0%."""
+    return f"{math.floor(1000 * fraction) / 10:.1f}%"
+
+
+def lag_row(r: dict[str, Any]) -> str:
+    """Where the steady lag goes: due -> tick started (the event loop busy) and the tick."""
+    wake, tick, late = r["steady_wake_s"], r["steady_tick_s"], r["event_loop_late_s"]
+    return (
+        f"| {r['n']} | {'phase per policy' if r['stagger'] else 'none (before)'} | "
+        f"{share(r['steady']['within_10pct'])} / {share(r['within_10pct'])} | "
+        f"{r['steady']['lag_p99_s']:.2f} / {r['steady']['lag_max_s']:.2f} | "
+        f"{wake['p99']:.2f} / {wake['max']:.2f} | {tick['p50']:.3f} / {tick['p99']:.2f} | "
+        f"{late['p99']:.3f} / {late['max']:.2f} | {r['loadavg_1m']:.1f} |"
+    )
+
+
+def policies_block(
+    args: argparse.Namespace,
+    results: Sequence[dict[str, Any]],
+    baseline: dict[str, Any] | None = None,
+) -> list[str]:
     lines = [
         "",
         f"`python benchmarks/operator_scale.py --policies "
@@ -252,8 +279,8 @@ def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) 
         else:
             per_policy = f"{r['mib_per_policy']:.2f} (with the loops' imports)"
         lines.append(
-            f"| {r['n']} | {steady['ticks']} | {100 * steady['within_10pct']:.1f}% / "
-            f"{100 * r['within_10pct']:.1f}% | {steady['lag_p50_s']:.2f} / "
+            f"| {r['n']} | {steady['ticks']} | {share(steady['within_10pct'])} / "
+            f"{share(r['within_10pct'])} | {steady['lag_p50_s']:.2f} / "
             f"{steady['lag_p99_s']:.2f} / {steady['lag_max_s']:.2f} | "
             f"{r['cpu_ms_per_tick']:.1f} | {r['cpu_cores']:.2f} | {r['server_cores']:.2f} | "
             f"{r['loadavg_1m']:.1f} | {r['api_per_dgd_min']:.2f} ({status_per_min(r):.2f}) | "
@@ -275,6 +302,31 @@ def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) 
             "freed pages)."
         )
     big = results[-1]
+    lines += [
+        "",
+        "Where the tick lag goes (steady part, seconds): loops whose schedules start when "
+        "they start (before) against each policy's own phase of its shortest cadence "
+        "(runtime/loop.py `staggered_start`, what the operator runs), same machine, one "
+        "after the other. Wake: due -> the tick starts (the event loop and the worker "
+        "threads busy with other ticks); tick: start -> decided, status write included; "
+        "event loop: how late a 50 ms timer fires.",
+        "",
+        "| policies | tick phase | within 10% (steady / whole run) | lag p99 / max "
+        "| wake p99 / max | tick p50 / p99 | event loop late p99 / max | load avg |",
+        "|---:|---|---|---|---|---|---|---:|",
+    ]
+    if baseline is not None:
+        lines.append(lag_row(baseline))
+    lines.append(lag_row(big))
+    if baseline is not None:
+        lines += [
+            "",
+            f"- {big['n']} policies, steady lag p99 with phases / before: "
+            f"{big['steady']['lag_p99_s'] / baseline['steady']['lag_p99_s']:.2f}; "
+            f"ticks within 10% {share(baseline['steady']['within_10pct'])} -> "
+            f"{share(big['steady']['within_10pct'])} (steady), "
+            f"{share(baseline['within_10pct'])} -> {share(big['within_10pct'])} (whole run).",
+        ]
     slope = (
         (big["rss_mib"] - results[-2]["rss_mib"]) / (big["n"] - results[-2]["n"])
         if len(results) > 1
@@ -285,9 +337,9 @@ def policies_block(args: argparse.Namespace, results: Sequence[dict[str, Any]]) 
         "Targets at the largest count:",
         "",
         f"- every due tick decided within 10% of its interval (steady): "
-        f"{100 * big['steady']['within_10pct']:.1f}% of {big['steady']['ticks']} "
+        f"{share(big['steady']['within_10pct'])} of {big['steady']['ticks']} "
         f"({'met' if big['steady']['within_10pct'] >= 1.0 else 'MISSED'}; the whole run, "
-        f"start-up herd included: {100 * big['within_10pct']:.1f}%).",
+        f"start-up included: {share(big['within_10pct'])} of {big['ticks']}).",
         f"- RSS under 2 GB: {big['rss_mib']:.0f} MiB "
         f"({'met' if big['rss_mib'] * 2**20 < 2e9 else 'MISSED'}).",
         f"- under 2 API calls per DGD per minute: {big['api_per_dgd_min']:.2f} "
@@ -309,7 +361,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="*", type=int, default=[])
     parser.add_argument("--duration-s", type=float, default=150.0)
     parser.add_argument("--status-interval", type=float, default=30.0)
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the largest count without tick phases (the loops before issue 36's stagger)",
+    )
     args = parser.parse_args(argv)
+    baseline = (
+        run_policies(args.policies[-1:], args.duration_s, args.status_interval, stagger=False)[0]
+        if args.policies and not args.no_baseline
+        else None
+    )
     policies = run_policies(args.policies, args.duration_s, args.status_interval)
     rows = asyncio.run(run(args.counts, args.rounds, args.poll_max))
     lines = [
@@ -350,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"minute {poll['calls_per_min']:.2f} -> {watch['calls_per_min']:.2f} (target < 2)."
         )
     if policies:
-        lines += policies_block(args, policies)
+        lines += policies_block(args, policies, baseline)
     lines.append(END)
     block = "\n".join(lines)
     print(block)

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -79,8 +79,19 @@ class KmockProcess:
         self.url = ""
         self._process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 30.0, *, port: int = 0) -> None:
-        """Serve on ``port`` (0: any free one; a restart passes the one it had)."""
+    def start(
+        self,
+        timeout_s: float = 30.0,
+        *,
+        port: int = 0,
+        objects: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    ) -> None:
+        """Serve on ``port`` (0: any free one; a restart passes the one it had), holding
+        ``objects`` (``(group/version/plural, object)``) from the first request on."""
+        held = self.workdir / "kmock-objects.json"
+        held.write_text(
+            json.dumps([{"resource": resource, "object": obj} for resource, obj in objects])
+        )
         with self.output.open("wb") as out:
             self._process = subprocess.Popen(
                 [
@@ -91,6 +102,8 @@ class KmockProcess:
                     str(self.request_log),
                     "--faults",
                     str(self.faults_file),
+                    "--objects",
+                    str(held),
                     f"--port={port}",
                 ],
                 cwd=REPO,

@@ -24,6 +24,12 @@ an absent key matches everything). A request matching a rule with ``count`` left
 away meanwhile), and uses one up. The file
 is read again whenever it changes, each new version starting its counts afresh.
 
+Objects held at start (``--objects FILE``, a JSON list of ``{"resource":
+"<group>/<version>/<plural>", "object": {...}}``): stored before the first request is served,
+so that a restart (the chaos tests) comes back with what it held, as a real API server comes
+back with etcd's objects; writing them back after the restart would leave a window in which
+the server answers that they do not exist, which a real restart never does.
+
 Gaps that remain (tests that depend on them say so): creates answer 200 instead of 201 (the
 ``kubernetes`` client then returns no body), no ``resourceVersion``/``uid``/``generation``,
 ``/status`` patches merge into the whole object, watches never end server-side.
@@ -181,7 +187,9 @@ async def serve(
     namespaces: list[str],
     request_log: Path | None,
     faults: Path | None = None,
+    objects: Path | None = None,
 ) -> None:
+    held = json.loads(objects.read_text(encoding="utf-8")) if objects is not None else []
     log_file = request_log.open("a", encoding="utf-8") if request_log is not None else None
     try:
         async with (
@@ -195,6 +203,11 @@ async def serve(
                     "kind": "Namespace",
                     "metadata": {"name": namespace},
                 }
+            # No await since the server started listening: nothing is served before these.
+            for entry in held:
+                obj = entry["object"]
+                key = (entry["resource"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+                k8s.objects[key] = obj
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -215,6 +228,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--request-log", type=Path, default=None, help="JSON-lines request log")
     parser.add_argument("--faults", type=Path, default=None, help="fault rules (module doc)")
+    parser.add_argument(
+        "--objects", type=Path, default=None, help="objects held at start (module doc)"
+    )
     args = parser.parse_args(argv)
     asyncio.run(
         serve(
@@ -223,6 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             namespaces=args.namespace or ["default"],
             request_log=args.request_log,
             faults=args.faults,
+            objects=args.objects,
         )
     )
 

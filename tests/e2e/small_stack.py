@@ -9,7 +9,6 @@ The ``stack`` fixture takes PlannerPolicy spec overrides by indirect parametriza
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -113,8 +112,8 @@ class Stack:
 
     def restart_kmock(self, *, down_s: float) -> None:
         """The API server killed and started again on its port, ``down_s`` later, with what
-        it held (a real one keeps its objects in etcd; kmock keeps them in memory, so they
-        are written back)."""
+        it held (a real one keeps its objects in etcd; kmock keeps them in memory, so it is
+        given them back to hold from its first request on)."""
         dgd: Any = self.custom.get_namespaced_custom_object(
             DGD_GROUP, DGD_VERSION, NS, DGD_PLURAL, DGD_NAME
         )
@@ -124,18 +123,13 @@ class Stack:
         port = self.kmock.port
         self.kmock.kill()
         time.sleep(down_s)
-        self.kmock.start(port=port)
-        for (group, version, plural), obj in (
-            ((DGD_GROUP, DGD_VERSION, DGD_PLURAL), dgd),
-            ((GROUP, VERSION, PLURAL), policy),
-        ):
-            body = copy.deepcopy(obj)
-            status = body.pop("status", None)
-            self.custom.create_namespaced_custom_object(group, version, NS, plural, body)
-            if status:
-                self.custom.patch_namespaced_custom_object_status(
-                    group, version, NS, plural, obj["metadata"]["name"], {"status": status}
-                )
+        self.kmock.start(
+            port=port,
+            objects=[
+                (f"{DGD_GROUP}/{DGD_VERSION}/{DGD_PLURAL}", dgd),
+                (f"{GROUP}/{VERSION}/{PLURAL}", policy),
+            ],
+        )
 
     def throughput_lines(self, since: int) -> list[str]:
         return [

@@ -245,6 +245,7 @@ class PolicyRunner:
             metrics=self.metrics,
             recorder=make_recorder(config, target, subdirectory=True),
             on_outcome=writer.write_outcome,
+            stagger_ticks=True,  # a thousand policies must not all tick at once
         )
         self.loops[key] = loop
         loop_stop = asyncio.Event()

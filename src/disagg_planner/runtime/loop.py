@@ -6,7 +6,8 @@ replay`` (one loop per replayed policy, on the simulated cluster's clock, connec
 sources: :mod:`disagg_planner.replay.policies`), so that a replay runs this very code::
 
     validate the deployment (retry with backoff until it passes or the loop stops)
-    build the core (its schedule starts now), the traffic observer, the FPM subscribers
+    build the core (its schedule starts now, or with ``stagger_ticks`` at the deployment's
+    own phase: staggered_start()), the traffic observer, the FPM subscribers
     repeat until stopped:
         sleep until core.next_tick_at_s (later while the connector keeps failing)
         due = core.due(now)                       which loops run this tick
@@ -54,7 +55,7 @@ from disagg_planner.core.types import (
 from disagg_planner.errors import SpecError, classify
 from disagg_planner.observe import TrafficObserver
 from disagg_planner.profiles import Profile
-from disagg_planner.report.recorder import DiagnosticsRecorder
+from disagg_planner.report.recorder import DiagnosticsRecorder, stagger_fraction
 from disagg_planner.runtime.audit import log_audit
 from disagg_planner.runtime.calls import apply_scale, observe_traffic, read_status, validate
 from disagg_planner.runtime.clock import Clock, Offload, WallClock
@@ -110,6 +111,11 @@ class DeploymentLoop:
     summary line is logged at ``tick_log_level``; with ``raise_tick_errors`` an exception in a
     tick propagates instead of becoming a ``tick_failed`` problem (in replay it is a bug, not
     an outage to ride out).
+
+    ``stagger_ticks`` (the operator's many loops in one process) starts the schedule at the
+    deployment's own phase of its shortest cadence (:func:`staggered_start`) instead of at
+    the instant the loop started, so that loops started together (an operator restart with
+    a thousand policies) do not all tick at the same instants and queue behind each other.
     """
 
     def __init__(
@@ -130,6 +136,7 @@ class DeploymentLoop:
         offload: Offload = asyncio.to_thread,
         tick_log_level: int = logging.INFO,
         raise_tick_errors: bool = False,
+        stagger_ticks: bool = False,
     ) -> None:
         self.config = config
         self.connector = connector
@@ -146,6 +153,7 @@ class DeploymentLoop:
         self._offload = offload
         self._tick_log_level = tick_log_level
         self._raise_tick_errors = raise_tick_errors
+        self._stagger_ticks = stagger_ticks
         self.core: PlannerCore | None = None
         self.traffic: TrafficObserver | None = None
         self.engine_sources: dict[str, EngineSource] = {}
@@ -300,10 +308,13 @@ class DeploymentLoop:
             profile = self._profile
             if profile is None and cfg.throughput_scaling_active:
                 profile = await self._offload(profile_for, cfg)  # file I/O
+            start_s = self.clock.now()
+            if self._stagger_ticks:
+                start_s = staggered_start(
+                    start_s, key=str(self.ref), period_s=shortest_cadence_s(cfg)
+                )
             # offloaded (a thread live): a predictor warm-up trace may take seconds to fit
-            self.core = await self._offload(
-                build_core, cfg, start_s=self.clock.now(), profile=profile
-            )
+            self.core = await self._offload(build_core, cfg, start_s=start_s, profile=profile)
             if cfg.elastic_ep is not None:
                 self.elastic = ElasticDriver(cfg, profile=profile, connector=self.connector)
         except Exception as exc:
@@ -575,6 +586,36 @@ class DeploymentLoop:
             raise
         except Exception:
             log.exception("%s: the outcome hook failed", self.ref)
+
+
+def shortest_cadence_s(config: PlannerConfig) -> float:
+    """The shortest interval between two ticks of a loop with ``config``: the throughput
+    loop's, the load loop's or the fast check's, of those that run (a fast check not shorter
+    than the throughput interval never runs, and would not be the shortest anyway)."""
+    intervals = []
+    if config.throughput_scaling_active:
+        intervals.append(config.throughput_adjustment_interval_seconds)
+        if config.fast_check_interval_seconds is not None:
+            intervals.append(config.fast_check_interval_seconds)
+    if config.load_scaling_active:
+        intervals.append(config.load_adjustment_interval_seconds)
+    return min(intervals)
+
+
+def staggered_start(now_s: float, *, key: str, period_s: float) -> float:
+    """The latest instant at or before ``now_s`` that lies at ``key``'s phase of
+    ``period_s`` (a stable fraction of the deployment's name: :func:`stagger_fraction`).
+
+    A schedule started there ticks first within one ``period_s`` of ``now_s`` (never in the
+    past, when ``period_s`` is the shortest cadence) and then always at the same phase of
+    the wall clock, whenever the loop was (re)started: loops started together spread their
+    ticks evenly over the period instead of all falling due at the same instant.
+
+    >>> staggered_start(1000.0, key="default/g0001", period_s=15.0)
+    995.0345264060888
+    """
+    phase_s = stagger_fraction(key) * period_s
+    return now_s - (now_s - phase_s) % period_s
 
 
 def is_spec_error(exc: BaseException) -> bool:
