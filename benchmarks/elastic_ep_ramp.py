@@ -77,6 +77,7 @@ import numpy as np
 # shadow the predictors package: look in the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.results_block import RESULTS, markers, write_block
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.elastic import ElasticPlanner
 from disagg_planner.observe.window import snapshot_from_text, traffic_from_snapshots
@@ -457,7 +458,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", action="append", metavar="POLICY", help="run only this policy (repeatable)"
     )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="also write the output into benchmarks/RESULTS.md and its table into "
+        "docs/elastic-ep.md (the blocks marked elastic-ep-ramp); every policy must run",
+    )
     args = parser.parse_args(argv)
+    if args.write and (args.only or args.json or args.replay or args.seed != 0):
+        parser.error("--write records the default run: no --only, --json, --replay or --seed")
     profile = load_profile(resolve_profile(PROFILE))
     requests = ramp_requests(
         REQUESTS, start_rps=START_RPS, end_rps=END_RPS, seed=args.seed, isl=ISL, osl=OSL
@@ -479,16 +488,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"policies": [r.public() for r in results]}, indent=2))
         return 0
-    print(table(results))
-    print()
-    print("rolling 30 s p95 TTFT, highest per minute (s):")
-    for r in results:
-        print(f"  {r.name:17s} " + " ".join(f"{v:5.1f}" for v in r.p95_by_minute))
-    print()
-    for r in results:
-        for line in r.decisions:
-            print(f"{r.name}: {line}")
+    lines = [table(results), "", "rolling 30 s p95 TTFT, highest per minute (s):"]
+    lines += [f"  {r.name:17s} " + " ".join(f"{v:5.1f}" for v in r.p95_by_minute) for r in results]
+    lines.append("")
+    lines += [f"{r.name}: {line}" for r in results for line in r.decisions]
+    output = "\n".join(lines)
+    print(output)
+    if args.write:
+        write_ramp_blocks(results, output)
     return 0
+
+
+def write_ramp_blocks(results: list[Any], output: str) -> None:
+    """The run's output into RESULTS.md and its table into docs/elastic-ep.md, each between
+    the markers of ``elastic-ep-ramp`` (generated, never typed)."""
+    begin, end = markers("elastic-ep-ramp")
+    command = "python benchmarks/elastic_ep_ramp.py --write"
+    write_block(
+        "elastic-ep-ramp",
+        "\n".join([begin, f"`{command}`, as printed:", "", "```", output, "```", end]),
+    )
+    doc = Path(__file__).resolve().parent.parent / "docs" / "elastic-ep.md"
+    note = (
+        f"`{command}` (the script's table as printed; the full output is in "
+        "`benchmarks/RESULTS.md`, section elastic-ep-ramp):"
+    )
+    write_block("elastic-ep-ramp", "\n".join([begin, note, "", table(results), end]), doc)
+    print(f"wrote the elastic-ep-ramp blocks of {RESULTS.name} and {doc.name}", file=sys.stderr)
 
 
 if __name__ == "__main__":

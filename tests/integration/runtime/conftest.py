@@ -20,11 +20,9 @@ from disagg_planner.runtime.metrics import HealthState, PlannerMetrics
 from tests.integration.connectors.conftest import DGD_NAME, NS, Cluster, frontend, worker
 from tests.unit.observe.canned_prometheus import CannedPrometheus, vector_reply
 from tests.unit.runtime import conftest as unit_runtime
-from tests.unit.runtime.conftest import loop_config, traffic_parts
+from tests.unit.runtime.conftest import START_S, loop_config, traffic_parts
 
 profile = unit_runtime.profile  # the real NPZ profile fixture the unit tests use
-
-START_S = 1_700_000_000.0
 
 
 class JumpClock:

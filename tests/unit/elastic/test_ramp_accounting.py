@@ -193,3 +193,42 @@ def test_the_ramp_through_replay_rejects_the_arrivals_of_a_pause_unless_retried(
     assert rejecting.public()["rejected"] == rejecting.rejected
     with pytest.raises(ValueError, match="restart-20"):
         ramp.run_through_replay("restart-20", requests, seed=1)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--write", "--only", "fixed-16"], ["--write", "--seed", "3"], ["--write", "--json"]]
+)
+def test_write_records_only_the_default_run(argv, capsys):
+    """A partial or re-seeded run written into the results would pass for the default one."""
+    with pytest.raises(SystemExit) as exit_info:
+        ramp.main(argv)
+    assert exit_info.value.code == 2
+    assert "--write records the default run" in capsys.readouterr().err
+
+
+def test_write_replaces_the_marked_blocks_with_the_runs_table(tmp_path, monkeypatch):
+    results_md, doc_md = tmp_path / "RESULTS.md", tmp_path / "docs" / "elastic-ep.md"
+    doc_md.parent.mkdir()
+    doc_md.write_text(
+        "intro\n<!-- BEGIN elastic-ep-ramp -->\nold\n<!-- END elastic-ep-ramp -->\nend\n"
+    )
+    monkeypatch.setattr(ramp, "RESULTS", results_md)
+    monkeypatch.setattr(ramp, "write_block", _write_block_into(results_md))
+    monkeypatch.setattr(ramp, "__file__", str(tmp_path / "benchmarks" / "elastic_ep_ramp.py"))
+    results = [type("R", (), {"name": "fixed-16"})()]
+    monkeypatch.setattr(ramp, "table", lambda rs: "| policy |\n| fixed-16 |")
+    ramp.write_ramp_blocks(results, "| policy |\n| fixed-16 |\n\nrolling ...")
+
+    doc = doc_md.read_text()
+    assert doc.startswith("intro\n") and doc.endswith("end\n") and "old" not in doc
+    assert "| fixed-16 |" in doc and "--write" in doc
+    assert "rolling ..." in results_md.read_text()
+
+
+def _write_block_into(results_md):
+    from benchmarks.results_block import write_block
+
+    def write(name, block, path=results_md):
+        write_block(name, block, path)
+
+    return write

@@ -13,6 +13,8 @@ from disagg_planner.profiles import Profile, load_profile
 from tests.integration.connectors.conftest import DGD_NAME, NS
 from tests.unit.core.conftest import write_h200_like_profile
 
+START_S = 1_700_000_000.0  # the loops' clock at start: Unix-like seconds, a fixed instant
+
 
 def traffic_parts(rate_per_s: float, interval_s: float) -> dict[str, float]:
     """Increases over one window of ``rate_per_s`` requests with ISL 3000, OSL 150."""

@@ -10,7 +10,6 @@ from collections import Counter
 import pytest
 
 from disagg_planner.runtime.loop import shortest_cadence_s, staggered_start
-from tests.integration.connectors.conftest import DGD_NAME, NS
 from tests.unit.runtime.conftest import START_S, loop_config
 
 FAST_S = 15.0
@@ -56,25 +55,3 @@ def test_the_period_is_the_shortest_cadence_that_runs(
     overrides: dict[str, object], expected: float
 ) -> None:
     assert shortest_cadence_s(loop_config(**overrides)) == expected
-
-
-async def test_the_operator_loop_first_ticks_at_its_phase_and_replay_at_one_interval(
-    cluster, harness_factory
-) -> None:
-    config = loop_config(fast_check_interval_seconds=FAST_S)
-    staggered = harness_factory(config, stagger_ticks=True)
-    await staggered.start()
-    plain = harness_factory(config)
-    await plain.start()
-    now = staggered.clock.now()
-    assert staggered.loop.core is not None and plain.loop.core is not None
-
-    expected = staggered_start(now, key=f"{NS}/{DGD_NAME}", period_s=FAST_S) + FAST_S
-    assert staggered.loop.core.next_tick_at_s == pytest.approx(expected)
-    assert now < staggered.loop.core.next_tick_at_s <= now + FAST_S
-    # the default (replay, planner run): one interval after the start, as before
-    assert plain.loop.core.next_tick_at_s == plain.clock.now() + FAST_S
-
-    outcome = await staggered.next_tick()
-    assert outcome is not None and outcome.t_s == pytest.approx(expected)
-    assert staggered.loop.core.next_tick_at_s == pytest.approx(expected + FAST_S)
