@@ -306,7 +306,7 @@ def policies_block(
         "",
         "Where the tick lag goes (steady part, seconds): loops whose schedules start when "
         "they start (before) against each policy's own phase of its shortest cadence "
-        "(runtime/loop.py `staggered_start`, what the operator runs), same machine, one "
+        "(core/schedule.py `staggered_start`, what the operator runs), same machine, one "
         "after the other. Wake: due -> the tick starts (the event loop and the worker "
         "threads busy with other ticks); tick: start -> decided, status write included; "
         "event loop: how late a 50 ms timer fires.",

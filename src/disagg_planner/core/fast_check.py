@@ -34,6 +34,7 @@ from disagg_planner.core.feedback import (
     unfixable_tail,
 )
 from disagg_planner.core.guards import guard_chain
+from disagg_planner.core.observed_capacity import DEFAULT_FAST_TTFT_QUANTILE
 from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
@@ -45,7 +46,6 @@ from disagg_planner.core.rules import (
 )
 from disagg_planner.core.sizing import LoadForecast, RoleSizing
 from disagg_planner.core.throughput import (
-    DEFAULT_FAST_TTFT_QUANTILE,
     ThroughputDecision,
     ThroughputDiagnostics,
     ThroughputPlanner,

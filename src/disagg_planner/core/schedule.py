@@ -9,7 +9,10 @@ replay read the same window without either re-deriving it from the configuration
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+
+from disagg_planner.config.schema import PlannerConfig
 
 MERGE_TOLERANCE_S = 0.5
 
@@ -136,3 +139,43 @@ def _advance(due_s: float, interval_s: float, now_s: float) -> float:
     if nxt <= now_s + MERGE_TOLERANCE_S:
         nxt = now_s + interval_s
     return nxt
+
+
+# --- where in its cadence each deployment's loop ticks (issue 36: a thousand loops in one
+# process must not all fall due at the same instant) ---------------------------------------
+
+
+def stagger_fraction(key: str) -> float:
+    """A stable fraction in [0, 1) of ``key``: where in its interval a deployment's reports
+    fall (crc32 is stable across processes, unlike ``hash``)."""
+    return zlib.crc32(key.encode()) / 2**32
+
+
+def shortest_cadence_s(config: PlannerConfig) -> float:
+    """The shortest interval between two ticks of a loop with ``config``: the throughput
+    loop's, the load loop's or the fast check's, of those that run (a fast check not shorter
+    than the throughput interval never runs, and would not be the shortest anyway)."""
+    intervals = []
+    if config.throughput_scaling_active:
+        intervals.append(config.throughput_adjustment_interval_seconds)
+        if config.fast_check_interval_seconds is not None:
+            intervals.append(config.fast_check_interval_seconds)
+    if config.load_scaling_active:
+        intervals.append(config.load_adjustment_interval_seconds)
+    return min(intervals)
+
+
+def staggered_start(now_s: float, *, key: str, period_s: float) -> float:
+    """The latest instant at or before ``now_s`` that lies at ``key``'s phase of
+    ``period_s`` (a stable fraction of the deployment's name: :func:`stagger_fraction`).
+
+    A schedule started there ticks first within one ``period_s`` of ``now_s`` (never in the
+    past, when ``period_s`` is the shortest cadence) and then always at the same phase of
+    the wall clock, whenever the loop was (re)started: loops started together spread their
+    ticks evenly over the period instead of all falling due at the same instant.
+
+    >>> staggered_start(1000.0, key="default/g0001", period_s=15.0)
+    995.0345264060888
+    """
+    phase_s = stagger_fraction(key) * period_s
+    return now_s - (now_s - phase_s) % period_s

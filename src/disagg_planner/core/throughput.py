@@ -44,16 +44,10 @@ from dataclasses import dataclass, field, replace
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.demand import DemandSignals
 from disagg_planner.core.feedback import (
-    LATENCY_WINDOWS,
     FeedbackMemory,
-    Tails,
-    busy_capacity_estimate,
     cut_floor,
-    latency_capacity_estimate,
     margin_window,
-    observed_tails,
     scale_down_margin,
-    served_calmly,
 )
 from disagg_planner.core.guards import Guarded, GuardLimits, guard_chain, stabilise
 from disagg_planner.core.memory import (
@@ -62,6 +56,9 @@ from disagg_planner.core.memory import (
     TrafficMemory,
     pool_windows,
     pooled_rule,
+)
+from disagg_planner.core.observed_capacity import (
+    LearnsFromObservation,
 )
 from disagg_planner.core.rules import (
     LengthSample,
@@ -90,9 +87,6 @@ from disagg_planner.core.types import (
     TrafficObservation,
 )
 from disagg_planner.predictors.base import SERIES, Forecast, LoadPredictor
-
-# The TTFT quantile the fast path reads when no attainment target is configured.
-DEFAULT_FAST_TTFT_QUANTILE = 0.99
 
 
 @dataclass(frozen=True)
@@ -124,7 +118,7 @@ class ThroughputDecision:
 PredictorFactory = Callable[[Sequence[str]], Mapping[str, LoadPredictor]]
 
 
-class ThroughputPlanner:
+class ThroughputPlanner(LearnsFromObservation):
     """The predictors, corrections and memories of one deployment's throughput loop."""
 
     def __init__(
@@ -208,162 +202,6 @@ class ThroughputPlanner:
 
     def remember_need(self, now_s: float, need: Mapping[str, int]) -> None:
         self.stabilisation.remember(now_s, need, self.config.scale_down_stabilization_seconds)
-
-    def learn_from_busy(
-        self,
-        status: DeploymentStatus,
-        busy: Mapping[str, float] | None,
-        *,
-        rate: float,
-        isl: float,
-        calm: Mapping[str, bool],
-        window: TrafficObservation | None = None,
-    ) -> list[str]:
-        """The prefill capacity correction from what is observed against the offered load:
-        its engines' busy fraction where they report one
-        (:func:`disagg_planner.core.feedback.busy_capacity_estimate`; below 1 only while
-        prefill is ``calm``: :meth:`calm`), else the frontend's mean TTFT of ``window`` at
-        its own rate and prompts (:func:`disagg_planner.core.feedback.latency_capacity_estimate`,
-        never below 1)."""
-        if self.config.no_correction or "prefill" not in status.roles:
-            return []
-        prefill_busy = busy.get("prefill") if busy is not None else None
-        if prefill_busy is None and window is not None:
-            return self.learn_from_latency(status, window)
-        if prefill_busy is None or isl <= 0:
-            return []
-        offered = self.offered_prefill_engines(status, rate=rate, isl=isl)
-        estimate = busy_capacity_estimate(
-            busy=prefill_busy,
-            offered_engines=offered,
-            ready=status.ready("prefill"),
-            calm=calm.get("prefill", False),
-        )
-        if estimate is None:
-            return []
-        return self.feedback.learn("prefill", busy_estimate=estimate)
-
-    def offered_prefill_engines(
-        self, status: DeploymentStatus, *, rate: float, isl: float
-    ) -> float:
-        """The offered prefill load in engines' worth of profiled work (the length mix's)."""
-        thpt = self.profile.prefill.thpt_per_gpu(isl) if isl > 0 else 0.0
-        gpus = status.roles["prefill"].gpus_per_replica
-        if thpt <= 0:
-            return 0.0
-        return rate * isl * self.sizer.length_mix().value / (thpt * gpus)
-
-    def learn_from_latency(self, status: DeploymentStatus, window: TrafficObservation) -> list[str]:
-        """The prefill capacity correction the window's mean TTFT says at its own rate and
-        mean prompt (:func:`disagg_planner.core.feedback.latency_capacity_estimate`), while
-        prefill has converged (a queue left by a change still starting is no engine's speed)."""
-        if (
-            window.num_req <= 0
-            or window.isl is None
-            or window.isl <= 0
-            or status.ready("prefill") < status.desired("prefill")
-        ):
-            return []
-        mix = self.sizer.length_mix().value
-        estimate = latency_capacity_estimate(  # at least 1: it only ever raises
-            ttft_ms=window.ttft_ms,
-            own_ms=self.profile.prefill.ttft_ms(window.isl) * mix,
-            offered_engines=self.offered_prefill_engines(
-                status, rate=window.request_rate, isl=window.isl
-            ),
-            ready=status.ready("prefill"),
-            service_scv=self.traffic.isl_scv,
-            # the frontend's TTFT ends at the decode engine's first step, one ITL
-            first_token_ms=(window.itl_ms or 0.0) if "decode" in self.config.roles else 0.0,
-        )
-        if estimate is None:
-            return []
-        lowest = self.feedback.latency_estimate("prefill", estimate)
-        return self.feedback.learn(
-            "prefill",
-            busy_estimate=lowest,
-            source=f"mean TTFT (lowest of {LATENCY_WINDOWS})",
-        )
-
-    @staticmethod
-    def role_tokens(role: str, *, rate: float, isl: float, osl: float) -> float:
-        """The tokens per second ``role`` works on at ``rate`` requests per second."""
-        per_request = {"prefill": isl, "decode": osl}.get(role, isl + osl)
-        return rate * per_request
-
-    def see_served(
-        self,
-        now_s: float,
-        status: DeploymentStatus,
-        window: TrafficObservation,
-        *,
-        backlog: float,
-    ) -> None:
-        """Remember each role whose ready replicas served ``window`` within its SLO with no
-        backlog (:func:`disagg_planner.core.feedback.served_calmly`; replicas still
-        starting serve nothing yet)."""
-        if window.num_req <= 0 or window.isl is None or window.osl is None or backlog > 0:
-            return
-        tails = self.tails(window)
-        for role in self.config.roles:
-            ratio = tails.ratio(role)
-            if ratio is None:
-                continue
-            tokens = self.role_tokens(
-                role, rate=window.request_rate, isl=window.isl, osl=window.osl
-            )
-            self.feedback.serve(
-                role, now_s=now_s, tokens_per_s=tokens, ready=status.ready(role), ratio=ratio
-            )
-
-    def served_floors(
-        self,
-        now_s: float,
-        floors: Mapping[str, RuleValue],
-        *,
-        peak_rate: float,
-        sized_for: LoadForecast,
-    ) -> tuple[dict[str, RuleValue], list[str]]:
-        """The burst memory's floors, each lowered to the replicas seen serving its peak
-        calmly within the burst memory's span
-        (:func:`disagg_planner.core.feedback.served_calmly`), and the rule's sentences."""
-        span = self.config.burst_memory_seconds
-        if not floors or span is None or self.config.no_correction:
-            return dict(floors), []
-        out = dict(floors)
-        notes: list[str] = []
-        for role, floor in floors.items():
-            rule = served_calmly(
-                role,
-                floor=int(floor.value),
-                peak_tokens_per_s=self.role_tokens(
-                    role, rate=peak_rate, isl=sized_for.isl, osl=sized_for.osl
-                ),
-                proven=self.feedback.proven(role, since_s=now_s - span),
-            )
-            if rule.reason:
-                out[role] = rule
-                notes.append(rule.reason)
-        return out, notes
-
-    def tails(self, obs: TrafficObservation) -> Tails:
-        """The window's observed latencies against the SLO
-        (:func:`disagg_planner.core.feedback.observed_tails`)."""
-        return observed_tails(
-            obs,
-            ttft_target_ms=self.config.ttft_ms,
-            itl_target_ms=self.config.itl_ms,
-            quantile=self.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE,
-        )
-
-    def calm(self, obs: TrafficObservation) -> dict[str, bool]:
-        """Per role: its observed tail in ``obs`` under the scale-down margin
-        (:func:`disagg_planner.core.feedback.scale_down_margin`); False with none observed."""
-        tails = self.tails(obs)
-        return {
-            r: tails.ratio(r) is not None and scale_down_margin(r, ratio=tails.ratio(r)).value > 0
-            for r in self.config.roles
-        }
 
     def backlog(
         self, traffic: TrafficObservation, isl: float, queued_prefill_tokens: float | None

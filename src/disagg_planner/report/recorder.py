@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from disagg_planner.core.schedule import stagger_fraction
 from disagg_planner.report.child import render_in_child
 from disagg_planner.report.snapshot import TickSnapshot
 
@@ -104,12 +105,6 @@ def _decoded(blobs: list[bytes], open_lines: list[bytes]) -> Iterator[bytes]:
     for blob in blobs:
         yield from zlib.decompress(blob).split(b"\n")
     yield from open_lines
-
-
-def stagger_fraction(key: str) -> float:
-    """A stable fraction in [0, 1) of ``key``: where in its interval a deployment's reports
-    fall (crc32 is stable across processes, unlike ``hash``)."""
-    return zlib.crc32(key.encode()) / 2**32
 
 
 def prune_reports(

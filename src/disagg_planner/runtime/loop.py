@@ -46,7 +46,12 @@ from dataclasses import dataclass, replace
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.base import Connector
 from disagg_planner.core.planner import Effects, PlannerCore, queued_prefill_tokens
-from disagg_planner.core.schedule import DueTick, TrafficWindow
+from disagg_planner.core.schedule import (
+    DueTick,
+    TrafficWindow,
+    shortest_cadence_s,
+    staggered_start,
+)
 from disagg_planner.core.types import (
     DeploymentStatus,
     MissingObservation,
@@ -55,7 +60,7 @@ from disagg_planner.core.types import (
 from disagg_planner.errors import SpecError, classify
 from disagg_planner.observe import TrafficObserver
 from disagg_planner.profiles import Profile
-from disagg_planner.report.recorder import DiagnosticsRecorder, stagger_fraction
+from disagg_planner.report.recorder import DiagnosticsRecorder
 from disagg_planner.runtime.audit import log_audit
 from disagg_planner.runtime.calls import apply_scale, observe_traffic, read_status, validate
 from disagg_planner.runtime.clock import Clock, Offload, WallClock
@@ -586,36 +591,6 @@ class DeploymentLoop:
             raise
         except Exception:
             log.exception("%s: the outcome hook failed", self.ref)
-
-
-def shortest_cadence_s(config: PlannerConfig) -> float:
-    """The shortest interval between two ticks of a loop with ``config``: the throughput
-    loop's, the load loop's or the fast check's, of those that run (a fast check not shorter
-    than the throughput interval never runs, and would not be the shortest anyway)."""
-    intervals = []
-    if config.throughput_scaling_active:
-        intervals.append(config.throughput_adjustment_interval_seconds)
-        if config.fast_check_interval_seconds is not None:
-            intervals.append(config.fast_check_interval_seconds)
-    if config.load_scaling_active:
-        intervals.append(config.load_adjustment_interval_seconds)
-    return min(intervals)
-
-
-def staggered_start(now_s: float, *, key: str, period_s: float) -> float:
-    """The latest instant at or before ``now_s`` that lies at ``key``'s phase of
-    ``period_s`` (a stable fraction of the deployment's name: :func:`stagger_fraction`).
-
-    A schedule started there ticks first within one ``period_s`` of ``now_s`` (never in the
-    past, when ``period_s`` is the shortest cadence) and then always at the same phase of
-    the wall clock, whenever the loop was (re)started: loops started together spread their
-    ticks evenly over the period instead of all falling due at the same instant.
-
-    >>> staggered_start(1000.0, key="default/g0001", period_s=15.0)
-    995.0345264060888
-    """
-    phase_s = stagger_fraction(key) * period_s
-    return now_s - (now_s - phase_s) % period_s
 
 
 def is_spec_error(exc: BaseException) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from disagg_planner.runtime.loop import staggered_start
+from disagg_planner.core.schedule import staggered_start
 from tests.integration.connectors.conftest import DGD_NAME, NS
 from tests.unit.runtime.conftest import loop_config
 

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from disagg_planner.runtime.loop import shortest_cadence_s, staggered_start
+from disagg_planner.core.schedule import shortest_cadence_s, staggered_start
 from tests.unit.runtime.conftest import START_S, loop_config
 
 FAST_S = 15.0
