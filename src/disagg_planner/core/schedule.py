@@ -9,6 +9,7 @@ replay read the same window without either re-deriving it from the configuration
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 
@@ -96,8 +97,9 @@ class TickSchedule:
     def pop_due(self, now_s: float) -> DueTick | None:
         """The tick due at ``now_s`` (advancing the schedule), or None if nothing is due.
 
-        A loop that fell behind (a long pause) runs once and is rescheduled from ``now_s``;
-        missed ticks are not replayed in a burst.
+        A loop that fell behind (a long pause) runs once and is rescheduled a whole number of
+        its intervals after the tick it missed (its phase kept: :func:`_advance`); missed
+        ticks are not replayed in a burst.
         """
         limit = now_s + MERGE_TOLERANCE_S
         run_t = self.next_throughput_s is not None and self.next_throughput_s <= limit
@@ -135,9 +137,20 @@ class TickSchedule:
 
 
 def _advance(due_s: float, interval_s: float, now_s: float) -> float:
+    """The first due time after ``now_s`` (beyond the merge tolerance) a whole number of
+    intervals after ``due_s``.
+
+    A loop that fell behind (an API outage, a stalled event loop) keeps its phase instead of
+    restarting from ``now_s``: a thousand loops woken together by the end of an outage would
+    otherwise all fall due at the same instant ever after, losing the stagger of
+    :func:`staggered_start`.
+    """
+    limit = now_s + MERGE_TOLERANCE_S
     nxt = due_s + interval_s
-    if nxt <= now_s + MERGE_TOLERANCE_S:
-        nxt = now_s + interval_s
+    if nxt <= limit:
+        nxt = due_s + (math.floor((limit - due_s) / interval_s) + 1) * interval_s
+        while nxt <= limit:  # float rounding at Unix-time magnitudes
+            nxt += interval_s
     return nxt
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from disagg_planner.core.budget import apply_gpu_budget, cap_change, gpus_of
-from disagg_planner.core.schedule import TickSchedule
+from disagg_planner.core.schedule import MERGE_TOLERANCE_S, TickSchedule, staggered_start
 
 ORDER = ("prefill", "decode")
 
@@ -104,7 +105,51 @@ def test_schedule_merges_close_ticks_and_skips_missed_ones() -> None:
         assert t is not None and not t.run_throughput
     both = sched.pop_due(60.0)
     assert both is not None and both.run_load and both.run_throughput
-    # a 10-minute stall runs each loop once, then resumes the cadence from now
-    late = sched.pop_due(700.0)
+    # a stall of about 10 minutes runs each loop once, then resumes its cadence at the
+    # phase it had (whole intervals after the missed tick), not from the instant it woke
+    late = sched.pop_due(703.0)
     assert late is not None and late.run_throughput and late.run_load
-    assert sched.next_load_s == 705.0 and sched.next_throughput_s == 760.0
+    assert sched.next_load_s == 705.0 and sched.next_throughput_s == 720.0
+
+
+@pytest.mark.parametrize(
+    ("start_s", "interval_s", "woke_s", "next_s"),
+    [
+        (0.0, 15.0, 15.0, 30.0),  # on time: the next interval
+        (0.0, 15.0, 15.4, 30.0),  # late within the merge tolerance
+        (0.0, 15.0, 29.0, 30.0),  # late by most of an interval: still at its phase
+        (0.0, 15.0, 29.6, 45.0),  # the next is within the tolerance of now: the one after
+        (0.0, 15.0, 30.0, 45.0),  # a whole interval missed: not replayed
+        (3.7, 15.0, 3600.2, 3603.7),  # an hour's outage: the phase 3.7 of 15 s kept
+        (1.7e9 + 2.25, 60.0, 1.7e9 + 7261.0, 1.7e9 + 7262.25),  # at Unix-time magnitudes
+    ],
+)
+def test_a_late_tick_keeps_its_phase(
+    start_s: float, interval_s: float, woke_s: float, next_s: float
+) -> None:
+    sched = TickSchedule(start_s=start_s, throughput_interval_s=None, load_interval_s=interval_s)
+    tick = sched.pop_due(woke_s)
+    assert tick is not None and tick.run_load
+    assert sched.next_load_s == pytest.approx(next_s, abs=1e-6)
+    assert sched.next_load_s > woke_s + MERGE_TOLERANCE_S
+
+
+def test_loops_woken_together_after_an_outage_keep_their_stagger() -> None:
+    """Loops at distinct phases, all stalled by one outage and woken at the same instant,
+    still fall due at their distinct phases afterwards."""
+    interval_s = 15.0
+    starts = [
+        staggered_start(1000.0, key=f"default/g{i:04d}", period_s=interval_s) for i in range(50)
+    ]
+    scheds = [
+        TickSchedule(start_s=s, throughput_interval_s=None, load_interval_s=interval_s)
+        for s in starts
+    ]
+    for sched in scheds:
+        assert sched.pop_due(1900.0) is not None  # the outage ends for all at once
+    after = [sched.next_at_s for sched in scheds]
+    assert all(1900.0 + MERGE_TOLERANCE_S < t <= 1915.0 + MERGE_TOLERANCE_S for t in after)
+    assert [t % interval_s for t in after] == pytest.approx(
+        [(s + interval_s) % interval_s for s in starts]
+    )
+    assert len({round(t, 6) for t in after}) == 50
