@@ -14,7 +14,8 @@ import json
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable, Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,39 @@ def retry_after(exc: ApiException) -> float | None:
     return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
+class _ServedVersions:
+    """The served DGD versions of one API server, shared by all its connectors: one lookup
+    at a time (callers that come while it runs wait for its answer), kept until a caller
+    finds it out of date. A failed lookup is not kept: the next caller tries again."""
+
+    def __init__(self) -> None:
+        self.served: list[str] | None = None
+        self._lookup: asyncio.Task[list[str]] | None = None
+
+    async def get(
+        self, discover: Callable[[], Coroutine[Any, Any, list[str]]], *, stale: list[str] | None
+    ) -> list[str]:
+        if self.served is not None and (stale is None or self.served is not stale):
+            return self.served
+        lookup = self._lookup
+        if lookup is None or lookup.done() or lookup.get_loop() is not asyncio.get_running_loop():
+            lookup = self._lookup = asyncio.get_running_loop().create_task(discover())
+        try:
+            # shielded: one caller cancelled (its loop stopping) does not fail the others
+            served = await asyncio.shield(lookup)
+        finally:
+            if lookup.done() and self._lookup is lookup:
+                self._lookup = None
+        self.served = served
+        return served
+
+
+# Per API client (one per cluster in a process); weak, so a closed client's entry goes too.
+_SERVED: weakref.WeakKeyDictionary[k8s_client.ApiClient, _ServedVersions] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 class DgdApi:
     """The calls on one DGD, its scaling adapters and its pods, each retried the same way.
 
@@ -160,12 +194,26 @@ class DgdApi:
         self._timeout_s = timeout_s
         self._backoff_s = backoff_s
         self._sleep = sleep
+        self._api_client = api_client
         # The DGD version this connector reads and writes; None until resolve_version().
         self.version: str | None = None
+        # The served versions it was chosen among (what a 404 on it shows out of date).
+        self._resolved_from: list[str] | None = None
 
-    async def served_versions(self) -> list[str]:
+    async def served_versions(self, *, stale: list[str] | None = None) -> list[str]:
         """The versions of ``dynamographdeployments.nvidia.com`` the API server serves (its
-        discovery documents), in :data:`DGD_VERSIONS` order."""
+        discovery documents), in :data:`DGD_VERSIONS` order.
+
+        Looked up once for every connector on the same API client (:class:`_ServedVersions`):
+        a thousand connectors starting together make one lookup, not two requests each.
+        ``stale``: the list a caller found out of date (its version answered 404); it is looked
+        up again unless another caller has already done so."""
+        shared = _SERVED.get(self._api_client)
+        if shared is None:
+            shared = _SERVED[self._api_client] = _ServedVersions()
+        return await shared.get(self._discover, stale=stale)
+
+    async def _discover(self) -> list[str]:
         served = []
         for version in DGD_VERSIONS:
             answer = await self.call(
@@ -206,10 +254,33 @@ class DgdApi:
             "DGD %s: reading and writing %s/%s (served: %s)", self.ref, DGD_GROUP, version, served
         )
         self.version = version
+        self._resolved_from = served
         return version
 
     async def get_dgd(self) -> Mapping[str, Any]:
-        dgd = await self._get_dgd(await self.resolve_version())
+        """The DGD, in the version :meth:`resolve_version` chose. A 404 there may be the
+        version withdrawn (Dynamo upgraded, an old version no longer served) rather than the
+        DGD gone: the served versions are looked up again and, when the version is no longer
+        among them, the DGD is read in the one resolved afresh."""
+        version = await self.resolve_version()
+        try:
+            dgd = await self._get_dgd(version)
+        except DeploymentError:
+            served = await self.served_versions(stale=self._resolved_from)
+            if version in served:
+                # the version is served: the DGD itself is missing (a next 404 looks again
+                # unless another connector has by then)
+                self._resolved_from = served
+                raise
+            log.warning(
+                "DGD %s: %s/%s is no longer served (served: %s); resolving again",
+                self.ref,
+                DGD_GROUP,
+                version,
+                served,
+            )
+            self.version = None
+            dgd = await self._get_dgd(await self.resolve_version())
         assert dgd is not None  # a 404 raised DeploymentError
         return dgd
 

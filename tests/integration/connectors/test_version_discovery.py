@@ -1,0 +1,107 @@
+"""Which DGD version the connectors of one process use, against kmock: looked up once for
+all of them (a thousand operator loops starting together must not each ask discovery), and
+looked up again when the version in use is withdrawn (issue 36)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kmock as kmock_lib
+import pytest
+
+from disagg_planner.connectors.kubernetes import KubernetesConnector
+from tests.integration.connectors.conftest import (
+    DGD_NAME,
+    DGD_PLURAL,
+    NS,
+    Cluster,
+    FakeTime,
+    frontend,
+    k8s_settings,
+    worker,
+)
+from tests.integration.connectors.test_v1beta1 import _store_in_both
+from tests.kube_dynamo import BETA, GROUP, VERSION
+
+pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+
+
+def connector(api_client: Any, time: FakeTime) -> KubernetesConnector:
+    return KubernetesConnector(
+        k8s_settings(), api_client=api_client, clock=time.clock, sleep=time.sleep
+    )
+
+
+def discovery_requests(cluster: Cluster) -> list[str]:
+    """The discovery documents of the DGD group asked for (``/apis/nvidia.com/<version>``)."""
+    return [
+        r.url.path
+        for r in cluster.kmock
+        if r.method.value == "GET"
+        and r.url.path.rstrip("/").startswith(f"/apis/{GROUP}/v")
+        and r.url.path.rstrip("/").count("/") == 3
+    ]
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return {
+        "Frontend": frontend(),
+        "prefill-pool": worker("prefill", 2),
+        "decode-pool": worker("decode", 3),
+    }
+
+
+async def test_connectors_of_one_process_share_one_version_lookup(kmock, api_client, fake_time):
+    cluster = Cluster(kmock)
+    cluster.add_dgd(services())
+    conns = [connector(api_client, fake_time) for _ in range(8)]
+
+    await asyncio.gather(*(c.status() for c in conns))  # all start at once
+    await asyncio.gather(*(c.status() for c in conns))
+
+    # one lookup: each version's discovery document asked for once, not once per connector
+    assert sorted(discovery_requests(cluster)) == [
+        f"/apis/{GROUP}/v1alpha1",
+        f"/apis/{GROUP}/v1beta1",
+    ]
+    assert len(cluster.requests("GET", DGD_PLURAL)) == 16
+
+
+async def test_a_withdrawn_version_is_resolved_again(kmock, api_client, fake_time):
+    cluster = Cluster(kmock, version=VERSION, served=(VERSION, BETA))
+    cluster.add_dgd(services())
+    _store_in_both(cluster, VERSION)  # written in v1alpha1: read and written in it
+    conn = connector(api_client, fake_time)
+    await conn.status()
+    assert cluster.requests("GET", DGD_PLURAL)[-1].resource.version == VERSION
+
+    # Dynamo upgraded: v1alpha1 is no longer served (its discovery document and paths
+    # answer 404); the same object shows as v1beta1
+    def withdrawn(request: Any) -> Any:
+        raise kmock_lib.KubernetesError(status=404, reason="NotFound", message="not served")
+
+    kmock[f"get /apis/{GROUP}/{VERSION}"] << withdrawn
+    del kmock.objects[cluster.dgd_key, NS, DGD_NAME]
+    before = len(discovery_requests(cluster))
+
+    status = await conn.status()
+
+    assert status is not None
+    assert cluster.requests("GET", DGD_PLURAL)[-1].resource.version == BETA
+    assert len(discovery_requests(cluster)) == before + 2  # looked up again, once
+    outcome = await conn.set_replicas({"prefill": 2, "decode": 4})
+    assert outcome.applied == {"decode": 4}
+    assert {r.resource.version for r in cluster.requests("PATCH", DGD_PLURAL)} == {BETA}
+
+
+async def test_a_missing_dgd_on_a_served_version_is_still_an_error(kmock, api_client, fake_time):
+    from disagg_planner.errors import DeploymentError
+
+    cluster = Cluster(kmock)
+    cluster.add_dgd(services())
+    conn = connector(api_client, fake_time)
+    await conn.status()
+    del kmock.objects[cluster.dgd_key, NS, DGD_NAME]
+    with pytest.raises(DeploymentError, match="not found"):
+        await conn.status()
