@@ -10,27 +10,16 @@ from typing import Any
 import kmock as kmock_lib
 import pytest
 
-from disagg_planner.connectors.kubernetes import KubernetesConnector
 from tests.integration.connectors.conftest import (
     DGD_NAME,
     DGD_PLURAL,
     NS,
     Cluster,
-    FakeTime,
-    frontend,
-    k8s_settings,
-    worker,
 )
-from tests.integration.connectors.test_v1beta1 import _store_in_both
+from tests.integration.connectors.test_v1beta1 import _store_in_both, connector, disagg
 from tests.kube_dynamo import BETA, GROUP, VERSION
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
-
-
-def connector(api_client: Any, time: FakeTime) -> KubernetesConnector:
-    return KubernetesConnector(
-        k8s_settings(), api_client=api_client, clock=time.clock, sleep=time.sleep
-    )
 
 
 def discovery_requests(cluster: Cluster) -> list[str]:
@@ -44,17 +33,9 @@ def discovery_requests(cluster: Cluster) -> list[str]:
     ]
 
 
-def services() -> dict[str, dict[str, Any]]:
-    return {
-        "Frontend": frontend(),
-        "prefill-pool": worker("prefill", 2),
-        "decode-pool": worker("decode", 3),
-    }
-
-
 async def test_connectors_of_one_process_share_one_version_lookup(kmock, api_client, fake_time):
     cluster = Cluster(kmock)
-    cluster.add_dgd(services())
+    cluster.add_dgd(disagg())
     conns = [connector(api_client, fake_time) for _ in range(8)]
 
     await asyncio.gather(*(c.status() for c in conns))  # all start at once
@@ -70,7 +51,7 @@ async def test_connectors_of_one_process_share_one_version_lookup(kmock, api_cli
 
 async def test_a_withdrawn_version_is_resolved_again(kmock, api_client, fake_time):
     cluster = Cluster(kmock, version=VERSION, served=(VERSION, BETA))
-    cluster.add_dgd(services())
+    cluster.add_dgd(disagg())
     _store_in_both(cluster, VERSION)  # written in v1alpha1: read and written in it
     conn = connector(api_client, fake_time)
     await conn.status()
@@ -99,7 +80,7 @@ async def test_a_missing_dgd_on_a_served_version_is_still_an_error(kmock, api_cl
     from disagg_planner.errors import DeploymentError
 
     cluster = Cluster(kmock)
-    cluster.add_dgd(services())
+    cluster.add_dgd(disagg())
     conn = connector(api_client, fake_time)
     await conn.status()
     del kmock.objects[cluster.dgd_key, NS, DGD_NAME]

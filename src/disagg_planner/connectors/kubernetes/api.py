@@ -158,7 +158,8 @@ class _ServedVersions:
         finally:
             if lookup.done() and self._lookup is lookup:
                 self._lookup = None
-        self.served = served
+        # None served (Dynamo's CRDs not installed yet) is not kept: looked up again each time
+        self.served = served or None
         return served
 
 
