@@ -34,7 +34,6 @@ from disagg_planner.core.feedback import (
     unfixable_tail,
 )
 from disagg_planner.core.guards import guard_chain
-from disagg_planner.core.observed_capacity import DEFAULT_FAST_TTFT_QUANTILE
 from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
@@ -92,9 +91,20 @@ def fast_check(
         lengths_reason = "no lengths in the recent windows: the last ones seen"
 
     tails = seen = tp.tails(recent)
-    unfixable = _unfixable(tp, recent)
+    unfixable = _unfixable(tp, recent, quantile=tails.quantile)
+    window = cfg.scale_down_stabilization_seconds
+    cut_recently = {
+        r: r in tp.feedback.cut and now_s - tp.feedback.cut[r][0] <= window for r in cfg.roles
+    }
+    servable = RuleValue(0.0, "")
     if unfixable.value:  # the prompts' own prefill: no replica count shortens that tail
         tails = replace(seen, ttft_ms=None)
+        if any(cut_recently[r] for r in ("prefill", "agg") if r in cfg.roles):
+            # ... but a cut can lengthen the others' waits: a role just cut is judged by the
+            # tail of the prompts it can serve within the SLO, so a cut that breaches it
+            # comes back (:func:`disagg_planner.core.feedback.servable_quantile`)
+            servable = tp.servable_quantile(recent)
+            tails = tp.tails(recent, servable=True)
     # A breach is counted from the role's convergence on: while ordered replicas start, the
     # tail holds the requests that queued before they served.
     streaks = {
@@ -119,10 +129,6 @@ def fast_check(
         itl_target_ms=cfg.itl_ms,
         excess_in_flight=backlog.value / queued_isl if queued_isl > 0 else 0.0,
     )
-    window = cfg.scale_down_stabilization_seconds
-    cut_recently = {
-        r: r in tp.feedback.cut and now_s - tp.feedback.cut[r][0] <= window for r in cfg.roles
-    }
     breaches = {
         r: observed_breach(
             r,
@@ -136,6 +142,7 @@ def fast_check(
     }
     watching = [b.reason for b in breaches.values() if b.reason and not b.value]
     watching += [unfixable.reason] if unfixable.value else []
+    watching += [servable.reason] if servable.reason else []
     diagnostics = ThroughputDiagnostics(
         observed=recent, rules=(risk.reason, backlog.reason, *watching, *learnt)
     )
@@ -186,7 +193,15 @@ def fast_check(
     )
     capped += held
     wanted, breach_notes = _breach_targets(
-        tp, now_s, status, breaches, steady, busy, desired, cut_recently
+        tp,
+        now_s,
+        status,
+        breaches,
+        steady,
+        busy,
+        desired,
+        cut_recently,
+        restore_only=frozenset(r for r in cfg.roles if servable.reason and cut_recently[r]),
     )
     proposed = {r: max(sizing[r].replicas, wanted.get(r, 0)) for r in cfg.roles}
     guarded = guard_chain(
@@ -257,10 +272,12 @@ def _breach_targets(
     busy: Mapping[str, float] | None,
     desired: Mapping[str, int],
     cut_recently: Mapping[str, bool],
+    restore_only: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, int], list[str]]:
     """What each confirmed breach asks for
     (:func:`disagg_planner.core.feedback.breach_replicas`), the capacity correction it
-    teaches, and a breached cut restored and remembered."""
+    teaches, and a breached cut restored and remembered (only restored, for the roles in
+    ``restore_only``: their breach was read at the servable quantile)."""
     window = tp.config.scale_down_stabilization_seconds
     wanted: dict[str, int] = {}
     notes: list[str] = []
@@ -292,6 +309,12 @@ def _breach_targets(
         want = observed = int(rule.value)
         if cut_recently[role]:
             cut_s, before = tp.feedback.cut[role]
+            if role in restore_only:
+                # read among the servable prompts: the cut is what it shows, not the
+                # count before it (a short window's tail of them is a few requests')
+                if before <= desired[role]:
+                    continue
+                want = observed = before
             if before > want:
                 want = before
             tp.feedback.cut_need[role] = (cut_s + window, before)
@@ -317,13 +340,13 @@ def _busy_window_rate(tp: ThroughputPlanner, now_s: float, span_s: float = 60.0)
     return sum(s.rate * s.duration_s for s in recent) / total if total > 0 else 0.0
 
 
-def _unfixable(tp: ThroughputPlanner, recent: TrafficObservation) -> RuleValue:
+def _unfixable(tp: ThroughputPlanner, recent: TrafficObservation, *, quantile: float) -> RuleValue:
     """:func:`disagg_planner.core.feedback.unfixable_tail` at the prompt length of the
-    attainment quantile (the window's ISL histogram, else the last interval's)."""
+    ``quantile`` the tail is read at (the window's ISL histogram, else the last
+    interval's): past the servable quantile's floor, the prompts' own."""
     histogram = recent.isl_histogram or tp.traffic.isl_histogram
     if histogram is None or ("prefill" not in tp.config.roles and tp.config.mode != "agg"):
         return RuleValue(0.0, "")
-    quantile = tp.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE
     isl = histogram_quantile(histogram, quantile)
     if isl is None or isl <= 0:
         return RuleValue(0.0, "")

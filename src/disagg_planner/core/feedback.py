@@ -274,6 +274,30 @@ def breach_responds(
     )
 
 
+# The servable quantile is read no lower than this: where more than half the prompts cannot
+# meet the TTFT SLO on their own, the SLO is the prompts' problem, not the replicas'.
+MIN_SERVABLE_QUANTILE = 0.5
+
+
+def servable_quantile(quantile: float, *, unservable_share: float, max_isl: float) -> RuleValue:
+    """The quantile at which the TTFT tail says what replicas can change: the prompts longer
+    than ``max_isl`` (the length whose prefill alone takes the SLO, at the profile) miss it
+    however many replicas serve, and they are the slowest, so the attainment quantile of
+    the others is ``quantile x (1 - unservable_share)`` of all (at least
+    :data:`MIN_SERVABLE_QUANTILE`). A tail there over the SLO is requests that could have
+    met it waiting: a breach of capacity, where the tail of all would be the long prompts'
+    own."""
+    if unservable_share <= 0 or not math.isfinite(unservable_share):
+        return RuleValue(quantile, "")
+    servable = max(MIN_SERVABLE_QUANTILE, quantile * (1.0 - min(1.0, unservable_share)))
+    return RuleValue(
+        servable,
+        f"prefill: {unservable_share:.1%} of the prompts (over {max_isl:.0f} tokens) take the "
+        f"TTFT SLO of prefill alone: the TTFT tail is read at p{servable * 100:.3g}, the "
+        f"attainment quantile of the others",
+    )
+
+
 def unfixable_tail(*, own_ms: float, target_ms: float, isl: float) -> RuleValue:
     """1 when the prompt at the attainment quantile alone takes the TTFT SLO or more of
     prefill (``own_ms``, the profile's TTFT at its length): its tail is the prompt's, which

@@ -11,6 +11,7 @@ functions of :mod:`disagg_planner.core.feedback`. No clock, no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from disagg_planner.config.schema import PlannerConfig
@@ -22,16 +23,19 @@ from disagg_planner.core.feedback import (
     latency_capacity_estimate,
     observed_tails,
     scale_down_margin,
+    servable_quantile,
     served_calmly,
 )
 from disagg_planner.core.memory import TrafficMemory
-from disagg_planner.core.rules import RuleValue
+from disagg_planner.core.rules import RuleValue, histogram_share_above
 from disagg_planner.core.sizer import Sizer
 from disagg_planner.core.sizing import CapacityProfile, LoadForecast
 from disagg_planner.core.types import DeploymentStatus, TrafficObservation
 
 # The TTFT quantile the fast path reads when no attainment target is configured.
 DEFAULT_FAST_TTFT_QUANTILE = 0.99
+# The longest prompt the servable quantile considers (tokens): beyond any model's context.
+LONGEST_PROMPT = 10_000_000.0
 
 
 class LearnsFromObservation:
@@ -180,15 +184,48 @@ class LearnsFromObservation:
                 notes.append(rule.reason)
         return out, notes
 
-    def tails(self, obs: TrafficObservation) -> Tails:
+    def tails(self, obs: TrafficObservation, *, servable: bool = False) -> Tails:
         """The window's observed latencies against the SLO
-        (:func:`disagg_planner.core.feedback.observed_tails`)."""
+        (:func:`disagg_planner.core.feedback.observed_tails`); with ``servable``, the TTFT
+        tail at the attainment quantile of the prompts prefill can serve within it
+        (:meth:`servable_quantile`)."""
+        quantile = self.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE
         return observed_tails(
             obs,
             ttft_target_ms=self.config.ttft_ms,
             itl_target_ms=self.config.itl_ms,
-            quantile=self.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE,
+            quantile=self.servable_quantile(obs).value if servable else quantile,
         )
+
+    def servable_quantile(self, obs: TrafficObservation) -> RuleValue:
+        """The attainment quantile read among the prompts whose own prefill, at the
+        profile, fits in the TTFT SLO (:func:`disagg_planner.core.feedback.servable_quantile`;
+        the window's prompt-length histogram, else the last interval's); the configured
+        one where no histogram says how many do not."""
+        quantile = self.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE
+        histogram = obs.isl_histogram or self.traffic.isl_histogram
+        if histogram is None or ("prefill" not in self.config.roles and self.config.mode != "agg"):
+            return RuleValue(quantile, "")
+        longest = self.longest_prompt_within_slo()
+        if longest is None:
+            return RuleValue(quantile, "")
+        return servable_quantile(
+            quantile, unservable_share=histogram_share_above(histogram, longest), max_isl=longest
+        )
+
+    def longest_prompt_within_slo(self) -> float | None:
+        """The prompt length whose prefill alone takes the TTFT SLO at the profile (found by
+        bisection on its rising TTFT curve); None where every length up to
+        :data:`LONGEST_PROMPT` fits, or none does."""
+        target = self.config.ttft_ms
+        ttft = self.profile.prefill.ttft_ms
+        lo, hi = 1.0, LONGEST_PROMPT
+        if ttft(lo) >= target or ttft(hi) < target:
+            return None
+        for _ in range(40):
+            mid = math.sqrt(lo * hi)  # lengths span decades: halve the ratio
+            lo, hi = (mid, hi) if ttft(mid) < target else (lo, mid)
+        return lo
 
     def calm(self, obs: TrafficObservation) -> dict[str, bool]:
         """Per role: its observed tail in ``obs`` under the scale-down margin

@@ -518,6 +518,23 @@ def histogram_quantile(histogram: Histogram, quantile: float) -> float | None:
     return histogram.bounds[-1]
 
 
+def histogram_share_above(histogram: Histogram, value: float) -> float:
+    """The share of a bucketed distribution's observations above ``value``, linear within
+    a bucket (as :func:`histogram_quantile`); the overflow counts as above only when
+    ``value`` is at most the last bound (beyond it the histogram cannot say). 0 when empty."""
+    total = histogram.total
+    if total <= 0 or not histogram.bounds:
+        return 0.0
+    above, low = 0.0, 0.0
+    for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
+        if value < bound:
+            above += count * (bound - max(low, value)) / (bound - low) if bound > low else count
+        low = bound
+    if value <= histogram.bounds[-1]:
+        above += histogram.overflow
+    return min(1.0, above / total)
+
+
 def slo_at_risk(
     *,
     ttft_tail_ms: float | None,

@@ -97,6 +97,27 @@ CUT = (
     tick(60, traffic(60, 600), status(2, 3)),
     tick(240, traffic(240, 600), status(2, 3)),
 )
+# the tick at 240 s cuts prefill 5 -> 2
+PREFILL_CUT = (
+    tick(60, traffic(60, 600), status(5, 2)),
+    tick(240, traffic(240, 600), status(5, 2)),
+)
+
+
+def mixed_prompts(end_s: float, *, servable_tail_s: float) -> TrafficObservation:
+    """A window where 3% of the prompts are 4,096 to 32,768 tokens (1.9% over the 14,581
+    whose prefill alone takes the 500 ms SLO: its p99 prompt, 23,210 tokens, is one of
+    them) and the rest under 4,096; 93% of the TTFTs under 200 ms, 5% up to
+    ``servable_tail_s`` and 2% up to 3 s: the TTFT at p99 is 1.7 s, the one at p97 (the
+    attainment quantile of the prompts prefill can serve within the SLO) 81% of the way
+    from 200 ms to ``servable_tail_s``."""
+    return replace(
+        window(end_s, 10),
+        ttft_histogram=Histogram(bounds=(0.2, servable_tail_s, 3.0), counts=(93.0, 5.0, 2.0)),
+        isl_histogram=Histogram(bounds=(4096.0, 32768.0), counts=(97.0, 3.0)),
+    )
+
+
 AGG = DeploymentStatus({"agg": RoleStatus(2, 2, 1)})
 # a peak at 60 s and 120 s sizes prefill 4 (ready within 60 s: time-to-ready measured 60 s)
 PEAK = (
@@ -217,6 +238,25 @@ ROWS = [
         {"prefill": 2, "decode": 3},
         R.SCALE,
         "decode: breached after the cut at 240 s: back to at least 3, kept until 360 s",
+        CUT_SETTINGS,
+    ),
+    Row(
+        "cut breached among the prompts it can serve: a prefill cut whose TTFT tail at the "
+        "quantile is the long prompts' own comes back when the servable prompts' tail breaches",
+        (*PREFILL_CUT, fast(255, mixed_prompts(255, servable_tail_s=1.0), status(2, 2))),
+        {"prefill": 5, "decode": 2},
+        R.SCALE,
+        "prefill: breached after the cut at 240 s: back to at least 5, kept until 360 s",
+        CUT_SETTINGS,
+    ),
+    Row(
+        "cut not breached among the prompts it can serve: only the long prompts' own tail "
+        "over the SLO keeps the cut",
+        (*PREFILL_CUT, fast(255, mixed_prompts(255, servable_tail_s=0.4), status(2, 2))),
+        None,
+        R.NO_CHANGE,
+        "prefill: 1.9% of the prompts (over 14581 tokens) take the TTFT SLO of prefill alone: "
+        "the TTFT tail is read at p97.1",
         CUT_SETTINGS,
     ),
     Row(

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from disagg_planner.core.feedback import servable_quantile
 from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
@@ -20,6 +21,7 @@ from disagg_planner.core.rules import (
     burst_factor,
     burst_memory,
     histogram_quantile,
+    histogram_share_above,
     length_mix,
     pooled_lengths,
     rising_trend,
@@ -540,3 +542,40 @@ def test_pooled_lengths_weigh_each_window_by_its_requests() -> None:
     assert "pooled over 600 requests of the last 3 window(s)" in reason
     assert pooled_lengths([LengthSample(0, 100, 10)]) is None
     assert pooled_lengths([]) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "share"),
+    [
+        (0.0, 1.0),  # every observation is above nothing
+        (50.0, 0.8),  # halfway through the (0, 100] bucket of 40: 20 below
+        (100.0, 0.6),  # the bucket's bound: its 40 below
+        (150.0, 0.35),  # halfway through (100, 200] of 50: 25 more below
+        (200.0, 0.1),  # only the overflow above the last bound
+        (250.0, 0.0),  # beyond the last bound the overflow cannot say: not counted
+    ],
+)
+def test_histogram_share_above_interpolates_within_the_bucket(value: float, share: float) -> None:
+    hist = Histogram(bounds=(100.0, 200.0), counts=(40.0, 50.0), overflow=10.0)
+    assert histogram_share_above(hist, value) == pytest.approx(share)
+
+
+def test_histogram_share_above_an_empty_histogram_is_zero() -> None:
+    assert histogram_share_above(Histogram(bounds=(1.0,), counts=(0.0,)), 0.5) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("unservable", "quantile", "says"),
+    [
+        (0.0, 0.99, ""),  # every prompt can meet the SLO: the configured quantile
+        (0.02, 0.99 * 0.98, "2.0% of the prompts (over 80000 tokens)"),
+        (0.7, 0.5, "read at p50"),  # most prompts cannot: no lower than the median
+        (float("nan"), 0.99, ""),  # no share measured: the configured quantile
+    ],
+)
+def test_servable_quantile_reads_the_tail_among_the_prompts_that_can_meet_the_slo(
+    unservable: float, quantile: float, says: str
+) -> None:
+    rule = servable_quantile(0.99, unservable_share=unservable, max_isl=80000)
+    assert rule.value == pytest.approx(quantile)
+    assert says in rule.reason and bool(rule.reason) == bool(says)
