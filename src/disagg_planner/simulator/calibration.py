@@ -30,7 +30,7 @@ How each kind of point is computed, so that the comparison is like for like:
 - ``decode_step``: one decode step of ``batch`` requests at ``context`` tokens each;
 - ``offline_thpt``: an offline run as the benchmarks do it: ``requests`` requests all queued
   at t = 0 on one aggregated engine of the simulator (its vLLM-like scheduler), throughput =
-  output tokens (or requests) / the time the last one finishes.
+  output tokens per GPU / the time the last one finishes.
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ which reports them).
 
 from __future__ import annotations
 
-import math
-import random
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -29,34 +27,6 @@ _METRIC_OF_KIND = {
 
 
 @dataclass(frozen=True)
-class LengthSample:
-    """Request lengths of an offline point: constant (``sigma`` 0) or lognormal around a
-    mean, clipped as the benchmark filters its prompts."""
-
-    isl_mean: float
-    osl_mean: float
-    sigma: float = 0.0
-    max_isl: int | None = None
-    max_total: int | None = None
-
-    def draw(self, n: int, seed: int) -> list[tuple[int, int]]:
-        if self.sigma == 0.0:
-            return [(round(self.isl_mean), round(self.osl_mean))] * n
-        rng = random.Random(seed)
-        shrink = math.exp(-(self.sigma**2) / 2)  # median of a lognormal of this mean
-        out: list[tuple[int, int]] = []
-        while len(out) < n:
-            isl = max(4, round(self.isl_mean * shrink * math.exp(rng.gauss(0.0, self.sigma))))
-            osl = max(4, round(self.osl_mean * shrink * math.exp(rng.gauss(0.0, self.sigma))))
-            if self.max_isl is not None and isl > self.max_isl:
-                continue
-            if self.max_total is not None and isl + osl > self.max_total:
-                continue
-            out.append((isl, osl))
-        return out
-
-
-@dataclass(frozen=True)
 class CalibrationPoint:
     name: str
     engine: str  # the sim: spec; the aic: spec is derived from it (see ``spec``)
@@ -71,9 +41,8 @@ class CalibrationPoint:
     context: float = 0.0
     batch: int = 0
     itl_ms: float = 0.0
+    osl: int = 0  # offline_thpt: every request's output length (its input length: isl)
     requests: int = 0
-    lengths: LengthSample | None = None
-    per_request: bool = False  # offline_thpt in requests/s (else output tokens/s/GPU)
     # Regression guard of the roofline on its own training points (see test_engine_model);
     # None: not a fitted point.
     tolerance: float | None = None
@@ -92,6 +61,11 @@ class CalibrationPoint:
             raise ValueError(
                 f"calibration point {self.name!r}: reference {self.target!r} {self.unit}: "
                 "expected a positive number"
+            )
+        if self.kind == "offline_thpt" and min(self.isl, self.osl, self.requests) < 1:
+            raise ValueError(
+                f"calibration point {self.name!r}: an offline run needs its requests' fixed "
+                f"lengths and count (isl={self.isl}, osl={self.osl}, requests={self.requests})"
             )
         if self.outlier and self.point_set != "training":
             raise ValueError(
@@ -196,10 +170,8 @@ def _offline(p: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
     # Imported here: the cluster pulls in the whole scheduler, which the other kinds skip.
     from disagg_planner.simulator.cluster import Cluster
 
-    assert p.lengths is not None
     cluster = Cluster(engines={"agg": spec}, mode="agg", replicas={"agg": 1})
-    lengths = p.lengths.draw(p.requests, seed=0)
-    cluster.submit(TraceRequest(0.0, isl, osl) for isl, osl in lengths)
+    cluster.submit(TraceRequest(0.0, p.isl, p.osl) for _ in range(p.requests))
     cluster.run_to_completion()
     records = cluster.records
     failed = [r for r in records if not r.ok]
@@ -210,8 +182,6 @@ def _offline(p: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
         )
     span = max(r.finish_s for r in records)
     model = cluster.engine_model("agg")
-    if p.per_request:
-        return len(records) / span, model
     return sum(r.osl for r in records) / span / model.spec.gpus, model
 
 
@@ -238,11 +208,6 @@ SOURCES: dict[str, str] = {
         "buildkite vllm/performance-benchmark build 9515: mean latency / 128 steps "
         "(8B TP1: 997.5 ms H100, 833.4 ms H200; 70B TP4: 2,444.5 ms H100, 2,077.5 ms H200)"
     ),
-    "vllm-throughput": (
-        "vLLM nightly performance benchmark, throughput test (200 ShareGPT prompts, offline, "
-        "batch chosen by vLLM), build 9515: 8B TP1 19.50 req/s H100, 22.57 req/s H200; "
-        "70B TP4 8.86 req/s H100, 9.84 req/s H200"
-    ),
     "aic-queueing": (
         "AIConfigurator queueing-model validation (docs/design/queueing_model.md), vLLM 0.24.0, "
         "Llama-3.1-8B on H200, ISL/OSL 4096/256, concurrency 32: itl_p50 9.3 ms "
@@ -252,7 +217,8 @@ SOURCES: dict[str, str] = {
         "TensorRT-LLM docs/source/performance/perf-overview.md (trtllm-bench max throughput, "
         "PyTorch backend, fixed ISL/OSL, CUDA graphs padded up to batch 8192; request counts "
         "per shape as the page lists them, 128/128 run with 10,000 of its 30,000): total "
-        "output tokens/s of the TP group"
+        "output tokens/s of the TP group, divided here by its GPUs (H200 8B and 70B TP1; "
+        "H100 8B TP1 and 70B TP2)"
     ),
 }
 
@@ -266,20 +232,6 @@ _NIGHTLY = ":version=0.6"
 _NIGHTLY_NOTE = (
     "vLLM release of the nightly build 9515 not published: a V0-engine release (0.6) assumed"
 )
-# ShareGPT as vLLM's throughput test samples it: mean lengths 230 input and 203 output
-# tokens (vLLM PR #18566: 1,000 ShareGPT prompts under the Llama-3.1-8B tokenizer, 229,711
-# input and 203,068 generated tokens; vLLM PR #14036's benchmark_throughput run on 1,000
-# prompts of ShareGPT_V3 gives 224 and 188 from its tokens/s over requests/s). The spread
-# (lognormal sigma 1) is assumed, and the benchmark's filter keeps prompts <= 1024 tokens
-# and prompt + output <= 2048. (The PagedAttention paper's 161/338 are of its own ShareGPT
-# processing, not of this benchmark's sample.)
-_SHAREGPT = LengthSample(230.0, 203.0, sigma=1.0, max_isl=1024, max_total=2048)
-_SHAREGPT_NOTE = (
-    "ShareGPT lengths: means 230/203 (vLLM PR #18566, Llama-3.1-8B tokenizer), lognormal "
-    "sigma 1 assumed, the benchmark's 200 prompts themselves not available"
-)
-# vLLM's offline defaults on GPUs with >= 70 GiB (engine-calibration.md 6.2).
-_VLLM_OFFLINE = ":seqs=1024:mnbt=16384"
 # trtllm-bench max-throughput runs large batches (CUDA graphs padded up to batch 8192).
 _TRTLLM_BENCH = ":seqs=2048:mnbt=8192"
 
@@ -292,37 +244,26 @@ def _trtllm(
     tok_s: float,
     n: int,
     point_set: str = "validation",
+    gpu: str = "h200_sxm",
+    tp: int = 1,
 ) -> CalibrationPoint:
+    """A perf-overview row: ``tok_s`` is the page's output tokens/s of the TP group."""
+    group = f", {tok_s:,.0f} tok/s for the TP{tp} group" if tp > 1 else ""
     return CalibrationPoint(
-        f"H200 {label} TP1 offline output throughput, {isl}/{osl} (TensorRT-LLM)",
-        f"sim:{model}@h200_sxm:tp1{_TRTLLM_BENCH}:backend=trtllm",
+        f"{gpu.split('_')[0].upper()} {label} TP{tp} offline output throughput, {isl}/{osl} "
+        "(TensorRT-LLM)",
+        f"sim:{model}@{gpu}:tp{tp}{_TRTLLM_BENCH}:backend=trtllm",
         "offline_thpt",
-        tok_s,
+        tok_s / tp,
         "tok/s/GPU",
         "trtllm",
         point_set=point_set,
         backend="trtllm",
-        setting=f"{n:,} requests {isl}/{osl}, max batch 2048",
+        setting=f"{n:,} requests {isl}/{osl}, max batch 2048{group}",
+        isl=isl,
+        osl=osl,
         requests=n,
-        lengths=LengthSample(isl, osl),
         tolerance=0.15 if point_set == "training" else None,
-    )
-
-
-def _vllm_throughput(engine: str, label: str, req_s: float) -> CalibrationPoint:
-    return CalibrationPoint(
-        f"{label} offline throughput, 200 ShareGPT prompts",
-        engine + _VLLM_OFFLINE + _NIGHTLY,
-        "offline_thpt",
-        req_s,
-        "req/s",
-        "vllm-throughput",
-        point_set="validation",
-        setting="200 prompts at t=0, max_num_seqs 1024, 16k tokens/step",
-        requests=200,
-        lengths=_SHAREGPT,
-        per_request=True,
-        assumptions=(_SHAREGPT_NOTE, _NIGHTLY_NOTE),
     )
 
 
@@ -528,10 +469,15 @@ POINTS: tuple[CalibrationPoint, ...] = (
         context=4224,
         assumptions=("precision not stated by the source; BF16 assumed",),
     ),
-    _vllm_throughput("sim:llama-3.1-8b@h100_sxm:tp1", "H100 Llama-3.1-8B BF16 TP1", 19.50),
-    _vllm_throughput("sim:llama-3.1-8b@h200_sxm:tp1", "H200 Llama-3.1-8B BF16 TP1", 22.57),
-    _vllm_throughput("sim:llama-3.3-70b@h100_sxm:tp4", "H100 Llama-3-70B BF16 TP4", 8.86),
-    _vllm_throughput("sim:llama-3.3-70b@h200_sxm:tp4", "H200 Llama-3-70B BF16 TP4", 9.84),
+    # The same page's H100 rows (8B TP1, 70B TP2) at the two shapes engine-calibration.md
+    # names as the best single anchors, prefill-heavy 2048/128 and decode-heavy 128/2048: the
+    # other GPU and TP > 1 on the TRT-LLM backend, which was fitted on H200 TP1 rows only.
+    # They replace vLLM's nightly ShareGPT throughput rows, whose 200 prompts' lengths are not
+    # published (an assumed spread decided them: CALIBRATION.md).
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 128, 2048, 22714.0, 3000, gpu="h100_sxm"),
+    _trtllm("llama-3.1-8b-fp8", "8B-FP8", 2048, 128, 3450.0, 3000, gpu="h100_sxm"),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 128, 2048, 6651.0, 3000, gpu="h100_sxm", tp=2),
+    _trtllm("llama-3.3-70b-fp8", "70B-FP8", 2048, 128, 762.0, 3000, gpu="h100_sxm", tp=2),
     # 128/128 ran 30,000 requests; 10,000 keep the run as steady (batch <= 2048) and shorter.
     _trtllm("llama-3.1-8b-fp8", "8B-FP8", 128, 128, 27911.0, 10000),
     _trtllm("llama-3.1-8b-fp8", "8B-FP8", 128, 2048, 26221.0, 3000),
@@ -557,6 +503,5 @@ __all__ = [
     "SOURCES",
     "TARGET",
     "CalibrationPoint",
-    "LengthSample",
     "compute_sim",
 ]
