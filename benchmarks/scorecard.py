@@ -19,6 +19,13 @@ resizes the one engine's DP size in steps of 4 ranks, its followers starting for
 a new replica does and joining, then NIXL EP's resize); it prints their GPU-hours,
 attainment and requests rejected with 503 during resize pauses in a table of its own.
 
+Two workloads compare planners told different things (issue 35; ``--only spec-decode``,
+``--only kv-hit``): engines running speculative decoding, with the planner unaware of it,
+told the accept length or reading it from the engines' counters; and Mooncake's prompts
+with their prefix-cache hits, with the planner not discounting prefill (``kv_hit_rate: 0``)
+or discounting it by the router's observed hit rate. Their rows show the GPU-hours each
+signal saves.
+
 The references of each workload (:mod:`disagg_planner.replay.bounds`) are found once, the
 workloads in parallel, then every policy run in parallel with them handed over (``--jobs``,
 default the number of cores). ``--write`` replaces the scorecard section of
@@ -76,9 +83,25 @@ SPEC_DECODE_SETTINGS: dict[str, Any] = {
     "num_speculative_tokens": 7,
     "speculative_accept_length": 2.77,
 }
-SPEC_DECODE_POLICIES = ("planner", "planner-spec", "planner-spec-observed", "best-static")
-# the planner policies of that workload that are told of it
-SPEC_DECODE_PLANNERS = ("planner-spec", "planner-spec-observed")
+# the planner policies of that workload and what each is told
+SPEC_DECODE_PLANNERS: dict[str, dict[str, Any]] = {
+    "planner": {},
+    "planner-spec": SPEC_DECODE_SETTINGS,
+    # the draft length only: the accept length read from the engines' counters
+    "planner-spec-observed": {"num_speculative_tokens": 7},
+}
+# The KV prefix-hit workload (issue 35): Mooncake's conversation trace, whose prompts carry
+# the prefix hashes the simulated engines' prefix caches are keyed by (long prompts: prefill
+# dominates). Its policies: the planner not discounting prefill by the hit rate
+# (``kv_hit_rate: 0``), the planner reading the router's observed hit rate
+# (``dynamo_component_router_kv_hit_rate``; ``kv_hit_rate`` null, its default), and the
+# cheapest static deployment.
+KV_HIT_PLANNERS: dict[str, dict[str, Any]] = {
+    "planner": {"kv_hit_rate": 0.0},
+    "planner-kv-observed": {},
+}
+# every planner policy of a workload that runs as the planner with settings of its own
+PLANNER_VARIANTS = ("elastic-ep", *SPEC_DECODE_PLANNERS, *KV_HIT_PLANNERS)
 # The elastic policy's settings on the wide-EP workload; its followers' start-up + join is the
 # scenario's start-up delay (the same pods a new replica would start), set in _plan.
 WIDE_EP_ELASTIC: dict[str, Any] = {
@@ -113,13 +136,14 @@ class Scenario:
     elastic: dict[str, Any] | None = None
     router: str = "least_loaded"
     settings: dict[str, Any] | None = None  # config settings of every policy of the workload
-    # a speculative-decoding workload: the planner-spec policy's settings
-    spec_decode: dict[str, Any] | None = None
+    # a workload comparing planners told different things (speculative decoding, KV hits):
+    # each planner policy's own settings; its policies are those and best-static
+    planners: dict[str, dict[str, Any]] | None = None
 
     @property
     def policies(self) -> tuple[str, ...]:
-        if self.spec_decode is not None:
-            return SPEC_DECODE_POLICIES
+        if self.planners is not None:
+            return (*self.planners, "best-static")
         return WIDE_EP_POLICIES if self.elastic is not None else POLICIES
 
     def located(self) -> Scenario:
@@ -243,7 +267,22 @@ SCENARIOS = (
         "told only `num_speculative_tokens` 7 and sizes decode by the accept length it reads "
         "from the engines' `vllm:spec_decode_*` counters",
         engine=SPEC_DECODE_ENGINE,
-        spec_decode=SPEC_DECODE_SETTINGS,
+        planners=SPEC_DECODE_PLANNERS,
+    ),
+    Scenario(
+        "kv-hit mooncake-conv x4",
+        WorkloadSpec(scale_load=4),
+        5000,
+        20,
+        "the mooncake-conv x4 workload (1 h, each request cloned 4x, mean ISL 12k: prefill "
+        "dominates; TTFT target 5 s); the simulated prefill engines keep a prefix cache keyed "
+        "by the trace's block hashes and the router exports the share of each prompt found in it "
+        "(`dynamo_component_router_kv_hit_rate`). `planner` is configured `kv_hit_rate` 0 "
+        "(sizing prefill for every prompt token), `planner-kv-observed` leaves it null (its "
+        "default) and discounts prefill by the router's observed hit rate",
+        trace=MOONCAKE_CONV,
+        real=True,
+        planners=KV_HIT_PLANNERS,
     ),
 )
 
@@ -286,19 +325,15 @@ def _run_one(
     scenario, policy, variant, startup, found = args
     if policy == "elastic-ep":
         variant = variant | _elastic_variant(scenario, startup)
-    if policy in SPEC_DECODE_PLANNERS:
-        assert scenario.spec_decode is not None
-        told = scenario.spec_decode
-        if policy == "planner-spec-observed":  # the draft length only
-            told = {k: v for k, v in told.items() if k != "speculative_accept_length"}
-        variant = variant | told
+    if scenario.planners is not None and policy in scenario.planners:
+        variant = variant | scenario.planners[policy]
     plan = _plan(scenario, variant, startup)
     if found is not None:
         # the same key: the same requests, cluster, targets and floors (a variant may change
         # them, and then this run finds its own)
         adopt_references(*found)
     name = policy
-    if policy in ("elastic-ep", *SPEC_DECODE_PLANNERS):
+    if policy in PLANNER_VARIANTS:
         name = "planner"
     elif policy == "fixed-dp16":
         name = "static:1"
@@ -308,7 +343,7 @@ def _run_one(
         name = "static:" + ",".join(str(peak[r]) for r in plan.setup.specs)
         plan = replace(plan, setup=replace(plan.setup, initial_replicas=peak))
     summary = run(plan, name, progress=False).summary.to_json()
-    renamed = ("elastic-ep", "fixed-dp16", *SPEC_DECODE_PLANNERS)
+    renamed = ("fixed-dp16", *PLANNER_VARIANTS)
     summary["policy"] = policy if policy in renamed else summary["policy"]
     summary["scenario"] = scenario.name
     summary["real_traffic"] = scenario.real
@@ -568,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             (
                 s,
                 p,
-                variant if p in ("planner", "elastic-ep", *SPEC_DECODE_PLANNERS) else {},
+                variant if p in PLANNER_VARIANTS else {},
                 d,
                 refs,
             )

@@ -127,20 +127,66 @@ class DemandSignals:
     """The last KV hit rate and accept length observed (a window without them keeps the
     previous value: an idle router reports no hit rate, which says nothing about the cache;
     an idle engine makes no drafts, which says nothing about how many it would accept).
-    Until one is seen, the latest reason why not is kept for the fallback's reason."""
+    Until one is seen, the latest reason why not is kept for the fallback's reason.
+
+    An observed accept length goes stale (:meth:`expire`) by the rule that holds the
+    throughput loop on a stale window (``stale_traffic_data``: ended more than one interval
+    before the tick), applied to the window that should have replaced it: it is stale when
+    the window it was read from ended more than two intervals ago (the next window came and
+    went without one; idle engines make no drafts for one window, not for two). The rule
+    then falls back to 1 (decode sized for one token per iteration: more replicas, never
+    fewer) and says why, until the engines' counters are read again."""
 
     def __init__(self) -> None:
         self.kv_hit_rate: float | None = None
         self.accept_length: float | None = None
         self.accept_length_missing: str | None = None
+        # the end of the window the accept length was read from
+        self.accept_length_end_s: float | None = None
+        # why the last observed accept length was forgotten (expire), until one is seen
+        self.accept_length_stale: str | None = None
 
     def observe(self, obs: TrafficObservation) -> None:
         if obs.kv_hit_rate is not None:
             self.kv_hit_rate = obs.kv_hit_rate
         if obs.accept_length is not None:
             self.accept_length = obs.accept_length
+            self.accept_length_end_s = obs.end_s
+            self.accept_length_stale = self.accept_length_missing = None
         else:
             self.accept_length_missing = obs.accept_length_missing
+
+    def expire(self, now_s: float, interval_s: float) -> None:
+        """Forget an observed accept length read from a window that ended more than two
+        throughput intervals (``interval_s``) before ``now_s`` (class doc). The rule's
+        fallback says so, with the latest reason none was read since.
+
+        >>> signals = DemandSignals()
+        >>> signals.accept_length, signals.accept_length_end_s = 2.5, 100.0
+        >>> signals.expire(now_s=400.0, interval_s=180.0)
+        >>> signals.accept_length
+        2.5
+        >>> signals.expire(now_s=500.0, interval_s=180.0)
+        >>> signals.accept_length, signals.unseen_because()
+        (None, 'stale: the last observed (2.50) was read 400 s ago, over 2 intervals of 180 s')
+        """
+        end = self.accept_length_end_s
+        if self.accept_length is None or end is None or now_s - end <= 2 * interval_s:
+            return
+        self.accept_length_stale = (
+            f"stale: the last observed ({self.accept_length:.2f}) was read {now_s - end:.0f} s "
+            f"ago, over 2 intervals of {interval_s:g} s"
+        )
+        self.accept_length = None
+        self.accept_length_end_s = None
+
+    def unseen_because(self) -> str | None:
+        """Why no observed accept length is used: stale (and the latest window's reason
+        none was read since), or the latest window's reason."""
+        latest = self.accept_length_missing
+        if self.accept_length_stale is None:
+            return latest
+        return self.accept_length_stale + (f"; since: {latest}" if latest else "")
 
     def rules(self, config: PlannerConfig) -> DemandRules:
         """Both rules for the next sizing, configured values first."""
@@ -150,7 +196,7 @@ class DemandSignals:
                 configured=config.speculative_accept_length,
                 observed=self.accept_length,
                 num_speculative_tokens=config.num_speculative_tokens,
-                unseen_because=self.accept_length_missing,
+                unseen_because=self.unseen_because(),
             ),
             speculative=bool(config.num_speculative_tokens),
         )

@@ -68,6 +68,7 @@ def fast_check(
     """One fast check of ``tp``'s deployment (the module doc lists its stages)."""
     cfg = tp.config
     tp.convergence.track(now_s, status)
+    tp.demand.expire(now_s, cfg.throughput_adjustment_interval_seconds)
     if isinstance(recent, MissingObservation):
         detail = f": {recent.detail}" if recent.detail else ""
         return tp.hold(

@@ -215,6 +215,7 @@ class PlannerCore:
         engines = observation.engines or {}
         seen = observation.engine_last_seen_s or {}
         busy = observation.engine_busy_fraction or {}
+        self.demand.expire(now_s, self.config.throughput_adjustment_interval_seconds)
         rules = self.demand.rules(self.config)
         for role, model in self.load_models.items():
             role_status = status.roles[role]

@@ -250,9 +250,9 @@ class ThroughputPlanner(LearnsFromObservation):
         its reason, or passes what it worked out on to the next. ``busy`` is the mean busy
         fraction of each role's engines, when the shell measures it."""
         self.convergence.track(now_s, status)
-        warnings = self.convergence.slow_warnings(
-            self.config.throughput_adjustment_interval_seconds
-        )
+        interval = self.config.throughput_adjustment_interval_seconds
+        self.demand.expire(now_s, interval)
+        warnings = self.convergence.slow_warnings(interval)
         pooled_from = len(self.traffic.fast_windows)
         fresh = self._fresh_traffic(now_s, traffic, warnings)
         if isinstance(fresh, ThroughputDecision):

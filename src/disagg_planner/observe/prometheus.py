@@ -52,8 +52,7 @@ from disagg_planner.observe.window import (
 from disagg_planner.signals.frontend import (
     MODEL_LABEL,
     NAMESPACE_LABEL,
-    SPEC_DECODE_ACCEPTED_TOKENS,
-    SPEC_DECODE_DRAFTS,
+    SPEC_DECODE_COUNTERS,
 )
 
 logger = logging.getLogger(__name__)
@@ -149,8 +148,13 @@ class PrometheusTrafficObserver:
                 f"sum({self._metrics.requests_finished}{sel})"
             )
         # the engines' speculative-decoding counters (the accept length), same filters
-        parts["spec_accepted"] = summed(SPEC_DECODE_ACCEPTED_TOKENS)
-        parts["spec_drafts"] = summed(SPEC_DECODE_DRAFTS)
+        for part, counter in SPEC_DECODE_COUNTERS.items():
+            extra = "".join(f",{k}={promql_string(v)}" for k, v in counter.labels)
+            parts[part] = (
+                f"sum(increase({counter.name}{sel[:-1]}{extra}}}[{window}]))"
+                if extra
+                else summed(counter.name)
+            )
         for item in HISTOGRAM_INPUTS:
             family = metric_family(self._metrics, item)
             parts[f"{item.key}_sum"] = summed(f"{family}_sum")
@@ -362,7 +366,7 @@ def _parse_vector(vector: Any) -> tuple[WindowIncreases, float | None]:
     """Split the tagged vector into per-part increases, and the evaluation time."""
     if not isinstance(vector, list):
         raise _BadResponse(f"result is a {type(vector).__name__}, expected an instant vector")
-    known = {"requests_started", "requests_finished", "in_flight", "spec_accepted", "spec_drafts"}
+    known = {"requests_started", "requests_finished", "in_flight", *SPEC_DECODE_COUNTERS}
     for item in HISTOGRAM_INPUTS:
         known |= {f"{item.key}_sum", f"{item.key}_count"}
     scalars: dict[str, float] = {}
@@ -391,8 +395,7 @@ def _parse_vector(vector: Any) -> tuple[WindowIncreases, float | None]:
         counts=_by_input(scalars, "_count"),
         buckets=buckets,
         in_flight=scalars.get("in_flight"),
-        spec_accepted=scalars.get("spec_accepted"),
-        spec_drafts=scalars.get("spec_drafts"),
+        spec_counters={k: v for k, v in scalars.items() if k in SPEC_DECODE_COUNTERS},
     )
     return increases, eval_s
 

@@ -20,11 +20,13 @@ Definitions (one place, both paths):
   milliseconds, token lengths stay in tokens, request duration stays in seconds;
 - the ISL/OSL distributions = increase of ``X_bucket`` per ``le``, summed over series and
   turned from cumulative into per-bucket counts;
-- the speculative-decoding accept length = ``1 + increase(accepted) / increase(drafts)`` of
-  vLLM's two counters summed over the engines (:func:`accept_length_from_increases`); None
-  when neither has a series, else None with the reason in ``accept_length_missing`` when
-  one has none, no draft was made in the window, or a value is not a finite number >= 0 (a
-  bad engine counter never makes the traffic itself missing).
+- the speculative-decoding accept length = ``1 + increase(accepted) / increase(steps)`` of
+  the engines' counters (vLLM's, SGLang's or TensorRT-LLM's:
+  :data:`~disagg_planner.signals.frontend.SPEC_DECODE_ENGINES`), summed over the engines
+  (:func:`accept_length_from_increases`); None when no engine's speculative counters have a
+  series, else None with the reason in ``accept_length_missing`` when one of an engine's
+  counters has none, no draft was made in the window, or a value is not a finite number >= 0
+  (a bad engine counter never makes the traffic itself missing).
 
 Zero traffic (counters present, no increase) is a valid observation with ``num_req == 0``
 and undefined averages. No series at all is *not* zero traffic: it is a missing observation
@@ -56,8 +58,8 @@ from disagg_planner.signals.frontend import (
     MODEL_LABEL,
     NAMESPACE_LABEL,
     SOURCES,
-    SPEC_DECODE_ACCEPTED_TOKENS,
-    SPEC_DECODE_DRAFTS,
+    SPEC_DECODE_COUNTERS,
+    SPEC_DECODE_ENGINES,
     TrafficMetricNames,
 )
 
@@ -188,9 +190,8 @@ class WindowIncreases:
     counter_series: tuple[SeriesSamples, ...] = ()
     # not an increase: requests started minus finished at the window's end (None: not read)
     in_flight: float | None = None
-    # vLLM's speculative-decoding counters over the engines (None: no series)
-    spec_accepted: float | None = None
-    spec_drafts: float | None = None
+    # the engines' speculative-decoding counters by query tag (absent: no series)
+    spec_counters: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def count_metric_used(self) -> str | None:
@@ -239,9 +240,7 @@ def observation_from_increases(
             average = total / count * item.scale
         averages[item.observation_field] = average
 
-    accept, accept_missing = accept_length_from_increases(
-        accepted=increases.spec_accepted, drafts=increases.spec_drafts
-    )
+    accept, accept_missing = accept_length_from_increases(increases.spec_counters)
     histograms: dict[str, Histogram | None] = {}
     for key, obs_field in DISTRIBUTION_INPUTS.items():
         cumulative = increases.buckets.get(key)
@@ -272,34 +271,50 @@ def observation_from_increases(
 
 
 def accept_length_from_increases(
-    *, accepted: float | None, drafts: float | None
+    increases: Mapping[str, float],
 ) -> tuple[float | None, str | None]:
     """The mean tokens a sequence emitted per speculative step over the window, or None and
-    why not.
+    why not, from the increases of the engines' speculative-decoding counters by query tag
+    (:data:`~disagg_planner.signals.frontend.SPEC_DECODE_COUNTERS`; absent: no series).
 
-    vLLM counts one draft per sequence per step and the draft tokens the target kept, and
-    every step also emits the token the target samples itself, so the accept length is
-    ``A = 1 + accepted / drafts`` (the bonus token included; ``1 <= A <= nextn + 1``; the
-    rule ``spec_decode_accept`` clamps a misread value). Counter resets are already folded
-    into the increases (``increase()`` adds what a restarted counter counted since).
+    Each engine's counters give the draft tokens kept and the speculative steps (one per
+    sequence per step, :class:`~disagg_planner.signals.frontend.SpecDecodeCounters`), summed
+    over the engines that speculate; every step also emits the token the target samples
+    itself, so ``A = 1 + accepted / steps`` (the bonus token included; ``1 <= A <= nextn +
+    1``; the rule ``spec_decode_accept`` clamps a misread value). Counter resets are already
+    folded into the increases (``increase()`` adds what a restarted counter counted since).
 
-    >>> accept_length_from_increases(accepted=350.0, drafts=200.0)
+    >>> accept_length_from_increases({"spec_accepted": 350.0, "spec_drafts": 200.0})
     (2.75, None)
-    >>> accept_length_from_increases(accepted=0.0, drafts=0.0)
+    >>> accept_length_from_increases({"spec_accepted": 0.0, "spec_drafts": 0.0})
     (None, 'no speculative drafts in the window')
+    >>> accept_length_from_increases({"spec_sglang_verify": 100.0,
+    ...     "spec_sglang_generated": 310.0, "spec_sglang_requests": 10.0})
+    (3.0, None)
     """
-    if accepted is None and drafts is None:
+    for part, value in increases.items():
+        if part in SPEC_DECODE_COUNTERS and not (math.isfinite(value) and value >= 0):
+            shown = SPEC_DECODE_COUNTERS[part].shown
+            return None, f"increase of {shown} is {value}, expected a finite number >= 0"
+    accepted = steps = 0.0
+    speculating = False
+    for engine in SPEC_DECODE_ENGINES:
+        own = [c for c in engine.counters if c not in engine.generic]
+        if not any(c.part in increases for c in own):
+            continue  # this engine does not speculate (or is not scraped)
+        speculating = True
+        absent = [c for c in engine.counters if c.part not in increases]
+        if absent:
+            return None, f"no series of {absent[0].shown}"
+        steps += increases[engine.steps.part]
+        # scrapes a moment apart can cross: never fewer than no draft token kept
+        accepted += max(0.0, math.fsum(k * increases[c.part] for k, c in engine.accepted))
+    if not speculating:
         # no engine speculates (or none is scraped): nothing to report on every window
         return None, None
-    if accepted is None or drafts is None:
-        absent = SPEC_DECODE_ACCEPTED_TOKENS if accepted is None else SPEC_DECODE_DRAFTS
-        return None, f"no series of {absent}"
-    for name, value in ((SPEC_DECODE_ACCEPTED_TOKENS, accepted), (SPEC_DECODE_DRAFTS, drafts)):
-        if not (math.isfinite(value) and value >= 0):
-            return None, f"increase of {name} is {value}, expected a finite number >= 0"
-    if drafts == 0:
+    if steps == 0:
         return None, "no speculative drafts in the window"
-    return 1.0 + accepted / drafts, None
+    return 1.0 + accepted / steps, None
 
 
 def histogram_from_cumulative(cumulative: Mapping[float, float]) -> Histogram:
@@ -500,8 +515,7 @@ def traffic_from_snapshots(
         counts=counts,
         buckets=buckets,
         in_flight=_in_flight(end, metrics, ns_value, wanted_model),
-        spec_accepted=total(SPEC_DECODE_ACCEPTED_TOKENS),
-        spec_drafts=total(SPEC_DECODE_DRAFTS),
+        spec_counters=_spec_counters(by_name),
     )
     used = increases.count_metric_used
     if used is not None:
@@ -511,6 +525,23 @@ def traffic_from_snapshots(
     return observation_from_increases(
         increases, end_s=float(end_s), duration_s=float(end_s - start_s), where=where
     )
+
+
+def _spec_counters(
+    by_name: Mapping[str, list[tuple[dict[str, str], float]]],
+) -> dict[str, float]:
+    """The summed increase of each speculative-decoding counter with a matching series (its
+    extra label matchers applied), by query tag: the PromQL path's ``sum(increase(...))``."""
+    out: dict[str, float] = {}
+    for part, counter in SPEC_DECODE_COUNTERS.items():
+        deltas = [
+            d
+            for labels, d in by_name.get(counter.name, [])
+            if all(labels.get(k) == v for k, v in counter.labels)
+        ]
+        if deltas:
+            out[part] = math.fsum(deltas)
+    return out
 
 
 def _in_flight(

@@ -66,6 +66,82 @@ SOURCES: dict[str, TrafficMetricNames] = {"frontend": FRONTEND, "router": ROUTER
 SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts_total"
 
+
+@dataclass(frozen=True)
+class EngineCounter:
+    """One counter of an engine's speculative-decoding set: its name, extra label matchers
+    (exact values) and the tag of its increase in the observer's query."""
+
+    name: str
+    part: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def shown(self) -> str:
+        """The counter as messages name it, e.g. ``x_total{token_position="0"}``."""
+        inner = ",".join(f'{k}="{v}"' for k, v in self.labels)
+        return f"{self.name}{{{inner}}}" if inner else self.name
+
+
+@dataclass(frozen=True)
+class SpecDecodeCounters:
+    """One engine's speculative-decoding counters, from which the accept length (the tokens
+    a sequence emits per speculative step, the bonus token included) over a window is
+    ``A = 1 + accepted / steps``: ``steps`` counts one per sequence per speculative step,
+    ``accepted`` is the signed sum of the ``accepted`` counters' increases (the draft tokens
+    kept). ``generic`` counters exist whether or not the engine speculates: only the others'
+    series say that it does."""
+
+    engine: str
+    steps: EngineCounter
+    accepted: tuple[tuple[float, EngineCounter], ...]
+    generic: tuple[EngineCounter, ...] = ()
+
+    @property
+    def counters(self) -> tuple[EngineCounter, ...]:
+        return tuple(dict.fromkeys((self.steps, *(c for _, c in self.accepted))))
+
+
+_VLLM_DRAFTS = EngineCounter(SPEC_DECODE_DRAFTS, "spec_drafts")
+# SGLang (python/sglang/srt/metrics/collector.py, TokenizerMetricsCollector): per finished
+# request, its verify passes (one speculative step each), its output tokens and the request;
+# the first output token comes from prefill, every verify pass emits 1 + the drafts kept, so
+# accepted = generated - requests - verify passes. (Its gauge sglang:spec_accept_length is
+# the last batch's, not a window's mean: not read.)
+_SGLANG_VERIFY = EngineCounter("sglang:spec_verify_calls_total", "spec_sglang_verify")
+_SGLANG_GENERATED = EngineCounter("sglang:generation_tokens_total", "spec_sglang_generated")
+_SGLANG_REQUESTS = EngineCounter("sglang:num_requests_total", "spec_sglang_requests")
+# TensorRT-LLM (tensorrt_llm/metrics/collector.py, MetricsCollector, with
+# return_perf_metrics): per finished request, the drafted and accepted draft tokens of each
+# draft position (label token_position); position 0 is drafted once per speculative step.
+# (Its iteration counters trtllm_spec_decode_num_{draft,accepted}_tokens_total count draft
+# tokens, not steps: they give the accept length only with a fixed draft length.)
+_TRTLLM_DRAFTED_FIRST = EngineCounter(
+    "trtllm_spec_decode_drafted_tokens_total",
+    "spec_trtllm_drafted_first",
+    (("token_position", "0"),),
+)
+_TRTLLM_ACCEPTED = EngineCounter("trtllm_spec_decode_accepted_tokens_total", "spec_trtllm_accepted")
+
+SPEC_DECODE_ENGINES: tuple[SpecDecodeCounters, ...] = (
+    SpecDecodeCounters(
+        "vllm",
+        _VLLM_DRAFTS,
+        ((1.0, EngineCounter(SPEC_DECODE_ACCEPTED_TOKENS, "spec_accepted")),),
+    ),
+    SpecDecodeCounters(
+        "sglang",
+        _SGLANG_VERIFY,
+        ((1.0, _SGLANG_GENERATED), (-1.0, _SGLANG_REQUESTS), (-1.0, _SGLANG_VERIFY)),
+        generic=(_SGLANG_GENERATED, _SGLANG_REQUESTS),
+    ),
+    SpecDecodeCounters("trtllm", _TRTLLM_DRAFTED_FIRST, ((1.0, _TRTLLM_ACCEPTED),)),
+)
+# every counter of the table once, by its query tag
+SPEC_DECODE_COUNTERS: dict[str, EngineCounter] = {
+    c.part: c for e in SPEC_DECODE_ENGINES for c in e.counters
+}
+
 # Histogram bucket bounds the simulator and test exporters use. Production frontends have
 # their own; the observer reads whatever `le` values it finds.
 TTFT_BUCKETS_S: tuple[float, ...] = (

@@ -25,6 +25,7 @@ from disagg_planner.signals.frontend import (
     MODEL_LABEL,
     NAMESPACE_LABEL,
     SPEC_DECODE_ACCEPTED_TOKENS,
+    SPEC_DECODE_COUNTERS,
     SPEC_DECODE_DRAFTS,
     TOKEN_BUCKETS,
     TTFT_BUCKETS_S,
@@ -78,20 +79,27 @@ class _Metrics:
         )
 
 
+def _counter(name: str, registry: CollectorRegistry, *extra: str) -> Counter:
+    # prometheus_client adds the ``_total`` the table's names end in
+    return Counter(name.removesuffix("_total"), name, (*LABELS, *extra), registry=registry)
+
+
 class _EngineMetrics:
-    """vLLM's speculative-decoding counters of the engines (their own process: they restart
-    without the frontend)."""
+    """The engines' speculative-decoding counters, vLLM's, SGLang's and TensorRT-LLM's
+    (their own process: they restart without the frontend)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
-        # prometheus_client adds the ``_total`` the table's names end in
-        self.drafts = Counter(
-            SPEC_DECODE_DRAFTS.removesuffix("_total"), "Drafts", LABELS, registry=reg
-        )
-        self.accepted = Counter(
-            SPEC_DECODE_ACCEPTED_TOKENS.removesuffix("_total"), "Accepted", LABELS, registry=reg
-        )
+        self.drafts = _counter(SPEC_DECODE_DRAFTS, reg)
+        self.accepted = _counter(SPEC_DECODE_ACCEPTED_TOKENS, reg)
+        self.sglang = {
+            c.part: _counter(c.name, reg)
+            for c in SPEC_DECODE_COUNTERS.values()
+            if c.name.startswith("sglang:")
+        }
+        trtllm = [c.name for c in SPEC_DECODE_COUNTERS.values() if c.name.startswith("trtllm_")]
+        self.trtllm = {n: _counter(n, reg, "token_position") for n in trtllm}
 
 
 class FrontendMetrics:
@@ -110,6 +118,31 @@ class FrontendMetrics:
         labels = (model, namespace, pod)
         self._engines.drafts.labels(*labels).inc(drafts)
         self._engines.accepted.labels(*labels).inc(accepted)
+
+    def record_sglang(
+        self, *, verify: int | None, generated: int, requests: int, model: str, namespace: str
+    ) -> None:
+        """SGLang's counters of finished requests: verify passes (None: an engine that does
+        not speculate, without that series), output tokens, requests."""
+        labels = (model, namespace, "a")
+        for part, value in (
+            ("spec_sglang_verify", verify),
+            ("spec_sglang_generated", generated),
+            ("spec_sglang_requests", requests),
+        ):
+            if value is not None:
+                self._engines.sglang[part].labels(*labels).inc(value)
+
+    def record_trtllm(
+        self, *, drafted: list[int], accepted: list[int], model: str, namespace: str
+    ) -> None:
+        """TensorRT-LLM's per-position counters: draft tokens drafted and accepted at each
+        draft position (index = ``token_position``)."""
+        counters = self._engines.trtllm
+        for pos, (d, a) in enumerate(zip(drafted, accepted, strict=True)):
+            labels = (model, namespace, "a", str(pos))
+            counters["trtllm_spec_decode_drafted_tokens_total"].labels(*labels).inc(d)
+            counters["trtllm_spec_decode_accepted_tokens_total"].labels(*labels).inc(a)
 
     def restart_engines(self) -> None:
         """The engines restart (their counters start again from 0); the frontend does not."""

@@ -8,6 +8,7 @@ import pytest
 from disagg_planner.config import PlannerConfig
 from disagg_planner.core.demand import (
     MAX_KV_HIT_RATE,
+    DemandSignals,
     accept_length,
     decode_requests,
     kv_hit_rate,
@@ -201,3 +202,39 @@ def test_the_observed_accept_length_sizes_decode_and_is_kept_through_idle_window
         status(4, 4),
     )
     assert "decode work / 2.00 (observed accept length)" in idle.message
+
+
+def test_an_observed_accept_length_goes_stale_after_two_intervals_without_one(
+    h200_like_profile: Profile,
+) -> None:
+    # interval 60 s: read at 60 s, kept through one window without drafts (120 s), stale
+    # at 181 s (ended 121 s ago): decode is sized for one token per iteration, and says why
+    p = planner(h200_like_profile, num_speculative_tokens=3)
+    seen = p.tick(60.0, traffic(60.0, 9000, accept_length=2.0), status(4, 4))
+    no_drafts = "no series of vllm:spec_decode_num_drafts_total"
+    kept = p.tick(120.0, traffic(120.0, 9000, accept_length_missing=no_drafts), status(4, 4))
+    assert "decode work / 2.00 (observed accept length)" in kept.message
+    stale = p.tick(181.0, traffic(181.0, 9000, accept_length_missing=no_drafts), status(4, 4))
+    assert (
+        "spec_decode_accept: none (accept length neither configured nor seen: stale: the last "
+        f"observed (2.00) was read 121 s ago, over 2 intervals of 60 s; since: {no_drafts})"
+        in stale.message
+    )
+    assert stale.diagnostics.sizing["decode"].demand_tokens_per_s == pytest.approx(
+        2 * seen.diagnostics.sizing["decode"].demand_tokens_per_s
+    )
+    again = p.tick(240.0, traffic(240.0, 9000, accept_length=2.5), status(4, 4))
+    assert "decode work / 2.50 (observed accept length)" in again.message
+
+
+def test_the_load_loop_does_not_use_a_stale_accept_length() -> None:
+    # no traffic window at all for longer than two intervals (Prometheus down): the memory
+    # the load loop sizes with is forgotten at its own tick, not only at the throughput's
+    signals = DemandSignals()
+    signals.observe(traffic(60.0, 9000, accept_length=2.0))
+    config = PlannerConfig(num_speculative_tokens=3, throughput_adjustment_interval_seconds=60)
+    signals.expire(180.0, 60.0)
+    assert signals.rules(config).accept.value == 2.0
+    signals.expire(181.0, 60.0)
+    rule = signals.rules(config).accept
+    assert rule.value == 1.0 and "stale: the last observed (2.00) was read 121 s ago" in rule.reason
