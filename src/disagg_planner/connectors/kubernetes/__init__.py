@@ -74,8 +74,9 @@ saying which way it ended; its page's reason for not being used is logged once. 
 drain call of its own (a worker drain admin API is proposed upstream, not released): on
 SIGTERM a worker leaves discovery, so that no new request reaches it, and serves what it holds
 within its staged shutdown's one total budget (router grace, requests in flight, KV-transfer
-quiescence, cleanup; older releases: a grace period, ``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``,
-5 s) before the rest is cancelled (Dynamo issue 13559). Choosing an idle worker is what keeps that cancellation empty.
+quiescence, cleanup; older releases: a grace period,
+``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``, 5 s) before the rest is cancelled (Dynamo issue
+13559). Choosing an idle worker is what keeps that cancellation empty.
 
 State that survives restarts: the annotation ``planner.autoscaling.dev/state`` on the DGD
 holds JSON with what the planner set per role (``set``), a write whose outcome is unknown
