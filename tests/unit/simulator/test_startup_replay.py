@@ -149,3 +149,12 @@ def test_bad_lifecycle_flags_are_refused(
     with pytest.raises(SystemExit):
         main(["replay", "--workload", WORKLOAD, flag, value])
     assert f"{value!r}: expected a number of seconds >= 0 or 'none'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "none", "-3"])
+def test_a_worker_shutdown_budget_must_be_positive(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["replay", "--workload", WORKLOAD, "--worker-shutdown-budget", value])
+    assert "expected a number of seconds" in capsys.readouterr().err
