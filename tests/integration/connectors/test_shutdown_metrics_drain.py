@@ -73,6 +73,30 @@ def shutdown_page(
 
 
 BEFORE_SIGTERM = shutdown_page(stages=(), inflight=0, kv=-1, remaining_s=30)
+
+
+def staged(after: Callable[[float], str] | str) -> Page:
+    """A staged worker's page: the gauges alone before SIGTERM, then ``after`` (a page, or
+    one per second since SIGTERM)."""
+
+    def page(_now: float, since: float | None) -> str:
+        if since is None:
+            return BEFORE_SIGTERM
+        return after if isinstance(after, str) else after(since)
+
+    return page
+
+
+def quiescent_after(seconds: float, *, remaining_s: float) -> Callable[[float], str]:
+    """Nothing in flight; a decode peer reads its KV until ``seconds`` after SIGTERM."""
+    return lambda since: shutdown_page(
+        stages=(("kv_transfer", "started"),),
+        inflight=0,
+        kv=1 if since >= seconds else 0,
+        remaining_s=remaining_s,
+    )
+
+
 # An older worker: its page has Dynamo's usual metrics and no shutdown gauge.
 OLD_WORKER_PAGE = (
     "# TYPE dynamo_component_requests_total counter\ndynamo_component_requests_total 7\n"
@@ -195,6 +219,14 @@ async def scale_down(
     return outcome, removed_at_once, end, time.now - start
 
 
+def fpm_busy_for(
+    seconds: float, first: str, second: str, time: FakeTime
+) -> Callable[[], dict[str, int]]:
+    """FPM: ``first`` serves 1 request for ``seconds`` from now, ``second`` 4 throughout."""
+    t0 = time.now
+    return lambda: {first: 0 if time.now >= t0 + seconds else 1, second: 4}
+
+
 def ended_by(caplog: Any, end: DrainEnd) -> list[str]:
     return [r.getMessage() for r in caplog.records if f"ended by {end.value}" in r.getMessage()]
 
@@ -211,9 +243,7 @@ async def test_a_staged_worker_is_lowered_first_and_followed_until_kv_quiescent(
     after SIGTERM; its last FPM still say 1 in flight. The drain ends on its KV quiescence."""
     first, second = deploy(cluster, fake_time, pages)
 
-    def page(_now: float, since: float | None) -> str:
-        if since is None:
-            return BEFORE_SIGTERM
+    def after(since: float) -> str:
         if since < 3.0:
             return shutdown_page(
                 stages=(("unregister", "completed"), ("inflight", "started")),
@@ -228,7 +258,7 @@ async def test_a_staged_worker_is_lowered_first_and_followed_until_kv_quiescent(
             remaining_s=27,
         )
 
-    pages[0].page = page
+    pages[0].page = staged(after)
     conn = connector(api_client, fake_time, lambda: {first: 1, second: 4}, timeout_s=30)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         outcome, removed_at_once, end, waited = await scale_down(cluster, conn, fake_time)
@@ -258,10 +288,8 @@ async def test_the_follow_ends_with_the_workers_declared_budget(
     first, second = deploy(
         cluster, fake_time, pages, env={TOTAL_BUDGET_ENV: "8"}, system_port=system_port
     )
-    pages[0].page = lambda _now, since: (
-        BEFORE_SIGTERM
-        if since is None
-        else shutdown_page(stages=(("inflight", "started"),), inflight=2, kv=0, remaining_s=8)
+    pages[0].page = staged(
+        shutdown_page(stages=(("inflight", "started"),), inflight=2, kv=0, remaining_s=8)
     )
     conn = connector(api_client, fake_time, lambda: {first: 2, second: 4}, timeout_s=30)
     with caplog.at_level(logging.INFO, logger=LOGGER):
@@ -284,13 +312,7 @@ async def test_without_shutdown_metrics_the_fpm_are_waited_for_before_lowering(
     The role is held, saying why; its FPM say 1 in flight until +5 s; then the count drops.
     The log names the reason its page was not used."""
     first, second = deploy(cluster, fake_time, pages)
-    t0 = fake_time.now
-    conn = connector(
-        api_client,
-        fake_time,
-        lambda: {first: 0 if fake_time.now >= t0 + 5 else 1, second: 4},
-        timeout_s=30,
-    )
+    conn = connector(api_client, fake_time, fpm_busy_for(5.0, first, second, fake_time), 30)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         outcome, removed_at_once, end, waited = await scale_down(cluster, conn, fake_time)
     assert (outcome.applied, removed_at_once) == ({}, [])
@@ -311,16 +333,7 @@ async def test_kv_transfers_still_busy_hold_the_follow_though_nothing_is_in_flig
     """FPM (and the page) say no request in flight, but a decode peer still reads its KV
     until 3 s after SIGTERM: the follow goes on until then."""
     first, second = deploy(cluster, fake_time, pages)
-    pages[0].page = lambda _now, since: (
-        BEFORE_SIGTERM
-        if since is None
-        else shutdown_page(
-            stages=(("kv_transfer", "started"),),
-            inflight=0,
-            kv=1 if since >= 3 else 0,
-            remaining_s=20,
-        )
-    )
+    pages[0].page = staged(quiescent_after(3.0, remaining_s=20))
     conn = connector(api_client, fake_time, lambda: {first: 0, second: 4}, timeout_s=30)
     _, _, end, waited = await scale_down(cluster, conn, fake_time)
     assert (end, 3.0 <= waited < 3.6) == (DrainEnd.KV_QUIESCENT, True)
@@ -355,7 +368,7 @@ async def test_the_follow_says_which_shutdown_signal_ended_it(
     expected: DrainEnd,
 ) -> None:
     first, second = deploy(cluster, fake_time, pages)
-    pages[0].page = lambda _now, since: BEFORE_SIGTERM if since is None else after_sigterm
+    pages[0].page = staged(after_sigterm)
     conn = connector(api_client, fake_time, lambda: {first: 1, second: 4}, timeout_s=30)
     _, removed_at_once, end, _ = await scale_down(cluster, conn, fake_time)
     assert (removed_at_once, end) == ([first], expected)
@@ -365,10 +378,8 @@ async def test_the_drain_timeout_caps_the_follow(
     cluster: Cluster, api_client: Any, fake_time: FakeTime, pages: tuple[WorkerPage, WorkerPage]
 ) -> None:
     first, second = deploy(cluster, fake_time, pages)
-    pages[0].page = lambda _now, since: (
-        BEFORE_SIGTERM
-        if since is None
-        else shutdown_page(stages=(("inflight", "started"),), inflight=2, kv=0, remaining_s=25)
+    pages[0].page = staged(
+        shutdown_page(stages=(("inflight", "started"),), inflight=2, kv=0, remaining_s=25)
     )
     conn = connector(api_client, fake_time, lambda: {first: 2, second: 4}, timeout_s=3)
     _, _, end, waited = await scale_down(cluster, conn, fake_time)
@@ -389,17 +400,8 @@ async def test_the_pod_the_operator_removed_is_followed_when_it_ignores_the_dele
     never_quiescent = shutdown_page(
         stages=(("inflight", "started"),), inflight=3, kv=0, remaining_s=30
     )
-    pages[0].page = lambda _now, since: BEFORE_SIGTERM if since is None else never_quiescent
-    pages[1].page = lambda _now, since: (
-        BEFORE_SIGTERM
-        if since is None
-        else shutdown_page(
-            stages=(("kv_transfer", "started"),),
-            inflight=0,
-            kv=1 if since >= 2 else 0,
-            remaining_s=28,
-        )
-    )
+    pages[0].page = staged(never_quiescent)
+    pages[1].page = staged(quiescent_after(2.0, remaining_s=28))
     conn = connector(api_client, fake_time, lambda: {first: 0, second: 4}, timeout_s=30)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         _, removed_at_once, end, waited = await scale_down(cluster, conn, fake_time)
@@ -447,14 +449,8 @@ async def test_a_bad_page_after_sigterm_leaves_the_follow_to_the_fpm_and_says_wh
     """The page went bad after SIGTERM; the worker's FPM say 1 in flight until +5 s: the
     follow ends on its FPM, and logs once why the page was not used."""
     first, second = deploy(cluster, fake_time, pages)
-    pages[0].page = lambda _now, since: BEFORE_SIGTERM if since is None else after_sigterm
-    t0 = fake_time.now
-    conn = connector(
-        api_client,
-        fake_time,
-        lambda: {first: 0 if fake_time.now >= t0 + 5 else 1, second: 4},
-        timeout_s=30,
-    )
+    pages[0].page = staged(after_sigterm)
+    conn = connector(api_client, fake_time, fpm_busy_for(5.0, first, second, fake_time), 30)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         _, removed_at_once, end, waited = await scale_down(cluster, conn, fake_time)
     assert (removed_at_once, end, 5.0 <= waited < 5.6) == ([first], DrainEnd.IDLE, True)

@@ -6,35 +6,17 @@ before (the older drain)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 
 from disagg_planner.config import PlannerConfig
-from disagg_planner.replay.policies import PolicyStep
 from disagg_planner.replay.replay_summary import ReplaySummary
 from disagg_planner.replay.runner import ReplayResult, run_policy
 from disagg_planner.replay.session import WorkloadSpec, prepare
-from disagg_planner.simulator.cluster import Cluster
+from tests.support.policies import ScaleDecodeAt
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
-
-
-class ScaleDecodeAt:
-    """Scales decode to ``n`` replicas at ``at_s`` (a policy for the replay runner)."""
-
-    name = "scale-at"
-
-    def __init__(self, at_s: float, n: int) -> None:
-        self.at_s, self.n, self.done = at_s, n, False
-
-    def next_wakeup_s(self) -> float:
-        return math.inf if self.done else self.at_s
-
-    def wake(self, cluster: Cluster) -> PolicyStep:
-        self.done = True
-        return PolicyStep(cluster.now, {"decode": self.n}, "test")
 
 
 def replay(osl: int, budget_s: float | None) -> ReplayResult:

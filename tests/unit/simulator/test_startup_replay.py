@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import csv
 import itertools
-import math
 from pathlib import Path
 
 import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.config import PlannerConfig
-from disagg_planner.replay.policies import PolicyStep
 from disagg_planner.replay.runner import run_policy, write_outputs
 from disagg_planner.replay.session import WorkloadSpec, make_policy, prepare
 from disagg_planner.simulator import startup
-from disagg_planner.simulator.cluster import DRAIN_CANCELLED, Cluster
+from disagg_planner.simulator.cluster import DRAIN_CANCELLED
+from tests.support.policies import ScaleDecodeAt
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 WORKLOAD = "step:rates=3/12,at=60,duration=400,isl=1500,osl=100"
@@ -95,22 +94,6 @@ def test_oracle_orders_replicas_by_the_same_startup_model() -> None:
     lead = startup.planning_lead_s(None, plan.setup.specs)
     assert oracle.delay == lead  # type: ignore[attr-defined]
     assert lead > startup.phase_model(plan.setup.specs["decode"]).median_plan().total_s
-
-
-class ScaleDecodeAt:
-    """Scales decode to ``n`` replicas at ``at_s`` (a policy for the replay runner)."""
-
-    name = "scale-at"
-
-    def __init__(self, at_s: float, n: int) -> None:
-        self.at_s, self.n, self.done = at_s, n, False
-
-    def next_wakeup_s(self) -> float:
-        return math.inf if self.done else self.at_s
-
-    def wake(self, cluster: Cluster) -> PolicyStep:
-        self.done = True
-        return PolicyStep(cluster.now, {"decode": self.n}, "test")
 
 
 @pytest.mark.slow
