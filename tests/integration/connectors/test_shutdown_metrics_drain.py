@@ -159,14 +159,15 @@ def deploy(
     env: dict[str, str] | None = None,
     system_port: bool = True,
     honours_deletion_cost: bool = True,
+    grace_s: float = 60.0,
 ) -> tuple[str, str]:
     """Two ready prefill pods, each serving its metrics page (``system_port``: its container
-    sets DYN_SYSTEM_PORT) with ``env`` besides; their pods stay terminating 60 s."""
+    sets DYN_SYSTEM_PORT) with ``env`` besides; their pods stay terminating ``grace_s``."""
     cluster.add_dgd(
         {"Frontend": frontend(), PREFILL: worker("prefill", 2), "decode": worker("decode", 1)}
     )
     dynamo = cluster.simulate_dynamo(
-        time, ready=True, grace_s=60.0, honours_deletion_cost=honours_deletion_cost
+        time, ready=True, grace_s=grace_s, honours_deletion_cost=honours_deletion_cost
     )
     names = tuple(p.name for p in dynamo.pods if p.service == PREFILL)
     for name, page in zip(names, pages, strict=True):
@@ -457,3 +458,25 @@ async def test_a_bad_page_after_sigterm_leaves_the_follow_to_the_fpm_and_says_wh
     notes = [r for r in caplog.records if "metrics are not used" in r.getMessage()]
     assert len(notes) == 1, [r.getMessage() for r in notes]
     assert first in notes[0].getMessage() and reason in notes[0].getMessage()
+
+
+async def test_an_increase_asked_with_the_lowering_waits_for_the_gpus_it_releases(
+    cluster: Cluster, api_client: Any, fake_time: FakeTime, pages: tuple[WorkerPage, WorkerPage]
+) -> None:
+    """Prefill 2 -> 1 and decode 1 -> 2 in one request: prefill is lowered at once, decode
+    held until the leaving worker's pod is gone (10 s: its GPUs held until then), the next
+    tick's same plan keeps following; the GPUs in use never exceed the old or new total."""
+    first, second = deploy(cluster, fake_time, pages, grace_s=10.0)
+    pages[0].page = staged(quiescent_after(3.0, remaining_s=27))
+    conn = connector(api_client, fake_time, lambda: {first: 0, second: 4}, timeout_s=30)
+    plan = {"prefill": 1, "decode": 2}
+    outcome = await conn.set_replicas(plan)
+    assert outcome.applied == {"prefill": 1}
+    assert outcome.held["decode"].reason is HoldReason.DRAINING
+    assert first in outcome.held["decode"].detail
+    again = await conn.set_replicas(plan)  # the next tick: the same plan, still waiting
+    assert (again.unchanged, again.held["decode"].reason) == (("prefill",), HoldReason.DRAINING)
+    assert await conn.drained() is DrainEnd.KV_QUIESCENT
+    assert (cluster.replicas(PREFILL), cluster.replicas("decode")) == (1, 2)
+    assert cluster.dynamo is not None
+    assert max(cluster.dynamo.gpus_in_use({PREFILL: 1, "decode": 1})) <= 3

@@ -76,6 +76,11 @@ class _PendingDrain:
     task: asyncio.Task[DrainEnd]
     lowered: frozenset[str] = frozenset()  # the roles already written (lowered first)
 
+    @property
+    def waiting(self) -> dict[str, int]:
+        """The targets not written yet."""
+        return {role: n for role, n in self.targets.items() if role not in self.lowered}
+
     def holds(self) -> dict[str, Hold]:
         if self.lowered:  # the increases wait for the GPUs the shutting-down workers hold
             detail = (
@@ -156,13 +161,15 @@ class Writes(ConnectorParts):
         Dynamo's staged shutdown are lowered at once instead, and their shutdown followed."""
         pending = self._pending_drain
         if pending is not None and not pending.task.done():
-            if dict(writes) == pending.targets:
+            # the same plan (its lowered roles, already written, read as unchanged)
+            if dict(writes) in (pending.targets, pending.waiting):
                 return pending.holds()
             pending.task.cancel()  # the plan changed: this request replaces the drain's
             log.info(
-                "DGD %s: the drain for %s is abandoned: %s asked",
+                "DGD %s: the drain for %s is %s: %s asked",
                 self._ref,
                 pending.targets,
+                "no longer followed" if pending.lowered else "abandoned",
                 dict(writes),
             )
         self._pending_drain = None
