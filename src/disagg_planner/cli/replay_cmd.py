@@ -115,6 +115,17 @@ def register(sub: Any) -> None:
         help="After the grace period, move the removed replica's requests to another replica "
         "(Dynamo's request migration) instead of cancelling them.",
     )
+    sim.add_argument(
+        "--worker-shutdown-budget",
+        type=_budget_seconds,
+        default=None,
+        help="Simulate Dynamo's staged worker shutdown with this total budget (s; Dynamo's "
+        "DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS, 30 by default there): a removed replica "
+        "serves through a 5 s router grace, its requests until the budget less a 5 s cleanup "
+        "reserve (then the rest is cancelled), its KV transfers, then cleanup, and reports "
+        "the stages; summary.json's drain block counts how each ended (default: none, the "
+        "older drain until empty or --drain-grace).",
+    )
     sim.add_argument("--seed", type=int, default=0, help="Seed of every random choice.")
     sim.add_argument(
         "--router",
@@ -229,6 +240,7 @@ def _replay(args: argparse.Namespace) -> int:
         router=args.router,
         drain_grace_s=args.drain_grace,
         migrate_on_drain=args.migrate_on_drain,
+        worker_shutdown_s=args.worker_shutdown_budget,
     )
     out_dir = Path(args.output_dir)
     policies = args.policy or (list(DEFAULT_POLICIES) if no_workload else ["planner"])
@@ -302,6 +314,14 @@ def _seconds_or_none(text: str) -> float | None:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected a number of seconds >= 0 or 'none'"
         ) from None
+
+
+def _budget_seconds(text: str) -> float:
+    """argparse type: a total shutdown budget, seconds > 0 (Dynamo refuses 0 too)."""
+    value = _seconds_or_none(text) if text.strip().lower() != "none" else None
+    if value is None or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
+    return value
 
 
 def _parse_initial(items: list[str]) -> dict[str, int]:

@@ -332,6 +332,8 @@ def _fingerprint(
         "drain_grace_s": setup.drain_grace_s,
         "migrate_on_drain": setup.migrate_on_drain,
     }
+    if setup.worker_shutdown_s is not None:  # absent otherwise: older digests hold
+        facts["worker_shutdown_s"] = setup.worker_shutdown_s
     digest.update(json.dumps(facts, sort_keys=True).encode())
     n = len(requests)
     for column in (

@@ -217,6 +217,12 @@ class DrainFigures:
     grace_s: float | None  # None: drains are not bounded
     cancelled: int
     migrated: int
+    # With Dynamo's staged worker shutdown simulated (replay --worker-shutdown-budget): its
+    # total budget, and how each removed worker's serving ended (kv_quiescent: every
+    # request done and its KV read; worker_budget: the deadline cancelled the rest; killed:
+    # the pod's grace ended first; in_progress: still shutting down at the end)
+    worker_budget_s: float | None = field(default=None, metadata=_OPTIONAL)
+    ended_by: dict[str, int] | None = field(default=None, metadata=_OPTIONAL)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import bisect
 import dataclasses
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ from disagg_planner.simulator.elastic_ep import ResizePlan
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.heap import FrozenHeap
 from disagg_planner.simulator.request import RequestLike
+from disagg_planner.simulator.shutdown import ShutdownSettings
 from disagg_planner.simulator.startup import STARTUP_PHASES
 
 # How long after the last arrival a replay waits for its backlog to clear; a policy that has
@@ -75,6 +77,9 @@ class ClusterSetup:
     namespace: str = "dynamo"
     drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S  # None: drains are not bounded
     migrate_on_drain: bool = False
+    # Dynamo's staged worker shutdown of a removed replica, its total budget (s); None: the
+    # older drain (until empty or the grace period)
+    worker_shutdown_s: float | None = None
     # the frontend retries what an engine paused by an elastic-EP resize answers 503
     retry_paused: bool = False
     # the role the planner resizes by DP size (elastic_ep), shown in the outputs
@@ -93,6 +98,11 @@ class ClusterSetup:
             drain_grace_s=self.drain_grace_s,
             migrate_on_drain=self.migrate_on_drain,
             retry_paused=self.retry_paused,
+            worker_shutdown=(
+                None
+                if self.worker_shutdown_s is None
+                else ShutdownSettings(total_s=self.worker_shutdown_s)
+            ),
         )
         cluster.submit(requests)
         return cluster
@@ -267,6 +277,8 @@ class PolicyRun:
                 grace_s=setup.drain_grace_s,
                 cancelled=cluster.cancelled_at_drain,
                 migrated=cluster.migrated_at_drain,
+                worker_budget_s=setup.worker_shutdown_s,
+                ended_by=None if setup.worker_shutdown_s is None else shutdown_ends(cluster),
             ),
             # requests a resize's pause answered 503 (frontend not retrying); 0 without resizes
             rejected=cluster.rejected_in_pause,
@@ -278,6 +290,14 @@ class PolicyRun:
             wall_s=time.perf_counter() - self.wall0,
         )
         return ReplayResult(self.policy.name, summary, records, timeline, self.snapshots)
+
+
+def shutdown_ends(cluster: Cluster) -> dict[str, int]:
+    """How the serving of each replica removed with the staged shutdown ended, counted."""
+    ends = Counter(
+        x.shutdown.ended_by or "in_progress" for x in cluster.replicas if x.shutdown is not None
+    )
+    return dict(sorted(ends.items()))
 
 
 def _alive_s(replica: Replica, end_s: float) -> float:

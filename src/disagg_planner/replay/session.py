@@ -104,11 +104,14 @@ def prepare(
     drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S,
     migrate_on_drain: bool = False,
     requests: Sequence[RequestLike] | None = None,
+    worker_shutdown_s: float | None = None,
 ) -> ReplayPlan:
     """The shared part of one replay. ``startup_delay_s``: a constant start-up of every new
     replica, or ``None`` for the phase model of :mod:`disagg_planner.simulator.startup`.
     ``drain_grace_s`` bounds a removed replica's drain (``None``: unbounded); after it the
     requests left on it are cancelled, or with ``migrate_on_drain`` moved to another.
+    ``worker_shutdown_s``: a removed replica goes through Dynamo's staged shutdown with that
+    total budget (:mod:`disagg_planner.simulator.shutdown`) instead.
     ``requests``: the requests themselves (a benchmark's own workload, sorted by arrival)
     instead of those of ``workload``, whose seed still seeds the simulator."""
     if config.mode not in ("disagg", "agg"):
@@ -173,6 +176,7 @@ def prepare(
         namespace=config.namespace,
         drain_grace_s=drain_grace_s,
         migrate_on_drain=migrate_on_drain,
+        worker_shutdown_s=worker_shutdown_s,
         retry_paused=retry_paused(config),
         elastic_role=config.elastic_ep,
     )

@@ -34,12 +34,24 @@ The remaining time and the in-flight count are snapshots taken at stage transiti
 live gauges; -1 for KV quiescence is a declared fallback, never proof that transfers ended;
 the page is served on the worker's system port (``DYN_SYSTEM_PORT``) and disappears with the
 process. Before a shutdown starts no stage has reported, so a page without any
-``stage_seconds`` series is read as "not shutting down", whatever the other gauges say.
+``stage_seconds`` series is read as "not shutting down", whatever the other gauges say; a
+page with none of the ``dynamo_component_shutdown_*`` gauges is a worker without the staged
+shutdown (an older release). The stages report in this order (each ``started``, then
+``completed``, ``timed_out``, ``failed``, ``unsupported`` or ``skipped``): ``unregister``,
+``router_grace``, ``stop_admission``, ``inflight``, ``kv_transfer``, then the teardown
+(``withdraw``, ``cleanup``, ``runtime``, ``deferred_signals``): a worker whose page reports a
+teardown stage, or the end of ``kv_transfer``, serves nothing any more.
+
+The total budget is read from the worker's container env as Dynamo does (the canonical name,
+else its legacy alias; a value that is not a positive whole number of seconds is the default):
+Dynamo's operator validates a literal total in the pod template, so a worker that declares
+one is one whose budget the planner can know.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -52,8 +64,41 @@ KV_QUIESCENT = "dynamo_component_shutdown_kv_quiescent"
 # Where the worker serves its /metrics page (the pod's container env).
 SYSTEM_PORT_ENV = "DYN_SYSTEM_PORT"
 TOTAL_BUDGET_ENV = "DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS"
+TOTAL_BUDGET_LEGACY_ENV = "DYN_WORKER_GRACEFUL_SHUTDOWN_TIMEOUT"
+DEFAULT_TOTAL_BUDGET_S = 30.0
+_MAX_TOTAL_BUDGET_S = 315_360_000.0  # Dynamo's upper bound on the total
+SHUTDOWN_PREFIX = "dynamo_component_shutdown_"
 # Why a page holds no reading before the worker's shutdown starts (the usual case).
 NOT_SHUTTING_DOWN = "no shutdown stage reported (not shutting down)"
+# Why a page holds no reading: the worker has no staged shutdown (no such gauge at all).
+NO_SHUTDOWN_METRICS = f"no {SHUTDOWN_PREFIX}* gauge (a worker without the staged shutdown)"
+# The stages in Dynamo's order; the first four serve requests, the teardown ones do not.
+STAGES = (
+    "unregister",
+    "router_grace",
+    "stop_admission",
+    "inflight",
+    "kv_transfer",
+    "withdraw",
+    "cleanup",
+    "runtime",
+    "deferred_signals",
+)
+_TEARDOWN = frozenset(STAGES[STAGES.index("withdraw") :])
+
+
+def total_budget_s(env: Mapping[str, str]) -> float | None:
+    """The worker's total shutdown budget declared in ``env`` (its container's literal env):
+    the canonical name, else the legacy alias; None when neither is set (Dynamo's default,
+    :data:`DEFAULT_TOTAL_BUDGET_S`, applies); a value that is not a positive whole number of
+    seconds up to Dynamo's bound is the default, as the worker itself reads it."""
+    raw = (env.get(TOTAL_BUDGET_ENV) or "").strip() or (env.get(TOTAL_BUDGET_LEGACY_ENV) or "")
+    raw = raw.strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) <= _MAX_TOTAL_BUDGET_S:
+        return DEFAULT_TOTAL_BUDGET_S
+    return float(int(raw))
 
 
 @dataclass(frozen=True)
@@ -63,11 +108,38 @@ class ShutdownReading:
     inflight: int  # admitted requests unfinished (summed over the worker's series)
     kv_quiescent: bool | None  # None: the worker cannot tell (-1)
     remaining_s: float  # what is left of its total budget (the least over its series)
+    # the furthest stage reported (of :data:`STAGES`) and its latest outcome
+    stage: str | None = None
+    outcome: str | None = None
 
     @property
     def drained(self) -> bool:
         """Nothing left to finish: no request in flight and KV transfers confirmed idle."""
         return self.inflight == 0 and self.kv_quiescent is True
+
+    @property
+    def serving_over(self) -> bool:
+        """The worker is past its serving stages: a teardown stage reported, or the end of
+        ``kv_transfer`` (whatever its outcome: after it the worker cancels what is left)."""
+        return self.stage in _TEARDOWN or (
+            self.stage == "kv_transfer" and self.outcome not in (None, "started")
+        )
+
+    @property
+    def stage_text(self) -> str:
+        return f"{self.stage} {self.outcome}" if self.stage else "no stage"
+
+
+def _furthest_stage(labels: list[dict[str, str]]) -> tuple[str | None, str | None]:
+    """The furthest known stage among the ``stage_seconds`` series and its outcome (an
+    ended outcome over ``started`` when both are there)."""
+    known = [lab for lab in labels if lab.get("stage") in STAGES]
+    if not known:
+        return None, None
+    stage = max((lab["stage"] for lab in known), key=STAGES.index)
+    outcomes = {lab.get("reason") for lab in known if lab["stage"] == stage}
+    ended = sorted(o for o in outcomes if o and o != "started")
+    return stage, ended[0] if ended else "started"
 
 
 def read_shutdown(text: str) -> ShutdownReading | str:
@@ -79,8 +151,13 @@ def read_shutdown(text: str) -> ShutdownReading | str:
     except (ValueError, TypeError, IndexError) as exc:
         return f"the metrics page is not Prometheus text ({exc})"
     values: dict[str, list[float]] = {}
+    stages: list[dict[str, str]] = []
     for sample in samples:
         values.setdefault(sample.name, []).append(float(sample.value))
+        if sample.name == STAGE_SECONDS:
+            stages.append(dict(sample.labels))
+    if not any(name.startswith(SHUTDOWN_PREFIX) for name in values):
+        return NO_SHUTDOWN_METRICS
     if STAGE_SECONDS not in values:
         return NOT_SHUTTING_DOWN
     for name in (INFLIGHT_REQUESTS, KV_QUIESCENT, REMAINING_SECONDS):
@@ -102,8 +179,11 @@ def read_shutdown(text: str) -> ShutdownReading | str:
         quiescent = True
     else:
         quiescent = None
+    stage, outcome = _furthest_stage(stages)
     return ShutdownReading(
         inflight=int(sum(inflight)),
         kv_quiescent=quiescent,
         remaining_s=max(0.0, min(values[REMAINING_SECONDS])),
+        stage=stage,
+        outcome=outcome,
     )

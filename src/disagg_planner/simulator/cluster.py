@@ -42,12 +42,13 @@ from disagg_planner.simulator.cluster_core import (
     EV_KV_DONE,
     EV_READY,
     EV_RESIZE,
+    EV_SHUTDOWN,
     EV_TIMEOUT,
     ROLES_BY_MODE,
-    ClusterCore,
     Mode,
     RouterPolicy,
 )
+from disagg_planner.simulator.cluster_shutdown import ShutdownStages
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.engines import engine_for
@@ -60,9 +61,10 @@ from disagg_planner.simulator.replica import (
 )
 from disagg_planner.simulator.request import RequestLike, SimRequest
 from disagg_planner.simulator.scheduler import EngineCore, Role
+from disagg_planner.simulator.shutdown import ENDED_KILLED
 
 
-class Cluster(ClusterCore):
+class Cluster(ShutdownStages):
     """A simulated disaggregated (or aggregated) serving cluster; see the module doc.
 
     ``engines`` maps each role of the mode (``prefill`` and ``decode``, or ``agg``) to an
@@ -72,7 +74,10 @@ class Cluster(ClusterCore):
     the phase model of :mod:`disagg_planner.simulator.startup` (seeded by ``seed``).
     ``drain_grace_s`` bounds a removed replica's drain (``None``: no bound, every in-flight
     request finishes); after it, its requests fail, or with ``migrate_on_drain`` move to
-    another replica. ``on_fpm`` receives every
+    another replica. ``worker_shutdown`` (Dynamo's staged shutdown,
+    :mod:`disagg_planner.simulator.shutdown`) makes a removed ready replica go through its
+    stages inside one total budget and report them on its page (:meth:`shutdown_page`);
+    ``None`` keeps the older drain (until empty or the grace period). ``on_fpm`` receives every
     iteration's ForwardPassMetrics (slower; without it only the latest per rank is kept);
     ``on_record`` receives each request's record as it finishes (it may call ``submit``, e.g.
     for a closed-loop client). ``bulk_decode=False`` steps every decode iteration on its own
@@ -142,6 +147,7 @@ class Cluster(ClusterCore):
                 elif kind == EV_DISPATCH:
                     self._dispatch(obj, self.roles[0], t)
                 elif kind == EV_KV_DONE:
+                    self._kv_read(obj.prefill_worker, t)
                     obj.decode_worker = None
                     self._dispatch(obj, "decode", t)
                 elif kind == EV_READY:
@@ -152,6 +158,8 @@ class Cluster(ClusterCore):
                     self._on_timeout(obj, arg, t)
                 elif kind == EV_GRACE:
                     self._on_grace_end(obj, t)
+                elif kind == EV_SHUTDOWN:
+                    self._on_shutdown_step(obj, arg, t)
             if stop_when_idle and not sources and self.submitted == len(self.records):
                 stopped_idle = True
                 break
@@ -293,21 +301,30 @@ class Cluster(ClusterCore):
             x.state = ReplicaState.DRAINING
             x.drain_s = now
             self._targets[r] = None
-            if x.is_empty():
+            if self.worker_shutdown is not None:
+                self._begin_shutdown(x, self.worker_shutdown, now)
+            elif x.is_empty():
                 self._stop(x, now)
-            elif self.drain_grace_s is not None:
+            if x.state is not ReplicaState.STOPPED and self.drain_grace_s is not None:
                 self._push(now + self.drain_grace_s, EV_GRACE, x)
 
     def _on_grace_end(self, replica: Replica, now: float) -> None:
         """The drain's grace period ended: stop the replica; cancel or migrate what is left."""
         if replica.state is not ReplicaState.DRAINING:
             return  # it emptied in time
+        if replica.shutdown is not None and replica.shutdown.ended_by is None:
+            replica.shutdown.ended_by = ENDED_KILLED
+        self._end_requests(replica, now, stop=True)
+
+    def _end_requests(self, replica: Replica, now: float, *, stop: bool) -> None:
+        """Cancel or migrate what is left on ``replica`` (and stop it with ``stop``)."""
         for e in replica.ranks:
             e.sync(now)  # tokens of a planned decode run up to now were delivered
-            if replica.state is ReplicaState.STOPPED:
+            if replica.state is ReplicaState.STOPPED or (not stop and replica.is_empty()):
                 return  # those were its last requests
         left = [req for e in replica.ranks for req in e.evacuate()]
-        self._stop(replica, now)
+        if stop:
+            self._stop(replica, now)
         for req in left:
             if self.migrate_on_drain:
                 self.migrated_at_drain += 1

@@ -27,13 +27,16 @@ from disagg_planner.simulator.metrics import FrontendMetrics
 from disagg_planner.simulator.replica import DEFAULT_DRAIN_GRACE_S, Replica, ReplicaState
 from disagg_planner.simulator.request import RequestRecord, SimRequest
 from disagg_planner.simulator.scheduler import EngineCore, FpmCallback, Role
+from disagg_planner.simulator.shutdown import ShutdownSettings
 
 Mode = Literal["disagg", "agg"]
 RouterPolicy = Literal["round_robin", "least_loaded"]
 ROLES_BY_MODE: dict[str, tuple[Role, ...]] = {"disagg": ("prefill", "decode"), "agg": ("agg",)}
 DEFAULT_KV_TRANSFER_BPS = 64e9  # Dynamo mocker default ("inter-node InfiniBand")
 
-EV_ENGINE, EV_DISPATCH, EV_KV_DONE, EV_READY, EV_RESIZE, EV_TIMEOUT, EV_GRACE = range(7)
+EV_ENGINE, EV_DISPATCH, EV_KV_DONE, EV_READY, EV_RESIZE, EV_TIMEOUT, EV_GRACE, EV_SHUTDOWN = range(
+    8
+)
 
 
 class ClusterCore:
@@ -61,6 +64,7 @@ class ClusterCore:
         prefix_block_tokens: int = 512,
         bulk_decode: bool = True,
         retry_paused: bool = True,
+        worker_shutdown: ShutdownSettings | None = None,
     ) -> None:
         if mode not in ROLES_BY_MODE:
             raise SimulatorInputError(f"mode {mode!r}: expected 'disagg' or 'agg'")
@@ -103,6 +107,11 @@ class ClusterCore:
         self._migrating: dict[Role, deque[SimRequest]] = {r: deque() for r in roles}
         self.cancelled_at_drain = 0
         self.migrated_at_drain = 0
+        # Dynamo's staged shutdown of a removed worker (simulator/shutdown.py); None: it
+        # drains until empty or the grace period (older releases' model)
+        self.worker_shutdown = worker_shutdown
+        # KV transfers still reading from each prefill worker (its requests' KV in flight)
+        self._kv_out: dict[str, int] = {}
         # vLLM aborts a shrink's removed ranks' requests (elastic_ep.SHRINK_ABORTED); an engine
         # that drains first (VLLM_ELASTIC_EP_DRAIN_REQUESTS) lets them finish.
         self.shrink_drains_first = False
@@ -326,13 +335,19 @@ class ClusterCore:
             delay = req.isl * self._models["prefill"].kv_bytes_per_token
             delay /= self.kv_transfer_bandwidth_bps
             self._push(time_s + delay, EV_KV_DONE, req)
+            self._kv_out[engine.worker_id] = self._kv_out.get(engine.worker_id, 0) + 1
         else:
             if engine.model.spec.num_speculative_tokens:
                 self.frontend.on_decoded(req.osl, req.target)
             self._finish(req, time_s)
         replica = self._engine_of_replica.get(id(engine))
         if replica is not None and replica.state is ReplicaState.DRAINING and replica.is_empty():
-            self._stop(replica, time_s)
+            self._emptied(replica, time_s)
+
+    def _emptied(self, replica: Replica, now: float) -> None:
+        """A draining replica served its last request: it stops (the Cluster's staged
+        shutdown goes on to its next stage instead)."""
+        self._stop(replica, now)
 
     def _record(self, record: RequestRecord) -> None:
         self.records.append(record)

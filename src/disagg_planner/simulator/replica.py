@@ -14,6 +14,7 @@ from disagg_planner.simulator import elastic_ep, startup
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.scheduler import EngineCore, Role
+from disagg_planner.simulator.shutdown import ShutdownTrace
 
 # Dynamo's graceful shutdown: a removed worker's pod gets 60 s before its requests are ended
 DEFAULT_DRAIN_GRACE_S = 60.0
@@ -48,6 +49,8 @@ class Replica:
     paused: bool = False
     # the start-up it went through (None: ready at time 0)
     startup_plan: startup.StartupPlan | None = None
+    # its staged shutdown once removed (Dynamo's; None: not removed, or the older drain)
+    shutdown: ShutdownTrace | None = None
 
     def startup_phase(self, t: float) -> str | None:
         """The start-up phase at time ``t`` (None when not starting then)."""

@@ -175,15 +175,25 @@ class SimulatedDynamo:
     case for a budget), and marks the extra ones terminating (``deletionTimestamp``): they hold
     their GPUs for ``grace_s`` of the fake clock before they are gone. The extra ones are those
     a ReplicaSet deletes: the lowest ``controller.kubernetes.io/pod-deletion-cost`` first, then
-    the newest. With ``ready`` its pods carry a Ready condition (else they only run). The
+    the newest (with ``honours_deletion_cost`` False, only the newest: Grove's PodClique
+    ignores the cost). With ``ready`` its pods carry a Ready condition (else they only run). The
     DGD's status counts non-terminated replicas, as Dynamo's does. ``snapshots`` records,
     after every change, each service's (existing, terminating) pods.
     """
 
     def __init__(
-        self, cluster: Cluster, time: FakeTime, *, grace_s: float, name: str, ready: bool = False
+        self,
+        cluster: Cluster,
+        time: FakeTime,
+        *,
+        grace_s: float,
+        name: str,
+        ready: bool = False,
+        honours_deletion_cost: bool = True,
     ) -> None:
         self.cluster = cluster
+        self.honours_deletion_cost = honours_deletion_cost
+        self.sigterm_at: dict[str, float] = {}  # pod name -> when it was told to terminate
         self.ready = ready
         self.removed: list[str] = []  # pod names, in the order they were told to terminate
         self.time = time
@@ -222,9 +232,15 @@ class SimulatedDynamo:
         for service, spec in services.items():
             wanted = int(spec.get("replicas", 1))
             running = [p for p in self.pods if p.service == service and p.leaves_at is None]
-            running.sort(key=lambda p: (self.deletion_cost(p.name), -self.pods.index(p)))
+            running.sort(
+                key=lambda p: (
+                    self.deletion_cost(p.name) if self.honours_deletion_cost else 0,
+                    -self.pods.index(p),
+                )
+            )
             for pod in running[: max(0, len(running) - wanted)]:
                 pod.leaves_at = now + self.grace_s
+                self.sigterm_at[pod.name] = now
                 self.removed.append(pod.name)
                 kmock.objects[PODS, NS, pod.name].patch(
                     {"metadata": {"deletionTimestamp": "2030-01-01T00:00:00Z"}}
@@ -292,13 +308,26 @@ class Cluster:
         self.dynamo: SimulatedDynamo | None = None
 
     def simulate_dynamo(
-        self, time: FakeTime, *, grace_s: float = 5.0, name: str = DGD_NAME, ready: bool = False
+        self,
+        time: FakeTime,
+        *,
+        grace_s: float = 5.0,
+        name: str = DGD_NAME,
+        ready: bool = False,
+        honours_deletion_cost: bool = True,
     ) -> SimulatedDynamo:
         """From now on a :class:`SimulatedDynamo` follows the DGD ``name`` (replacing one
         that followed before, whose pods are removed)."""
         for pod in self.dynamo.pods if self.dynamo is not None else ():
             del self.kmock.objects[PODS, NS, pod.name]
-        self.dynamo = SimulatedDynamo(self, time, grace_s=grace_s, name=name, ready=ready)
+        self.dynamo = SimulatedDynamo(
+            self,
+            time,
+            grace_s=grace_s,
+            name=name,
+            ready=ready,
+            honours_deletion_cost=honours_deletion_cost,
+        )
         return self.dynamo
 
     def forget_requests(self) -> None:

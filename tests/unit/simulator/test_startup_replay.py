@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import csv
 import itertools
-import math
 from pathlib import Path
 
 import pytest
 
 from disagg_planner.cli.main import main
 from disagg_planner.config import PlannerConfig
-from disagg_planner.replay.policies import PolicyStep
 from disagg_planner.replay.runner import run_policy, write_outputs
 from disagg_planner.replay.session import WorkloadSpec, make_policy, prepare
 from disagg_planner.simulator import startup
-from disagg_planner.simulator.cluster import DRAIN_CANCELLED, Cluster
+from disagg_planner.simulator.cluster import DRAIN_CANCELLED
+from tests.support.policies import ScaleDecodeAt
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
 WORKLOAD = "step:rates=3/12,at=60,duration=400,isl=1500,osl=100"
@@ -97,22 +96,6 @@ def test_oracle_orders_replicas_by_the_same_startup_model() -> None:
     assert lead > startup.phase_model(plan.setup.specs["decode"]).median_plan().total_s
 
 
-class ScaleDecodeAt:
-    """Scales decode to ``n`` replicas at ``at_s`` (a policy for the replay runner)."""
-
-    name = "scale-at"
-
-    def __init__(self, at_s: float, n: int) -> None:
-        self.at_s, self.n, self.done = at_s, n, False
-
-    def next_wakeup_s(self) -> float:
-        return math.inf if self.done else self.at_s
-
-    def wake(self, cluster: Cluster) -> PolicyStep:
-        self.done = True
-        return PolicyStep(cluster.now, {"decode": self.n}, "test")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("migrate", [False, True])
 def test_grace_period_cancels_or_migrates_and_the_summary_counts_it(migrate: bool) -> None:
@@ -149,3 +132,12 @@ def test_bad_lifecycle_flags_are_refused(
     with pytest.raises(SystemExit):
         main(["replay", "--workload", WORKLOAD, flag, value])
     assert f"{value!r}: expected a number of seconds >= 0 or 'none'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "none", "-3"])
+def test_a_worker_shutdown_budget_must_be_positive(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["replay", "--workload", WORKLOAD, "--worker-shutdown-budget", value])
+    assert "expected a number of seconds" in capsys.readouterr().err

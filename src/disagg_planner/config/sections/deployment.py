@@ -120,11 +120,17 @@ class DeploymentSection(BaseModel):
     kubernetes_drain_timeout_seconds: float = Field(
         30.0,
         ge=0,
-        description="Before a role's replicas are lowered on Kubernetes, how long the "
-        "least-loaded workers chosen to leave (marked with "
-        "controller.kubernetes.io/pod-deletion-cost) are given to finish their in-flight "
-        "requests, as their ForwardPassMetrics report them, before the count drops (s); 0: "
-        "mark and lower at once.",
+        description="The longest a scale-down on Kubernetes waits for the workers chosen "
+        "to leave (the least loaded, marked with controller.kubernetes.io/pod-deletion-cost) "
+        "(s). A worker with Dynamo's staged shutdown (its DYN_SYSTEM_PORT metrics page "
+        "carries the dynamo_component_shutdown_* gauges, or its container declares "
+        "DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS) has its count lowered first and is followed "
+        "through its stages until it reports no request in flight and its KV transfers "
+        "quiescent, a stage past serving, or its own total budget is spent "
+        "(DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS, else its legacy alias, else Dynamo's "
+        "30 s), at most this long; its GPUs count until its pod is gone. Any other worker "
+        "is given this long to finish its in-flight requests, as its ForwardPassMetrics "
+        "report them, before the count drops. 0: lower at once without following.",
         json_schema_extra=field_meta("deployment"),
     )
     virtual_etcd_endpoint: str = Field(

@@ -52,23 +52,31 @@ connector that reading, :meth:`KubernetesConnector.use_worker_loads`), least fir
 pods whose load is unknown. Each chosen pod gets the annotation
 ``controller.kubernetes.io/pod-deletion-cost`` at the lowest value (a ReplicaSet deletes the
 pods of lowest cost first) and ``planner.autoscaling.dev/draining-since`` (when, UTC); a pod
-marked earlier that no longer leaves has both removed. Then the chosen ready pods are given
-time to finish what they are serving: the count drops once each reports no request in flight,
-or when ``drain_timeout_s`` has passed (a pod whose load is unknown is waited for until then;
-0: no wait), with a log line saying which way it ended. A leaving pod whose worker is already
-in Dynamo's staged shutdown (its metrics page, at the pod IP and the container's literal
-``DYN_SYSTEM_PORT``, reports a stage: :mod:`disagg_planner.signals.shutdown`) is judged by that
-page instead: drained at no request in flight and KV transfers quiescent (``shutdown_idle``),
-and not waited for past its own total budget (``worker_budget``, when every pod still busy has
-spent its budget). A page that cannot be read, reports no stage (the usual case: the count,
-hence SIGTERM, comes after the drain), lacks a gauge, holds a NaN or says KV quiescence
-unknown (-1) leaves the pod to its FPM, with the reason logged once. Dynamo has no drain call
-of its own (a worker drain admin API is proposed upstream, not released): on SIGTERM a worker
-leaves discovery, so that no new request reaches it, and serves what it holds within its
-staged shutdown's one total budget (``DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS``, 30 s by
-default: router grace, requests in flight, KV-transfer quiescence, cleanup; older releases: a
-grace period, ``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``, 5 s) before the rest is cancelled
-(Dynamo issue 13559). Choosing an idle worker is what keeps that cancellation empty.
+marked earlier that no longer leaves has both removed. The order then depends on the
+worker. Dynamo's current worker enters a staged shutdown on SIGTERM and only then reports it
+on its own metrics page (at the pod IP and the container's literal ``DYN_SYSTEM_PORT``:
+:mod:`disagg_planner.signals.shutdown`). A chosen ready pod whose page carries the
+``dynamo_component_shutdown_*`` gauges (not yet a stage), or whose container declares the
+total budget by its current name, has its count lowered FIRST (the decreases; an increase
+of the same request waits, held, for the GPUs to be released); the connector then follows
+the pods the operator made terminating (the marked ones, or, where its controller ignores the
+deletion cost, as Grove's PodClique does, the ones it removed instead, logged) until each
+reports no request in flight and KV transfers quiescent (``kv_quiescent``), a stage past
+serving (``shutdown_stage``), no request in flight with KV quiescence unknown
+(``shutdown_inflight_zero``), its pod gone (``pod_gone``), or its own total budget spent
+(``worker_budget``: declared ``DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS``, else the legacy
+``DYN_WORKER_GRACEFUL_SHUTDOWN_TIMEOUT``, else 30 s, from the lowering; or the page's
+``remaining_seconds``), at most ``drain_timeout_s``. Its GPUs count (terminating pods) until
+its pod is gone. Any other worker keeps the older order: the chosen ready pods are given time
+to finish what they serve, the count dropping once each reports no request in flight by its
+FPM (``fpm_idle``), or when ``drain_timeout_s`` has passed (0: no wait), with a log line
+saying which way it ended; its page's reason for not being used is logged once. Dynamo has no
+drain call of its own (a worker drain admin API is proposed upstream, not released): on
+SIGTERM a worker leaves discovery, so that no new request reaches it, and serves what it holds
+within its staged shutdown's one total budget (router grace, requests in flight, KV-transfer
+quiescence, cleanup; older releases: a grace period,
+``DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS``, 5 s) before the rest is cancelled (Dynamo issue
+13559). Choosing an idle worker is what keeps that cancellation empty.
 
 State that survives restarts: the annotation ``planner.autoscaling.dev/state`` on the DGD
 holds JSON with what the planner set per role (``set``), a write whose outcome is unknown

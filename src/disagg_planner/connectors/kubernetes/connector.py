@@ -117,6 +117,7 @@ class KubernetesConnector(Reads, Writes, Resume):
         self._resumed_wait: tuple[float, dict[str, int]] | None = None
         self._worker_loads: WorkerLoads | None = None
         self._pending_drain: _PendingDrain | None = None
+        self._last_drain_end: DrainEnd | None = None  # which signal ended the latest drain
         # Watch caches of the DGDs and adapters (module cache.py); None: every read is a GET.
         self._caches = caches
         self._watched: dict[str, WatchedResource] = {}
@@ -324,8 +325,8 @@ class KubernetesConnector(Reads, Writes, Resume):
 
     async def drained(self) -> DrainEnd | None:
         """Wait for the drain in progress (if any) to end and its writes to be made; which
-        signal ended it (None: no drain)."""
+        signal ended it, or the latest drain (None: no drain yet)."""
         pending = self._pending_drain
         if pending is None:
-            return None
+            return self._last_drain_end
         return await pending.task

@@ -7,12 +7,17 @@ connector follows a drain in the background: the tick that asked for it does not
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
 from disagg_planner.connectors.kubernetes.api import SERVICE_POD_LABEL
-from disagg_planner.signals.shutdown import SYSTEM_PORT_ENV, ShutdownReading
+from disagg_planner.signals.shutdown import (
+    NOT_SHUTTING_DOWN,
+    SYSTEM_PORT_ENV,
+    TOTAL_BUDGET_ENV,
+    ShutdownReading,
+)
 
 # Kubernetes' ReplicaSet deletes the pods of lowest cost first (an int32; unset is 0).
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -84,19 +89,26 @@ def pod_marks(
 
 
 class DrainEnd(StrEnum):
-    """Which signal ended a drain (values are log text)."""
+    """Which signal ended a drain (values are log text and the hold's words)."""
 
-    # Every leaving pod's engines report no request in flight (their latest FPM).
+    # Before the count is lowered (a worker without Dynamo's staged shutdown):
+    # every leaving pod's engines report no request in flight (their latest FPM).
     IDLE = "fpm_idle"
-    # Every leaving pod is drained, at least one by its own staged-shutdown metrics (no
-    # request in flight and KV transfers confirmed quiescent), the others by their FPM.
-    SHUTDOWN_IDLE = "shutdown_idle"
     # No per-worker load at all (no FPM, no shutdown metrics): nothing to wait for. Dynamo's
     # worker leaves discovery on SIGTERM, so no new request reaches it, and serves what it
     # holds within its own shutdown budget (DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS).
     NO_LOAD_SIGNAL = "no_load_signal"
     # No ready pod leaves (the ones leaving serve nothing).
     NOTHING_SERVING = "nothing_serving"
+    # Following a worker's staged shutdown (count lowered first), by its own metrics page:
+    # no request in flight and KV transfers confirmed quiescent (kv_quiescent 1).
+    KV_QUIESCENT = "kv_quiescent"
+    # it reported a stage past serving (the end of kv_transfer, or a teardown stage).
+    SHUTDOWN_STAGE = "shutdown_stage"
+    # its in-flight gauge says 0 and it cannot tell KV quiescence (-1).
+    INFLIGHT_ZERO = "shutdown_inflight_zero"
+    # the pod is gone (its worker exited).
+    POD_GONE = "pod_gone"
     # Every pod still busy is shutting down and its own total budget is spent: it has
     # cancelled what was left and exits, so waiting on serves nothing.
     WORKER_BUDGET = "worker_budget"
@@ -104,21 +116,45 @@ class DrainEnd(StrEnum):
     TIMEOUT = "timeout"
 
 
-def usable_shutdown(reading: ShutdownReading | None) -> bool:
-    """Whether a pod's shutdown reading decides whether it drained (KV quiescence known);
-    else its FPM does."""
-    return reading is not None and reading.kv_quiescent is not None
+# From the weakest evidence that a pod finished to the strongest: a drain of several pods
+# ends with the weakest of theirs.
+_EVIDENCE = (
+    DrainEnd.TIMEOUT,
+    DrainEnd.WORKER_BUDGET,
+    DrainEnd.NO_LOAD_SIGNAL,
+    DrainEnd.IDLE,
+    DrainEnd.INFLIGHT_ZERO,
+    DrainEnd.SHUTDOWN_STAGE,
+    DrainEnd.KV_QUIESCENT,
+    DrainEnd.POD_GONE,
+    DrainEnd.NOTHING_SERVING,
+)
 
 
-def pod_drained(
-    pod: str, loads: Mapping[str, int], shutdown: Mapping[str, ShutdownReading]
-) -> bool:
-    """A pod has drained when its shutdown metrics say no request in flight and KV transfers
-    quiescent, or, without usable shutdown metrics, when its latest FPM says no request."""
+def pod_end(
+    pod: str,
+    loads: Mapping[str, int],
+    shutdown: Mapping[str, ShutdownReading],
+    gone: Collection[str] = (),
+) -> DrainEnd | None:
+    """Whether ``pod`` has finished serving, and by which signal (None: not yet): gone; its
+    shutdown page (KV quiescent with no request in flight, a stage past serving, or no
+    request in flight with KV quiescence unknown); else its latest FPM (none in flight). A
+    page that says KV transfers busy, or a request in flight with KV quiescence known, holds
+    it whatever its FPM say (FPM see requests, not a decode peer reading its KV)."""
+    if pod in gone:
+        return DrainEnd.POD_GONE
     reading = shutdown.get(pod)
-    if reading is not None and usable_shutdown(reading):
-        return reading.drained
-    return loads.get(pod) == 0
+    if reading is not None:
+        if reading.drained:
+            return DrainEnd.KV_QUIESCENT
+        if reading.serving_over:
+            return DrainEnd.SHUTDOWN_STAGE
+        if reading.kv_quiescent is not None:
+            return None
+        if reading.inflight == 0:
+            return DrainEnd.INFLIGHT_ZERO
+    return DrainEnd.IDLE if loads.get(pod) == 0 else None
 
 
 def drain_end(
@@ -129,24 +165,29 @@ def drain_end(
     timeout_s: float,
     shutdown: Mapping[str, ShutdownReading] | None = None,
     budget_ends_s: Mapping[str, float] | None = None,
+    gone: Collection[str] = (),
+    lowered: bool = False,
 ) -> DrainEnd | None:
     """Whether the drain of the ready pods ``pods`` is over, and by which signal; None: wait
     on. ``loads`` is every pod's requests in flight as known now (empty: no signal);
     ``shutdown`` the readings of the pods shutting down (:func:`read_shutdown`);
-    ``budget_ends_s`` when (in ``waited_s`` time) each such pod's own total budget ends."""
+    ``budget_ends_s`` when (in ``waited_s`` time) each pod's own total budget ends; ``gone``
+    the pods no longer there. ``lowered``: the count was lowered first (the pods are
+    terminating), so a missing signal is waited for (up to the budgets), not taken as
+    nothing to wait for."""
     shutdown = shutdown or {}
     if not pods:
         return DrainEnd.NOTHING_SERVING
-    if not loads and not shutdown:
+    if not lowered and not loads and not shutdown:
         return DrainEnd.NO_LOAD_SIGNAL
-    busy = [pod for pod in pods if not pod_drained(pod, loads, shutdown)]
+    ends = {pod: pod_end(pod, loads, shutdown, gone) for pod in pods}
+    busy = [pod for pod, end in ends.items() if end is None]
     if not busy:
-        by_shutdown = any(usable_shutdown(shutdown.get(pod)) for pod in pods)
-        return DrainEnd.SHUTDOWN_IDLE if by_shutdown else DrainEnd.IDLE
+        return min((end for end in ends.values() if end is not None), key=_EVIDENCE.index)
     if waited_s >= timeout_s:
         return DrainEnd.TIMEOUT
-    ends = budget_ends_s or {}
-    if all(pod in ends for pod in busy) and waited_s >= max(ends[pod] for pod in busy):
+    budgets = budget_ends_s or {}
+    if all(pod in budgets for pod in busy) and waited_s >= max(budgets[pod] for pod in busy):
         return DrainEnd.WORKER_BUDGET
     return None
 
@@ -155,30 +196,50 @@ def busy_text(
     pods: Sequence[str],
     loads: Mapping[str, int],
     shutdown: Mapping[str, ShutdownReading] | None = None,
+    gone: Collection[str] = (),
 ) -> str:
     """The leaving pods still serving, as a log line reads them."""
     shutdown = shutdown or {}
     parts = []
     for pod in pods:
-        if pod_drained(pod, loads, shutdown):
+        if pod_end(pod, loads, shutdown, gone) is not None:
             continue
         reading = shutdown.get(pod)
-        if reading is not None and usable_shutdown(reading):
+        if reading is not None and reading.kv_quiescent is not None:
             kv = "KV transfers busy" if reading.kv_quiescent is False else "KV quiescent"
-            parts.append(f"{pod} {reading.inflight} in flight, {kv} (shutdown metrics)")
+            parts.append(
+                f"{pod} {reading.inflight} in flight, {kv} (shutdown metrics, {reading.stage_text})"
+            )
         else:
             load = loads.get(pod)
             parts.append(f"{pod} {'load unknown' if load is None else f'{load} in flight'}")
     return ", ".join(parts)
 
 
+def literal_env(pod: Any) -> dict[str, str]:
+    """The env the containers of ``pod`` set literally (``value``, not ``valueFrom``)."""
+    env: dict[str, str] = {}
+    containers = (pod.spec.containers if pod.spec is not None else None) or ()
+    for container in containers:
+        for var in container.env or ():
+            if var.value is not None:
+                env.setdefault(var.name, var.value)
+    return env
+
+
+def lowers_first(pod: Any, answer: ShutdownReading | str | None) -> bool:
+    """Whether the worker of ``pod`` has Dynamo's staged shutdown, so that its count is
+    lowered first and its own shutdown followed: its metrics page carries the
+    ``dynamo_component_shutdown_*`` gauges (``answer``: its page read before SIGTERM), or its
+    container declares the total budget by its current name (the staged shutdown's)."""
+    if isinstance(answer, ShutdownReading) or answer == NOT_SHUTTING_DOWN:
+        return True
+    return TOTAL_BUDGET_ENV in literal_env(pod)
+
+
 def metrics_url(pod: Any) -> str | None:
     """Where the worker of ``pod`` serves its ``/metrics`` page: the pod's IP and the system
     port its container sets literally (``DYN_SYSTEM_PORT``); None when either is unknown."""
     ip = pod.status.pod_ip if pod.status is not None else None
-    containers = (pod.spec.containers if pod.spec is not None else None) or ()
-    for container in containers:
-        for env in container.env or ():
-            if env.name == SYSTEM_PORT_ENV and env.value and env.value.isdigit() and ip:
-                return f"http://{ip}:{int(env.value)}/metrics"
-    return None
+    port = literal_env(pod).get(SYSTEM_PORT_ENV, "")
+    return f"http://{ip}:{int(port)}/metrics" if ip and port.isdigit() else None
