@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from disagg_planner.core.feedback import (
+    ROLE_TAILS,
+    Tails,
     breach_replicas,
     breach_responds,
     observed_breach,
@@ -40,8 +42,10 @@ from disagg_planner.core.rules import (
     RuleValue,
     histogram_quantile,
     pooled_lengths,
+    prior_peak,
     rising_trend,
     slo_at_risk,
+    trend_within_peak,
 )
 from disagg_planner.core.sizing import LoadForecast, RoleSizing
 from disagg_planner.core.throughput import (
@@ -123,13 +127,17 @@ def fast_check(
     queued_isl = recent.isl if recent.num_req > 0 and recent.isl is not None else isl
     backlog = tp.backlog(recent, queued_isl, queued_prefill_tokens)
     tp.see_served(now_s, status, recent, backlog=backlog.value)
+    excess = backlog.value / queued_isl if queued_isl > 0 else 0.0
     risk = slo_at_risk(
         ttft_tail_ms=seen.ttft_ms,
         ttft_target_ms=cfg.ttft_ms,
         itl_ms=recent.itl_ms,
         itl_target_ms=cfg.itl_ms,
-        excess_in_flight=backlog.value / queued_isl if queued_isl > 0 else 0.0,
+        excess_in_flight=excess,
     )
+    # the roles the risk is with (a TTFT tail of long prompts included: the sizing of the
+    # window's load may add prefill; only the breach rule leaves that tail out)
+    at_risk = roles_at_risk(cfg.roles, seen, excess_in_flight=excess)
     breaches = {
         r: observed_breach(
             r,
@@ -147,15 +155,6 @@ def fast_check(
     diagnostics = ThroughputDiagnostics(
         observed=recent, rules=(risk.reason, backlog.reason, *watching, *learnt)
     )
-    if not risk.value and not any(b.value for b in breaches.values()):
-        return ThroughputDecision(
-            now_s,
-            None,
-            ThroughputReason.NO_CHANGE,
-            f"fast check: {risk.reason}",
-            diagnostics,
-        )
-
     interval = cfg.throughput_adjustment_interval_seconds
     # The opening ramp is the run starting, no trend, unless the TTFT tail already breaches
     # the SLO on it (a run started at full load on a deployment too small for it).
@@ -167,6 +166,27 @@ def fast_check(
         span_s=interval,
         reach_s=tp.deployment_time_to_ready().value + recent.duration_s,
     )
+    # A significant rising trend is checked with the SLO still met: the replicas it needs
+    # one time-to-ready from now are ordered now, not when the tail shows them missing.
+    rising = trend.value > recent.request_rate
+    span = cfg.burst_memory_seconds
+    if rising and not risk.value and span:
+        trend = trend_within_peak(
+            trend,
+            rate=recent.request_rate,
+            peak=prior_peak(memory.rate_samples, since_s=now_s - span, until_s=now_s - interval),
+            span_s=span,
+        )
+        rising = trend.value > recent.request_rate
+    if not risk.value and not rising and not any(b.value for b in breaches.values()):
+        return ThroughputDecision(
+            now_s,
+            None,
+            ThroughputReason.NO_CHANGE,
+            f"fast check: {risk.reason}",
+            diagnostics,
+        )
+
     rate = max(recent.request_rate, trend.value)
     observed = LoadForecast(num_req=rate * interval, isl=isl, osl=osl)
     gpus = {r: status.roles[r].gpus_per_replica for r in cfg.roles}
@@ -205,6 +225,17 @@ def fast_check(
         restore_only=frozenset(r for r in cfg.roles if servable.reason and cut_recently[r]),
     )
     proposed = {r: max(sizing[r].replicas, wanted.get(r, 0)) for r in cfg.roles}
+    for role in cfg.roles:
+        # a fast check reacts to what is at risk: a role whose own tail is within its SLO
+        # is left to the tick (the short window's rate is a burst's, which its engines
+        # serve within the SLO), unless a rising trend asks for more when what is ordered
+        # now serves, and the role was not cut within one time-to-ready (that cut
+        # had the observed margin for one time-to-ready: a rise that breaches it brings it
+        # back at once)
+        ahead = rising and not cut_within(tp, role, now_s, tp.time_to_ready(role).value)
+        if not (at_risk[role] or ahead or role in wanted) and proposed[role] > desired[role]:
+            proposed[role] = desired[role]
+            capped.append(f"{role}: within its SLO ({tails.text}): left to the tick")
     guarded = guard_chain(
         proposed,
         current=desired,
@@ -262,6 +293,25 @@ def fast_check(
     floors = tp.limits(gpus, step_cap=False).floors
     tp.remember_need(now_s, {r: max(floors[r], steady[r].replicas) for r in cfg.roles})
     return ThroughputDecision(now_s, target, ThroughputReason.SCALE, explain, diagnostics)
+
+
+def cut_within(tp: ThroughputPlanner, role: str, now_s: float, span_s: float) -> bool:
+    """Whether ``role`` was cut within the last ``span_s``."""
+    return role in tp.feedback.cut and now_s - tp.feedback.cut[role][0] <= span_s
+
+
+def roles_at_risk(
+    roles: tuple[str, ...], tails: Tails, *, excess_in_flight: float
+) -> dict[str, bool]:
+    """Per role, whether what it answers for is at risk in the window: its observed tails
+    (:data:`disagg_planner.core.feedback.ROLE_TAILS`) over their SLOs, or requests waiting
+    beyond the arrival rate for the roles that serve the first token."""
+    risky = {}
+    for role in roles:
+        ratio = tails.ratio(role)
+        waiting = excess_in_flight >= 1 and "ttft" in ROLE_TAILS.get(role, ())
+        risky[role] = (ratio is not None and ratio > 1.0) or waiting
+    return risky
 
 
 def _breach_targets(

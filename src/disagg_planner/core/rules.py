@@ -501,6 +501,31 @@ def _smoothed(samples: Sequence[RateSample]) -> list[RateSample]:
     return out
 
 
+def prior_peak(samples: Sequence[RateSample], *, since_s: float, until_s: float) -> float:
+    """The highest request rate of the short windows ended in ``(since_s, until_s]``, each
+    pooled over :data:`BURST_SMOOTHING_S` (a peak that lasted, not one noisy window); 0
+    without one."""
+    kept = [s for s in samples if since_s - BURST_SMOOTHING_S < s.end_s <= until_s]
+    return max(
+        (s.rate for s in _smoothed(kept) if s.end_s > since_s and s.duration_s > 0), default=0.0
+    )
+
+
+def trend_within_peak(trend: RuleValue, *, rate: float, peak: float, span_s: float) -> RuleValue:
+    """A rising trend's rate, with the SLO still met, no higher than the ``peak`` seen
+    before in the last ``span_s`` while the rate is still under it: a rise towards a level
+    served before is expected to end there (a daily or periodic load), and a line through
+    its steepest part runs past it, ordering replicas that peak never needed. A rate
+    already above the peak is a new level: the trend is not capped."""
+    if trend.value <= 0 or peak <= 0 or rate >= peak or trend.value <= peak:
+        return trend
+    return RuleValue(
+        peak,
+        f"{trend.reason}; capped at {peak:.2f} req/s, the highest rate of the last "
+        f"{span_s:.0f} s, which the rise has not passed yet",
+    )
+
+
 def histogram_quantile(histogram: Histogram, quantile: float) -> float | None:
     """The ``quantile`` of a bucketed distribution, linear within a bucket as Prometheus'
     ``histogram_quantile`` is (the overflow bucket answers with the last bound); None when

@@ -499,12 +499,14 @@ class ThroughputPlanner(LearnsFromObservation):
         }
         tails = self.tails(observed)
         margin = {r: scale_down_margin(r, ratio=tails.ratio(r)) for r in roles}
+        window = self.config.scale_down_stabilization_seconds
         windows = {
             r: margin_window(
                 r,
                 ratio=tails.ratio(r),
-                window_s=self.config.scale_down_stabilization_seconds,
+                window_s=window,
                 time_to_ready_s=self.time_to_ready(r).value,
+                reversed_at_s=self._cut_reversed(now_s, r, window),
             )
             for r in roles
         }
@@ -516,6 +518,14 @@ class ThroughputPlanner(LearnsFromObservation):
             stabilise=lambda proposed, cur: self._stabilise(now_s, proposed, cur, need, windows),
             margin=margin,
         )
+
+    def _cut_reversed(self, now_s: float, role: str, window_s: float) -> float | None:
+        """When ``role`` was scaled up again after its last cut, if within ``window_s``."""
+        cut = self.feedback.cut.get(role)
+        up = self.convergence.last_scale_up_s.get(role)
+        if cut is None or up is None or up <= cut[0] or now_s - up > window_s:
+            return None
+        return up
 
     def _decide(
         self,

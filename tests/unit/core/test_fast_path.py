@@ -128,7 +128,9 @@ def test_time_to_ready_is_measured_from_the_planners_own_scale_up(
     h200_like_profile: Profile,
 ) -> None:
     tp = planner(h200_like_profile, replica_startup_seconds=300)
-    up = fast_check(tp, 75.0, recent(80.0, SLOW_TTFT), status(1, 1))
+    # both tails over their SLOs: both roles scale up (each is measured)
+    both_slow = replace(recent(80.0, SLOW_TTFT), itl_ms=40.0)
+    up = fast_check(tp, 75.0, both_slow, status(1, 1))
     assert up.replicas is not None
     p, d = up.replicas["prefill"], up.replicas["decode"]
     # still starting: the configured start-up stands

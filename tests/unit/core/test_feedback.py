@@ -15,6 +15,7 @@ from disagg_planner.core.feedback import (
     busy_capacity_estimate,
     latency_capacity_estimate,
     learn_capacity,
+    margin_window,
     served_calmly,
 )
 from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
@@ -145,6 +146,20 @@ def slow_ttft(st: DeploymentStatus, mean_ttft_ms: float) -> tuple:
     )
 
 
+def ramp(rates: list[float], st: DeploymentStatus, *, itl_ms: float = 10.0) -> tuple:
+    """Fast checks 15 s apart at ``rates`` (one per window), every tail within its SLO."""
+    return tuple(
+        fast(15.0 * k, window(15.0 * k, rate, itl_ms=itl_ms), st)
+        for k, rate in enumerate(rates, start=1)
+    )
+
+
+# 3 min at 4 req/s (the opening interval), then rising 2 req/s per minute: the first order
+# at 7 req/s (21,000 prefill tok/s, half of one engine of the profile's 40,000)
+RISING = [4.0] * 12 + [4.5 + 0.5 * k for k in range(6)]
+# the same after 3 min at 9 req/s and 3 min back at 4: the first order at 7.5 req/s
+RISING_AGAIN = [4.0] * 12 + [9.0] * 12 + [4.0] * 12 + [4.5 + 0.5 * k for k in range(7)]
+
 ROWS = [
     Row(
         "learn from the mean TTFT (no busy fraction): a TTFT twice the profile's at low load "
@@ -167,6 +182,37 @@ ROWS = [
         {"prefill": 3, "decode": 2},
         R.SCALE,
         "prefill: 60000 tok/s / 40000 tok/s/GPU at 50% / 1 GPU -> 3",
+    ),
+    Row(
+        "rising trend, the SLO met: what the rate needs when new capacity serves is ordered "
+        "now, not once the tail breaches",
+        ramp(RISING, status(1, 1)),
+        {"prefill": 2, "decode": 2},
+        R.SCALE,
+        "rate rising +2.00 req/s per minute over the last 6 short windows: sized for 11.75 "
+        "req/s, 135 s on",
+        (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
+    ),
+    Row(
+        "rising trend, the SLO met: a rise under the highest rate of the burst memory's span "
+        "is expected to end there",
+        ramp(RISING_AGAIN, status(1, 1)),
+        {"prefill": 2, "decode": 1},  # decode for 9 req/s, not the line's 10.31
+        R.SCALE,
+        "sized for 10.31 req/s, 135 s on (when what is ordered now serves, and the next "
+        "check's order after it); capped at 9.00 req/s, the highest rate of the last 1800 s",
+        (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
+    ),
+    Row(
+        "a role within its SLO is left to the tick: a TTFT breach scales prefill, not decode "
+        "whose ITL is well within its SLO",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),
+            fast(90, window(90, 10, ttft_p99_s=0.95), FIVE),
+        ),
+        {"prefill": 10, "decode": 2},
+        R.SCALE,
+        "observed breach beats the model",
     ),
     Row(
         "observed breach: a TTFT tail over the SLO with the profile saying enough scales "
@@ -392,7 +438,7 @@ ROWS = [
             )
             for k in range(1, 13)
         ),
-        {"prefill": 3, "decode": 3},
+        {"prefill": 3, "decode": 1},  # decode's ITL is within its SLO: left to the tick
         R.SCALE,
         "opening ramp: traffic since 0 s, the windows before 180 s are the run starting",
         (("throughput_adjustment_interval_seconds", 180.0),),
@@ -578,3 +624,22 @@ SERVED_ROWS = [
 def test_served_calmly(row: ServedRow) -> None:
     rule = served_calmly("prefill", floor=4, peak_tokens_per_s=180_000.0, proven=row.proven)
     assert (int(rule.value), rule.reason) == (row.floor, row.says)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "reversed_at_s", "window_s", "says"),
+    [
+        (0.3, None, 120.0, "remembered for one time-to-ready (120 s)"),
+        (0.3, 500.0, 600.0, "its last cut was reversed at 500 s"),  # a flap: the whole window
+        (0.7, None, 600.0, ""),  # no observed margin: the whole window
+        (None, None, 600.0, ""),  # no latency observed: no evidence, the whole window
+    ],
+)
+def test_margin_window_keeps_the_whole_window_for_a_role_whose_cut_was_reversed(
+    ratio: float | None, reversed_at_s: float | None, window_s: float, says: str
+) -> None:
+    rule = margin_window(
+        "prefill", ratio=ratio, window_s=600.0, time_to_ready_s=120.0, reversed_at_s=reversed_at_s
+    )
+    assert rule.value == window_s
+    assert says in rule.reason and bool(rule.reason) == bool(says)
