@@ -146,8 +146,9 @@ def register(sub: Any) -> None:
         action="append",
         metavar="NAME",
         help="planner (default), dynamo-default, static:NP,ND, hpa, oracle (the clairvoyant "
-        "plan) or best-static (the cheapest fixed replicas meeting the SLO target); repeat to "
-        "compare several (outputs go to OUTDIR/<policy>/).",
+        "plan), reactive-oracle (the same plan, each minute's need ordered only once seen) or "
+        "best-static (the cheapest fixed replicas meeting the SLO target); repeat to compare "
+        "several (outputs go to OUTDIR/<policy>/).",
     )
     fleet = parser.add_argument_group("fleet: several deployments on one GPU pool")
     fleet.add_argument(

@@ -52,6 +52,7 @@ from disagg_planner.replay.fluid import fluid_bound_gpu_hours
 from disagg_planner.replay.oracle import (
     FeasiblePlan,
     OraclePolicy,
+    ReactiveOraclePolicy,
     WindowChoice,
     WindowNeed,
     plan_feasible,
@@ -105,6 +106,9 @@ class References:
 
     def oracle_policy(self, *, window_s: float, startup_delay_s: float) -> OraclePolicy:
         return OraclePolicy(self.oracle_needs, window_s=window_s, startup_delay_s=startup_delay_s)
+
+    def reactive_oracle_policy(self, *, window_s: float) -> ReactiveOraclePolicy:
+        return ReactiveOraclePolicy(self.oracle_needs, window_s=window_s)
 
     def best_static_policy(self) -> BestStaticPolicy:
         return BestStaticPolicy(self.best_static.replicas)

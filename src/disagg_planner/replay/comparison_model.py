@@ -30,7 +30,7 @@ from disagg_planner.report.elements import fmt_percent, fmt_target
 
 # The policies that are the references' searches (the parallel runner starts them once those
 # are found): clairvoyant, so never named the winner.
-REFERENCE_POLICIES = ("oracle", "best-static")
+REFERENCE_POLICIES = ("oracle", "reactive-oracle", "best-static")
 # Each verdict's GPU-hours are compared with this policy's, where it was replayed: the
 # Kubernetes autoscaler a cluster runs without a planner.
 BASELINE_POLICY = "hpa"

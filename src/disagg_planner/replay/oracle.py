@@ -524,3 +524,46 @@ class OraclePolicy:
         target = _max_over(self.needs, now, now + self.delay + 1e-6, self.window_s)
         changed = any(target[r] != cluster.desired_replicas(r) for r in target)
         return PolicyStep(now, target if changed else None, "oracle")
+
+
+# How long after a window begins a controller that reacts to what it observes can know the
+# window's need: one fast check (the default fast-check interval).
+REACTIVE_DETECTION_S = 15.0
+
+
+class ReactiveOraclePolicy:
+    """The clairvoyant plan's needs, each ordered only once its window has begun (one fast
+    check in, ``detection_s``), none ahead: a controller that sizes exactly to each
+    minute's load as it is seen, with no model error, no headroom and no term for the
+    backlog a late order leaves (each window's need is the one it has starting empty),
+    whose orders serve one startup delay later. A yardstick for what reacting costs, not a
+    bound: where a rise no trend foretells (a step, a first burst) outruns the start-up, it
+    loses what a controller sized to the observed load loses; a controller that also drains
+    the backlog loses less, and only capacity held ahead (a bigger static deployment, the
+    oracle's foresight) avoids the loss. Starts with the replicas the other policies start
+    with."""
+
+    def __init__(
+        self,
+        needs: Sequence[WindowNeed],
+        *,
+        window_s: float,
+        detection_s: float = REACTIVE_DETECTION_S,
+    ):
+        self.name = "reactive-oracle"
+        self.needs = list(needs)
+        self.window_s = window_s
+        self._times = [k * window_s + detection_s for k in range(len(self.needs))]
+        self._i = 0
+
+    def next_wakeup_s(self) -> float:
+        return self._times[self._i] if self._i < len(self._times) else math.inf
+
+    def wake(self, cluster: Cluster) -> PolicyStep:
+        now = cluster.now
+        while self._i < len(self._times) and self._times[self._i] <= now + 1e-9:
+            self._i += 1
+        k = min(len(self.needs) - 1, max(0, self._i - 1))
+        target = dict(self.needs[k].replicas)
+        changed = any(target[r] != cluster.desired_replicas(r) for r in target)
+        return PolicyStep(now, target if changed else None, "reactive-oracle")

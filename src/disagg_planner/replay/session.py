@@ -202,7 +202,7 @@ DYNAMO_DEFAULTS: dict[str, Any] = {
 
 def make_policy(name: str, plan: ReplayPlan) -> tuple[Policy, PlannerConfig | None]:
     """A policy by name: planner, dynamo-default, static:NP,ND (or static:N), hpa, oracle,
-    best-static."""
+    reactive-oracle, best-static."""
     cfg = plan.config
     roles = tuple(plan.setup.specs)
     if name in ("planner", "dynamo-default"):
@@ -229,11 +229,14 @@ def make_policy(name: str, plan: ReplayPlan) -> tuple[Policy, PlannerConfig | No
             startup_delay_s=startup.planning_lead_s(plan.setup.startup_delay_s, plan.setup.specs),
         )
         return policy, None
+    if name == "reactive-oracle":
+        refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+        return refs.reactive_oracle_policy(window_s=ORACLE_WINDOW_S), None
     if name == "best-static":
         return compute_references(plan, window_s=ORACLE_WINDOW_S).best_static_policy(), None
     raise SpecError(
-        f"unknown policy {name!r}: expected planner, dynamo-default, static:NP,ND, hpa, oracle "
-        "or best-static"
+        f"unknown policy {name!r}: expected planner, dynamo-default, static:NP,ND, hpa, oracle, "
+        "reactive-oracle or best-static"
     )
 
 

@@ -164,3 +164,25 @@ def test_cli_rejects_a_bad_policy(capsys: pytest.CaptureFixture[str], tmp_path: 
     )
     assert code == 2
     assert "static:NP,ND" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_reactive_oracle_orders_each_minutes_need_once_seen_and_loses_the_step() -> None:
+    """The oracle's needs ordered one fast check into their minute, none ahead: on a step
+    (10 -> 80 req/s at 120 s) from a deployment sized for the quiet level it orders the
+    step's need 15 s after it, serves it one start-up late and loses what the oracle,
+    which orders ahead, serves."""
+    cold = prepare(
+        config(),
+        WorkloadSpec(workload="step:rates=10/80,at=120,duration=300,isl=1500,osl=150", seed=3),
+        startup_delay_s=60,
+        initial={"prefill": 1, "decode": 1},
+    )
+    oracle = run(cold, "oracle", progress=False)
+    reactive = run(cold, "reactive-oracle", progress=False)
+    changes = [row for row in reactive.timeline if row.event == "tick" and row.decision]
+    assert [row.t_s for row in changes] == [135.0]
+    assert changes[0].desired["prefill"] > 1
+    ahead = [row.t_s for row in oracle.timeline if row.event == "tick" and row.decision]
+    assert ahead[0] < 120.0  # the oracle's order for the same step comes before it
+    assert reactive.summary.slo_attainment.both < 0.5 < oracle.summary.slo_attainment.both
