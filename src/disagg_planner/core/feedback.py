@@ -528,32 +528,16 @@ def scale_down_margin(role: str, *, ratio: float | None) -> RuleValue:
 
 
 def margin_window(
-    role: str,
-    *,
-    ratio: float | None,
-    window_s: float,
-    time_to_ready_s: float,
-    reversed_at_s: float | None = None,
+    role: str, *, ratio: float | None, window_s: float, time_to_ready_s: float
 ) -> RuleValue:
     """How long ``role``'s need is remembered for its scale-down stabilisation: one
     ``time_to_ready_s`` (a dip shorter than that still costs no round trip) when its observed
     tail over the interval is under :data:`STABILISATION_MARGIN` of its SLO, ``window_s``
     otherwise (no latency observed: no evidence, the whole window). The window remembers a
     need in case the load comes back; a tail this far under its SLO says the load the
-    replicas serve now leaves them idle, and a cut that breaches is restored at once.
-
-    Not for a role whose last cut was reversed (scaled up again, at ``reversed_at_s``)
-    within the window: its load comes back faster than a cut pays for (the replica starts
-    again, metered), so it keeps its need for the whole window, as the HPA's stabilisation
-    does."""
+    replicas serve now leaves them idle, and a cut that breaches is restored at once."""
     if ratio is None or ratio > STABILISATION_MARGIN or time_to_ready_s >= window_s:
         return RuleValue(window_s, "")
-    if reversed_at_s is not None:
-        return RuleValue(
-            window_s,
-            f"{role}: its last cut was reversed at {reversed_at_s:.0f} s: its need is "
-            f"remembered for the whole {window_s:.0f} s stabilisation window",
-        )
     return RuleValue(
         time_to_ready_s,
         f"{role}: observed margin: its tail is at {ratio:.0%} of its SLO (under "

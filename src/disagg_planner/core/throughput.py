@@ -506,7 +506,6 @@ class ThroughputPlanner(LearnsFromObservation):
                 ratio=tails.ratio(r),
                 window_s=window,
                 time_to_ready_s=self.time_to_ready(r).value,
-                reversed_at_s=self._cut_reversed(now_s, r, window),
             )
             for r in roles
         }
@@ -518,14 +517,6 @@ class ThroughputPlanner(LearnsFromObservation):
             stabilise=lambda proposed, cur: self._stabilise(now_s, proposed, cur, need, windows),
             margin=margin,
         )
-
-    def _cut_reversed(self, now_s: float, role: str, window_s: float) -> float | None:
-        """When ``role`` was scaled up again after its last cut, if within ``window_s``."""
-        cut = self.feedback.cut.get(role)
-        up = self.convergence.last_scale_up_s.get(role)
-        if cut is None or up is None or up <= cut[0] or now_s - up > window_s:
-            return None
-        return up
 
     def _decide(
         self,

@@ -15,7 +15,6 @@ from disagg_planner.core.feedback import (
     busy_capacity_estimate,
     latency_capacity_estimate,
     learn_capacity,
-    margin_window,
     served_calmly,
 )
 from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
@@ -624,22 +623,3 @@ SERVED_ROWS = [
 def test_served_calmly(row: ServedRow) -> None:
     rule = served_calmly("prefill", floor=4, peak_tokens_per_s=180_000.0, proven=row.proven)
     assert (int(rule.value), rule.reason) == (row.floor, row.says)
-
-
-@pytest.mark.parametrize(
-    ("ratio", "reversed_at_s", "window_s", "says"),
-    [
-        (0.3, None, 120.0, "remembered for one time-to-ready (120 s)"),
-        (0.3, 500.0, 600.0, "its last cut was reversed at 500 s"),  # a flap: the whole window
-        (0.7, None, 600.0, ""),  # no observed margin: the whole window
-        (None, None, 600.0, ""),  # no latency observed: no evidence, the whole window
-    ],
-)
-def test_margin_window_keeps_the_whole_window_for_a_role_whose_cut_was_reversed(
-    ratio: float | None, reversed_at_s: float | None, window_s: float, says: str
-) -> None:
-    rule = margin_window(
-        "prefill", ratio=ratio, window_s=600.0, time_to_ready_s=120.0, reversed_at_s=reversed_at_s
-    )
-    assert rule.value == window_s
-    assert says in rule.reason and bool(rule.reason) == bool(says)
