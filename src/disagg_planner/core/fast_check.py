@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from disagg_planner.core.feedback import (
     ROLE_TAILS,
+    STABILISATION_MARGIN,
     Tails,
     breach_replicas,
     breach_responds,
@@ -229,10 +230,17 @@ def fast_check(
         # a fast check reacts to what is at risk: a role whose own tail is within its SLO
         # is left to the tick (the short window's rate is a burst's, which its engines
         # serve within the SLO), unless a rising trend asks for more when what is ordered
-        # now serves, and the role was not cut within one time-to-ready (that cut
-        # had the observed margin for one time-to-ready: a rise that breaches it brings it
-        # back at once)
-        ahead = rising and not cut_within(tp, role, now_s, tp.time_to_ready(role).value)
+        # now serves and the observation agrees: the role's tail has used more than
+        # STABILISATION_MARGIN of its SLO (under it, the rise has not reached what the
+        # replicas serve), and the role was not cut within one time-to-ready (a rise that
+        # breaches that cut brings it back at once)
+        ratio = seen.ratio(role)
+        ahead = (
+            rising
+            and ratio is not None
+            and ratio > STABILISATION_MARGIN
+            and not cut_within(tp, role, now_s, tp.time_to_ready(role).value)
+        )
         if not (at_risk[role] or ahead or role in wanted) and proposed[role] > desired[role]:
             proposed[role] = desired[role]
             capped.append(f"{role}: within its SLO ({tails.text}): left to the tick")

@@ -145,10 +145,10 @@ def slow_ttft(st: DeploymentStatus, mean_ttft_ms: float) -> tuple:
     )
 
 
-def ramp(rates: list[float], st: DeploymentStatus, *, itl_ms: float = 10.0) -> tuple:
+def ramp(rates: list[float], st: DeploymentStatus, *, ttft_p99_s: float, itl_ms: float) -> tuple:
     """Fast checks 15 s apart at ``rates`` (one per window), every tail within its SLO."""
     return tuple(
-        fast(15.0 * k, window(15.0 * k, rate, itl_ms=itl_ms), st)
+        fast(15.0 * k, window(15.0 * k, rate, ttft_p99_s=ttft_p99_s, itl_ms=itl_ms), st)
         for k, rate in enumerate(rates, start=1)
     )
 
@@ -184,8 +184,8 @@ ROWS = [
     ),
     Row(
         "rising trend, the SLO met: what the rate needs when new capacity serves is ordered "
-        "now, not once the tail breaches",
-        ramp(RISING, status(1, 1)),
+        "now, not once the tail breaches (the tails past half their SLOs agree)",
+        ramp(RISING, status(1, 1), ttft_p99_s=0.3, itl_ms=20.0),
         {"prefill": 2, "decode": 2},
         R.SCALE,
         "rate rising +2.00 req/s per minute over the last 6 short windows: sized for 11.75 "
@@ -193,9 +193,18 @@ ROWS = [
         (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
     ),
     Row(
+        "rising trend, the SLO met: nothing is ordered ahead while the tails are under half "
+        "their SLOs (the rise has not reached what the replicas serve)",
+        ramp(RISING, status(1, 1), ttft_p99_s=0.2, itl_ms=10.0),
+        None,
+        R.NO_CHANGE,
+        "within its SLO (TTFT p99 200 ms / 500 ms, ITL 10.0 ms / 30.0 ms): left to the tick",
+        (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
+    ),
+    Row(
         "rising trend, the SLO met: a rise under the highest rate of the burst memory's span "
         "is expected to end there",
-        ramp(RISING_AGAIN, status(1, 1)),
+        ramp(RISING_AGAIN, status(1, 1), ttft_p99_s=0.3, itl_ms=20.0),
         {"prefill": 2, "decode": 1},  # decode for 9 req/s, not the line's 10.31
         R.SCALE,
         "sized for 10.31 req/s, 135 s on (when what is ordered now serves, and the next "
@@ -452,7 +461,7 @@ ROWS = [
             )
             for k in range(1, 13)
         ),
-        {"prefill": 4, "decode": 4},
+        {"prefill": 4, "decode": 1},  # decode's ITL, a third of its SLO: left to the tick
         R.SCALE,
         "rate rising +8.00 req/s per minute over the last 12 short windows: sized for 42.00 req/s",
         (("throughput_adjustment_interval_seconds", 180.0),),
