@@ -6,8 +6,8 @@ replay`` (one loop per replayed policy, on the simulated cluster's clock, connec
 sources: :mod:`disagg_planner.replay.policies`), so that a replay runs this very code::
 
     validate the deployment (retry with backoff until it passes or the loop stops)
-    build the core (its schedule starts now, or with ``stagger_ticks`` at the deployment's
-    own phase: staggered_start()), the traffic observer, the FPM subscribers
+    build the core, the traffic observer, the FPM subscribers; the schedule starts when
+    that is done (with ``stagger_ticks`` at the deployment's own phase: staggered_start())
     repeat until stopped:
         sleep until core.next_tick_at_s (later while the connector keeps failing)
         due = core.due(now)                       which loops run this tick
@@ -52,11 +52,7 @@ from disagg_planner.core.schedule import (
     shortest_cadence_s,
     staggered_start,
 )
-from disagg_planner.core.types import (
-    DeploymentStatus,
-    MissingObservation,
-    TrafficObservation,
-)
+from disagg_planner.core.types import DeploymentStatus, MissingObservation, TrafficObservation
 from disagg_planner.errors import SpecError, classify
 from disagg_planner.observe import TrafficObserver
 from disagg_planner.profiles import Profile
@@ -313,13 +309,17 @@ class DeploymentLoop:
             profile = self._profile
             if profile is None and cfg.throughput_scaling_active:
                 profile = await self._offload(profile_for, cfg)  # file I/O
+            # offloaded (a thread live): a predictor warm-up trace may take seconds to fit
+            core = await self._offload(build_core, cfg, start_s=self.clock.now(), profile=profile)
+            # The schedule starts once set up: a set-up that waited its turn in the worker
+            # threads (a thousand loops starting) must not leave its first ticks already late.
             start_s = self.clock.now()
             if self._stagger_ticks:
                 start_s = staggered_start(
                     start_s, key=str(self.ref), period_s=shortest_cadence_s(cfg)
                 )
-            # offloaded (a thread live): a predictor warm-up trace may take seconds to fit
-            self.core = await self._offload(build_core, cfg, start_s=start_s, profile=profile)
+            core.schedule.start(start_s)
+            self.core = core
             if cfg.elastic_ep is not None:
                 self.elastic = ElasticDriver(cfg, profile=profile, connector=self.connector)
         except Exception as exc:
