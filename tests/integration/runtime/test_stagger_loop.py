@@ -1,5 +1,7 @@
 """The operator's loop on kmock and canned Prometheus ticks first at its own phase (issue 36);
-a loop without ``stagger_ticks`` (replay, ``planner run``) one interval after its start."""
+a loop without ``stagger_ticks`` (replay, ``planner run``) one interval after its start;
+either counts from when its set-up is done, and loops sharing a start-up gate set up a few
+at a time."""
 
 from __future__ import annotations
 
@@ -65,3 +67,33 @@ async def test_a_loop_whose_set_up_waited_its_turn_first_ticks_after_it_is_ready
             assert ready < first <= ready + FAST_S
         else:
             assert first == ready + FAST_S
+
+
+async def test_loops_sharing_a_startup_gate_set_up_a_few_at_a_time(
+    cluster, harness_factory
+) -> None:
+    """The operator's loops share one start-up gate: however many start together, at most
+    its size validate and build at once (the rest wait their turn, in order), so the worker
+    threads are not filled with set-ups ahead of the ticks of the loops already running."""
+    gate = asyncio.Semaphore(2)
+    building = 0
+    most = 0
+
+    async def offload(fn, *args, **kwargs):
+        nonlocal building, most
+        building += 1
+        most = max(most, building)
+        try:
+            await asyncio.sleep(0.05)  # a set-up that takes a while
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        finally:
+            building -= 1
+
+    harnesses = [
+        harness_factory(loop_config(), stagger_ticks=True, offload=offload, startup_gate=gate)
+        for _ in range(6)
+    ]
+    await asyncio.gather(*(h.start() for h in harnesses))
+
+    assert all(h.loop.core is not None for h in harnesses)
+    assert most == 2
