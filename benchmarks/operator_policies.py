@@ -342,6 +342,7 @@ async def run(
         "setup_on_event_loop_s": {"sum": sum(setup_s), **quantiles(sorted(setup_s))},
         "created_s": created_s,
         "ready_s": quantiles(ready),
+        "setups_at_once": SETUPS_AT_ONCE,
     }
     # (s after the start, generation, s) of each collection of at least 50 ms
     pauses = [(round(t - started, 2), g, round(d, 3)) for t, g, d in gc_pauses.pauses]

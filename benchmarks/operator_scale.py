@@ -327,6 +327,25 @@ def policies_block(
             f"{share(big['steady']['within_10pct'])} (steady), "
             f"{share(baseline['within_10pct'])} -> {share(big['within_10pct'])} (whole run).",
         ]
+    up = big["startup"]
+    pauses = big["gc_pauses"]
+    lines += [
+        "",
+        f"- {big['n']} policies, start-up (the {up['ticks']} ticks before the steady part, "
+        f"seconds): {share(up['within_10pct'])} within 10%, {len(up['late_ticks'])} late; "
+        f"wake p99 / max {up['wake_s']['p99']:.2f} / {up['wake_s']['max']:.2f}, tick p99 / "
+        f"max {up['tick_s']['p99']:.2f} / {up['tick_s']['max']:.2f}, event loop late p99 / "
+        f"max {up['event_loop_late_s']['p99']:.3f} / {up['event_loop_late_s']['max']:.2f}. "
+        f"Each loop's set-up on the event loop thread (connector, recorder, loop) p50 / p99 "
+        f"{1000 * up['setup_on_event_loop_s']['p50']:.2f} / "
+        f"{1000 * up['setup_on_event_loop_s']['p99']:.2f} ms (the first, the kubernetes "
+        f"client's models imported on first use, {up['setup_on_event_loop_s']['max']:.2f} s); "
+        "every loop "
+        f"ready (validated, core built, {up['setups_at_once']} at a time, its schedule started "
+        f"then) {up['ready_s']['max']:.1f} s after the start; garbage-collector pauses of "
+        f"50 ms or more: {len(pauses)} over the run, the longest "
+        f"{max((d for *_, d in pauses), default=0.0):.2f} s.",
+    ]
     slope = (
         (big["rss_mib"] - results[-2]["rss_mib"]) / (big["n"] - results[-2]["n"])
         if len(results) > 1
