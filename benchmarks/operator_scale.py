@@ -21,8 +21,9 @@ CPU seconds per tick and DGD, RSS after the rounds, and the wall time of a round
 reads: the lag from "due" to "read" for the last of them).
 
 ``--policies 10 100 1000`` measures the whole planner loops instead (and first, the largest
-count once more with every loop's schedule starting when the loop starts, as before each policy
-had a tick phase of its own: the baseline of the same run, unless ``--no-baseline``), each count
+count once more with every loop's schedule starting when the loop is ready, without the tick
+phase of its own each policy has (the same code otherwise: the baseline of the same run,
+unless ``--no-baseline``), each count
 in its own process (``benchmarks/operator_policies.py``), against the light cluster
 (``benchmarks/light_cluster.py``: an API server, the Dynamo operator's convergence and
 Prometheus, counting requests instead of keeping them: kmock saturates near 100 DGDs): due ->
@@ -242,7 +243,7 @@ def lag_row(r: dict[str, Any]) -> str:
     """Where the steady lag goes: due -> tick started (the event loop busy) and the tick."""
     wake, tick, late = r["steady_wake_s"], r["steady_tick_s"], r["event_loop_late_s"]
     return (
-        f"| {r['n']} | {'phase per policy' if r['stagger'] else 'none (before)'} | "
+        f"| {r['n']} | {'phase per policy' if r['stagger'] else 'none'} | "
         f"{share(r['steady']['within_10pct'])} / {share(r['within_10pct'])} | "
         f"{r['steady']['lag_p99_s']:.2f} / {r['steady']['lag_max_s']:.2f} | "
         f"{wake['p99']:.2f} / {wake['max']:.2f} | {tick['p50']:.3f} / {tick['p99']:.2f} | "
@@ -305,7 +306,8 @@ def policies_block(
     lines += [
         "",
         "Where the tick lag goes (steady part, seconds): loops whose schedules start when "
-        "they start (before) against each policy's own phase of its shortest cadence "
+        "they are ready (no phase: the loops before issue 36's phases, with today's "
+        "start-up) against each policy's own phase of its shortest cadence "
         "(core/schedule.py `staggered_start`, what the operator runs), same machine, one "
         "after the other. Wake: due -> the tick starts (the event loop and the worker "
         "threads busy with other ticks); tick: start -> decided, status write included; "
@@ -321,7 +323,7 @@ def policies_block(
     if baseline is not None:
         lines += [
             "",
-            f"- {big['n']} policies, steady lag p99 with phases / before: "
+            f"- {big['n']} policies, steady lag p99 with phases / without: "
             f"{big['steady']['lag_p99_s'] / baseline['steady']['lag_p99_s']:.2f}; "
             f"ticks within 10% {share(baseline['steady']['within_10pct'])} -> "
             f"{share(big['steady']['within_10pct'])} (steady), "
@@ -383,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-baseline",
         action="store_true",
-        help="skip the largest count without tick phases (the loops before issue 36's stagger)",
+        help="skip the largest count without tick phases (the loops before issue 36's phases)",
     )
     args = parser.parse_args(argv)
     baseline = (
