@@ -6,7 +6,8 @@ each N starts from a fresh heap) builds what :class:`disagg_planner.operator.app
 builds for every PlannerPolicy: the connector with the process's watch caches, the
 Prometheus observer, the diagnostics recorder (reports rendered in a child), the status
 writer patching the policy's status, all on one API client with the operator's 64 worker
-threads, and runs every loop for S seconds of wall time. It prints one JSON line:
+threads and its start-up gate (``SETUPS_AT_ONCE`` loops validate and build at once), and
+runs every loop for S seconds of wall time. It prints one JSON line:
 
 - ``lag``: due -> decided for every tick (the tick's own deadline, ``next_wake_s``, to the
   end of its outcome hook: the status write included), with the interval the tick served
@@ -15,6 +16,10 @@ threads, and runs every loop for S seconds of wall time. It prints one JSON line
 - ``steady_wake_s`` (due -> the tick started: the event loop and the worker threads busy with
   other ticks), ``steady_tick_s`` (started -> decided) and ``event_loop_late_s`` (how late a
   50 ms timer fires in the steady part): where the lag goes;
+- ``startup``: the same for the ticks before the steady part, and the late ones (decided,
+  s after the start; due -> started; started -> decided), each loop's set-up on the event
+  loop thread (its connector, recorder and loop built), when the loops were ready (their
+  schedules set); ``gc_pauses``: the collector's pauses of 50 ms or more over the run;
 - ``server_cores``: the CPU the light cluster used in the steady part (a saturated stand-in
   shows as lag that is not the planner's), and the machine's 1-minute load average;
 - ``cpu_ms_per_tick`` and ``api_per_dgd_min`` in the steady part of the run (after the
@@ -73,6 +78,7 @@ from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef  # noqa: E
 from disagg_planner.runtime.metrics import PlannerMetrics  # noqa: E402
 from disagg_planner.runtime.outcome import TickOutcome  # noqa: E402
 from disagg_planner.runtime.service import (  # noqa: E402
+    SETUPS_AT_ONCE,
     load_profile_for,
     make_connector,
     make_recorder,
@@ -138,13 +144,31 @@ class LoopMonitor:
 
     def __init__(self, period_s: float = 0.05) -> None:
         self.period_s = period_s
-        self.late: list[float] = []
+        self.late: list[tuple[float, float]] = []  # (monotonic s, late s)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             before = time.monotonic()
             await asyncio.sleep(self.period_s)
-            self.late.append(max(0.0, time.monotonic() - before - self.period_s))
+            now = time.monotonic()
+            self.late.append((now, max(0.0, now - before - self.period_s)))
+
+
+class GcPauses:
+    """The garbage collector's pauses of at least ``min_s`` (gc.callbacks): (monotonic s at
+    their end, generation, seconds); a full collection of a large heap stops every thread."""
+
+    def __init__(self, min_s: float = 0.05) -> None:
+        self.min_s = min_s
+        self.pauses: list[tuple[float, int, float]] = []
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if phase == "start":
+            self._began = now
+        elif now - self._began >= self.min_s:
+            self.pauses.append((now, int(info["generation"]), now - self._began))
 
 
 def lag_summary(lags: list[tuple[float, float]]) -> dict[str, float | int | None]:
@@ -164,6 +188,12 @@ class TimedLoop(DeploymentLoop):
     lags: list[tuple[float, float, float]]  # (decided at, lag s, interval s)
     # (decided at, due -> tick started s, tick started -> decided s)
     parts: list[tuple[float, float, float]]
+    ready_at: float | None  # when start() returned (the schedule set): monotonic s
+
+    async def start(self, stop: asyncio.Event) -> bool:
+        ready = await super().start(stop)
+        self.ready_at = time.monotonic()
+        return ready
 
     async def tick(self) -> TickOutcome | None:
         due = self.next_wake_s
@@ -203,9 +233,16 @@ async def run(
     loops: list[TimedLoop] = []
     stops: list[asyncio.Event] = []
     tasks = []
+    setup_s: list[float] = []  # each loop's set-up here, on the event loop thread
+    gate = asyncio.Semaphore(SETUPS_AT_ONCE)  # the operator's start-up gate (PolicyRunner)
+    monitor, monitor_stop = LoopMonitor(), asyncio.Event()
+    monitoring = asyncio.create_task(monitor.run(monitor_stop))
+    gc_pauses = GcPauses()
+    gc.callbacks.append(gc_pauses)
     started = time.monotonic()
     for i in range(n):
         name = f"g{i:04d}"
+        began = time.monotonic()
         config = PlannerConfig(
             dgd_name=name,
             kubernetes_namespace=NS,
@@ -216,6 +253,9 @@ async def run(
             metric_pulling_prometheus_endpoint=url,
             report_output_dir=str(reports),
         )
+        spent = time.monotonic() - began
+        profile = await asyncio.to_thread(load_profile_for, config)
+        began = time.monotonic()
         ref = DeploymentRef(NS, name)
         clock = WallClock()
         writer = StatusWriter(
@@ -227,19 +267,23 @@ async def run(
             connector=make_connector(config, clock=clock, api_client=api, caches=caches),
             ref=ref,
             clock=clock,
-            profile=await asyncio.to_thread(load_profile_for, config),
+            profile=profile,
             metrics=metrics,
             recorder=make_recorder(config, ref, subdirectory=True),
             on_outcome=writer.write_outcome,
             tick_log_level=logging.DEBUG,
             stagger_ticks=stagger,
+            startup_gate=gate,
         )
         loop.lags = []
         loop.parts = []
+        loop.ready_at = None
         stop = asyncio.Event()
         loops.append(loop)
         stops.append(stop)
         tasks.append(asyncio.create_task(loop.run(stop)))
+        setup_s.append(spent + time.monotonic() - began)
+    created_s = time.monotonic() - started
     # Steady: every loop has made its first throughput tick, then one fast check more.
     steady_at = started + THROUGHPUT_INTERVAL_S + FAST_CHECK_S
     await asyncio.sleep(max(0.0, steady_at - time.monotonic()))
@@ -248,8 +292,6 @@ async def run(
     steady_clock = WallClock().now()
     first_ticks = sum(len(loop.lags) for loop in loops)
     steady_start = time.monotonic()
-    monitor, monitor_stop = LoopMonitor(), asyncio.Event()
-    monitoring = asyncio.create_task(monitor.run(monitor_stop))
     await asyncio.sleep(max(0.0, started + duration_s - steady_start))
     last_stats, last_cpu = stats(url), time.process_time()
     monitor_stop.set()
@@ -262,6 +304,7 @@ async def run(
     prometheus = calls.pop("prometheus query", 0)
     api_calls = sum(calls.values())
 
+    gc.callbacks.remove(gc_pauses)
     stop_started = time.monotonic()
     for stop in stops:
         stop.set()
@@ -275,6 +318,34 @@ async def run(
     ]
     wake = sorted(w for loop in loops for t, w, _ in loop.parts if t >= steady_clock)
     inside = sorted(d for loop in loops for t, _, d in loop.parts if t >= steady_clock)
+    # The start-up part: the ticks decided before the steady part, where the late ones are.
+    early = [
+        (t, lag, interval, w, d)
+        for loop in loops
+        for (t, lag, interval), (_, w, d) in zip(loop.lags, loop.parts, strict=True)
+        if t < steady_clock
+    ]
+    late_ticks = sorted(
+        (round(t - (steady_clock - (steady_start - started)), 2), round(w, 3), round(d, 3))
+        for t, lag, interval, w, d in early
+        if lag > 0.1 * interval
+    )
+    ready = sorted(loop.ready_at - started for loop in loops if loop.ready_at is not None)
+    startup = {
+        "ticks": len(early),
+        "within_10pct": within_10pct([(lag, interval) for _, lag, interval, _, _ in early]),
+        "wake_s": quantiles(sorted(w for *_, w, _ in early)),
+        "tick_s": quantiles(sorted(d for *_, d in early)),
+        "event_loop_late_s": quantiles(sorted(x for t, x in monitor.late if t < steady_start)),
+        # (decided, s after the start; due -> started; started -> decided) of each late tick
+        "late_ticks": late_ticks[:50],
+        "setup_on_event_loop_s": {"sum": sum(setup_s), **quantiles(sorted(setup_s))},
+        "created_s": created_s,
+        "ready_s": quantiles(ready),
+        "setups_at_once": SETUPS_AT_ONCE,
+    }
+    # (s after the start, generation, s) of each collection of at least 50 ms
+    pauses = [(round(t - started, 2), g, round(d, 3)) for t, g, d in gc_pauses.pauses]
     series = sum(
         1
         for family in metrics.registry.collect()
@@ -309,7 +380,9 @@ async def run(
         "steady": lag_summary(steady),
         "steady_wake_s": quantiles(wake),
         "steady_tick_s": quantiles(inside),
-        "event_loop_late_s": quantiles(sorted(monitor.late)),
+        "event_loop_late_s": quantiles(sorted(x for t, x in monitor.late if t >= steady_start)),
+        "startup": startup,
+        "gc_pauses": pauses,
         "server_cores": server_cores,
         "loadavg_1m": os.getloadavg()[0],
         "cpu_ms_per_tick": 1000.0 * (last_cpu - first_cpu) / max(1, ticks),

@@ -21,8 +21,9 @@ CPU seconds per tick and DGD, RSS after the rounds, and the wall time of a round
 reads: the lag from "due" to "read" for the last of them).
 
 ``--policies 10 100 1000`` measures the whole planner loops instead (and first, the largest
-count once more with every loop's schedule starting when the loop starts, as before each policy
-had a tick phase of its own: the baseline of the same run, unless ``--no-baseline``), each count
+count once more with every loop's schedule starting when the loop is ready, without the tick
+phase of its own each policy has (the same code otherwise: the baseline of the same run,
+unless ``--no-baseline``), each count
 in its own process (``benchmarks/operator_policies.py``), against the light cluster
 (``benchmarks/light_cluster.py``: an API server, the Dynamo operator's convergence and
 Prometheus, counting requests instead of keeping them: kmock saturates near 100 DGDs): due ->
@@ -242,7 +243,7 @@ def lag_row(r: dict[str, Any]) -> str:
     """Where the steady lag goes: due -> tick started (the event loop busy) and the tick."""
     wake, tick, late = r["steady_wake_s"], r["steady_tick_s"], r["event_loop_late_s"]
     return (
-        f"| {r['n']} | {'phase per policy' if r['stagger'] else 'none (before)'} | "
+        f"| {r['n']} | {'phase per policy' if r['stagger'] else 'none'} | "
         f"{share(r['steady']['within_10pct'])} / {share(r['within_10pct'])} | "
         f"{r['steady']['lag_p99_s']:.2f} / {r['steady']['lag_max_s']:.2f} | "
         f"{wake['p99']:.2f} / {wake['max']:.2f} | {tick['p50']:.3f} / {tick['p99']:.2f} | "
@@ -305,7 +306,8 @@ def policies_block(
     lines += [
         "",
         "Where the tick lag goes (steady part, seconds): loops whose schedules start when "
-        "they start (before) against each policy's own phase of its shortest cadence "
+        "they are ready (no phase: the loops before issue 36's phases, with today's "
+        "start-up) against each policy's own phase of its shortest cadence "
         "(core/schedule.py `staggered_start`, what the operator runs), same machine, one "
         "after the other. Wake: due -> the tick starts (the event loop and the worker "
         "threads busy with other ticks); tick: start -> decided, status write included; "
@@ -321,12 +323,31 @@ def policies_block(
     if baseline is not None:
         lines += [
             "",
-            f"- {big['n']} policies, steady lag p99 with phases / before: "
+            f"- {big['n']} policies, steady lag p99 with phases / without: "
             f"{big['steady']['lag_p99_s'] / baseline['steady']['lag_p99_s']:.2f}; "
             f"ticks within 10% {share(baseline['steady']['within_10pct'])} -> "
             f"{share(big['steady']['within_10pct'])} (steady), "
             f"{share(baseline['within_10pct'])} -> {share(big['within_10pct'])} (whole run).",
         ]
+    up = big["startup"]
+    pauses = big["gc_pauses"]
+    lines += [
+        "",
+        f"- {big['n']} policies, start-up (the {up['ticks']} ticks before the steady part, "
+        f"seconds): {share(up['within_10pct'])} within 10%, {len(up['late_ticks'])} late; "
+        f"wake p99 / max {up['wake_s']['p99']:.2f} / {up['wake_s']['max']:.2f}, tick p99 / "
+        f"max {up['tick_s']['p99']:.2f} / {up['tick_s']['max']:.2f}, event loop late p99 / "
+        f"max {up['event_loop_late_s']['p99']:.3f} / {up['event_loop_late_s']['max']:.2f}. "
+        f"Each loop's set-up on the event loop thread (connector, recorder, loop) p50 / p99 "
+        f"{1000 * up['setup_on_event_loop_s']['p50']:.2f} / "
+        f"{1000 * up['setup_on_event_loop_s']['p99']:.2f} ms (the first, the kubernetes "
+        f"client's models imported on first use, {up['setup_on_event_loop_s']['max']:.2f} s); "
+        "every loop "
+        f"ready (validated, core built, {up['setups_at_once']} at a time, its schedule started "
+        f"then) {up['ready_s']['max']:.1f} s after the start; garbage-collector pauses of "
+        f"50 ms or more: {len(pauses)} over the run, the longest "
+        f"{max((d for *_, d in pauses), default=0.0):.2f} s.",
+    ]
     slope = (
         (big["rss_mib"] - results[-2]["rss_mib"]) / (big["n"] - results[-2]["n"])
         if len(results) > 1
@@ -364,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-baseline",
         action="store_true",
-        help="skip the largest count without tick phases (the loops before issue 36's stagger)",
+        help="skip the largest count without tick phases (the loops before issue 36's phases)",
     )
     args = parser.parse_args(argv)
     baseline = (

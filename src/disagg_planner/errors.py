@@ -99,6 +99,12 @@ def classify(exc: BaseException) -> type[PlannerError] | None:
     return None
 
 
+def is_spec_error(exc: BaseException) -> bool:
+    """A mistake in what the user gave (config, profile), ours or a library layer's."""
+    kind = classify(exc)
+    return kind is not None and issubclass(kind, SpecError)
+
+
 # The library layers' user-facing errors (registered by name: no import needed here).
 register_foreign_error("disagg_planner.profiles.errors", "ProfileError", ProfileError)
 register_foreign_error("disagg_planner.predictors.traces.errors", "TraceError", TraceError)

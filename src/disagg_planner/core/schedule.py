@@ -71,10 +71,6 @@ class TickSchedule:
             raise ValueError("at least one loop must be scheduled")
         self.throughput_interval_s = throughput_interval_s
         self.load_interval_s = load_interval_s
-        self.next_throughput_s = (
-            start_s + throughput_interval_s if throughput_interval_s is not None else None
-        )
-        self.next_load_s = start_s + load_interval_s if load_interval_s is not None else None
         # between throughput ticks only: no fast check as long as the interval itself
         self.fast_interval_s = (
             fast_interval_s
@@ -83,9 +79,22 @@ class TickSchedule:
             and fast_interval_s < throughput_interval_s
             else None
         )
-        self.next_fast_s = (
-            start_s + self.fast_interval_s if self.fast_interval_s is not None else None
-        )
+        self.next_throughput_s: float | None = None
+        self.next_load_s: float | None = None
+        self.next_fast_s: float | None = None
+        self.start(start_s)
+
+    def start(self, start_s: float) -> None:
+        """(Re)start every cadence at ``start_s``: each loop falls due one of its intervals
+        later. The live loop starts it again once its set-up is done, so that a set-up that
+        waited its turn (a thousand loops starting together) does not leave ticks already
+        due."""
+        if self.throughput_interval_s is not None:
+            self.next_throughput_s = start_s + self.throughput_interval_s
+        if self.load_interval_s is not None:
+            self.next_load_s = start_s + self.load_interval_s
+        if self.fast_interval_s is not None:
+            self.next_fast_s = start_s + self.fast_interval_s
 
     @property
     def next_at_s(self) -> float:

@@ -59,6 +59,7 @@ import kopf
 from kubernetes import client as k8s_client
 
 from disagg_planner.connectors.kubernetes.cache import WatchCaches
+from disagg_planner.errors import is_spec_error
 from disagg_planner.operator.crd import GROUP, KIND, PLURAL, VERSION
 from disagg_planner.operator.policy import OperatorDefaults, config_from_spec, plain, target_of
 from disagg_planner.operator.pool import (
@@ -69,10 +70,15 @@ from disagg_planner.operator.pool import (
 )
 from disagg_planner.operator.status import MESSAGE_LIMIT, StatusWriter
 from disagg_planner.runtime.clock import WallClock
-from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef, is_spec_error
+from disagg_planner.runtime.loop import DeploymentLoop, DeploymentRef
 from disagg_planner.runtime.metrics import HealthState, MetricsServer, PlannerMetrics
 from disagg_planner.runtime.outcome import Problem, ProblemKind
-from disagg_planner.runtime.service import load_profile_for, make_connector, make_recorder
+from disagg_planner.runtime.service import (
+    SETUPS_AT_ONCE,
+    load_profile_for,
+    make_connector,
+    make_recorder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +138,8 @@ class PolicyRunner:
         self.claims: dict[DeploymentRef, PolicyKey] = {}
         # One list-and-watch of the DGDs and of their adapters per namespace, for every loop.
         self.caches = WatchCaches(api_client)
+        # A few loops set up at once (runtime/service.py SETUPS_AT_ONCE), in start order.
+        self.startup_gate = asyncio.Semaphore(SETUPS_AT_ONCE)
 
     def render_report(self, namespace: str, name: str) -> str | None:
         """The diagnostics report of the DGD ``namespace/name`` (None: not planned here, or
@@ -246,6 +254,7 @@ class PolicyRunner:
             recorder=make_recorder(config, target, subdirectory=True),
             on_outcome=writer.write_outcome,
             stagger_ticks=True,  # a thousand policies must not all tick at once
+            startup_gate=self.startup_gate,
         )
         self.loops[key] = loop
         loop_stop = asyncio.Event()

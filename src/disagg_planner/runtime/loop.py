@@ -6,8 +6,8 @@ replay`` (one loop per replayed policy, on the simulated cluster's clock, connec
 sources: :mod:`disagg_planner.replay.policies`), so that a replay runs this very code::
 
     validate the deployment (retry with backoff until it passes or the loop stops)
-    build the core (its schedule starts now, or with ``stagger_ticks`` at the deployment's
-    own phase: staggered_start()), the traffic observer, the FPM subscribers
+    build the core, the traffic observer, the FPM subscribers; the schedule starts when
+    that is done (with ``stagger_ticks`` at the deployment's own phase: staggered_start())
     repeat until stopped:
         sleep until core.next_tick_at_s (later while the connector keeps failing)
         due = core.due(now)                       which loops run this tick
@@ -30,15 +30,15 @@ next tick runs as scheduled. Only a configuration problem found while building t
 (a :class:`SpecError` or a library error classified as one, e.g. an unreadable profile)
 ends :meth:`DeploymentLoop.run`, by raising it.
 
-Beside it: :mod:`.calls` (the connector's and the observer's calls, each failure a
-:class:`Problem`), :mod:`.engine_sources` (the FPM sources it starts), :mod:`.outcome` (the
-tick's record, and the throughput reason it reports), :mod:`.summary` (the ``[summary]``
-line).
+Beside it: :mod:`.calls` (the connector's and the observer's calls, each failure a Problem),
+:mod:`.engine_sources` (the FPM sources it starts), :mod:`.outcome` (the tick's record, and
+the throughput reason it reports), :mod:`.summary` (the ``[summary]`` line).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -52,12 +52,8 @@ from disagg_planner.core.schedule import (
     shortest_cadence_s,
     staggered_start,
 )
-from disagg_planner.core.types import (
-    DeploymentStatus,
-    MissingObservation,
-    TrafficObservation,
-)
-from disagg_planner.errors import SpecError, classify
+from disagg_planner.core.types import DeploymentStatus, MissingObservation, TrafficObservation
+from disagg_planner.errors import is_spec_error
 from disagg_planner.observe import TrafficObserver
 from disagg_planner.profiles import Profile
 from disagg_planner.report.recorder import DiagnosticsRecorder
@@ -121,6 +117,9 @@ class DeploymentLoop:
     deployment's own phase of its shortest cadence (:func:`staggered_start`) instead of at
     the instant the loop started, so that loops started together (an operator restart with
     a thousand policies) do not all tick at the same instants and queue behind each other.
+    ``startup_gate`` (the operator's, one for all its loops) bounds the set-ups (validate
+    and build) running at once: a thousand at once would fill the worker threads and hold
+    up the ticks of the loops already running.
     """
 
     def __init__(
@@ -142,6 +141,7 @@ class DeploymentLoop:
         tick_log_level: int = logging.INFO,
         raise_tick_errors: bool = False,
         stagger_ticks: bool = False,
+        startup_gate: asyncio.Semaphore | None = None,
     ) -> None:
         self.config = config
         self.connector = connector
@@ -159,6 +159,7 @@ class DeploymentLoop:
         self._tick_log_level = tick_log_level
         self._raise_tick_errors = raise_tick_errors
         self._stagger_ticks = stagger_ticks
+        self._startup_gate = startup_gate
         self.core: PlannerCore | None = None
         self.traffic: TrafficObserver | None = None
         self.engine_sources: dict[str, EngineSource] = {}
@@ -253,9 +254,12 @@ class DeploymentLoop:
         while True:
             if stop.is_set():
                 return False
-            problem = await validate(self.connector, str(self.ref))
-            if problem is None:
-                break
+            async with self._startup_gate or contextlib.nullcontext():
+                problem = await validate(self.connector, str(self.ref))
+                if problem is None:
+                    self._failures = 0
+                    await self._build()
+                    return True
             self._failures += 1
             delay = self._backoff_s()
             log.warning(
@@ -266,9 +270,6 @@ class DeploymentLoop:
             await self._emit(failed)
             if await self._sleep_until(self.clock.now() + delay, stop):
                 return False
-        self._failures = 0
-        await self._build()
-        return True
 
     async def close(self) -> None:
         """Stop the FPM subscribers this loop started, close the observer and the connector
@@ -313,13 +314,17 @@ class DeploymentLoop:
             profile = self._profile
             if profile is None and cfg.throughput_scaling_active:
                 profile = await self._offload(profile_for, cfg)  # file I/O
+            # offloaded (a thread live): a predictor warm-up trace may take seconds to fit
+            core = await self._offload(build_core, cfg, start_s=self.clock.now(), profile=profile)
+            # The schedule starts once set up: a set-up that waited its turn in the worker
+            # threads (a thousand loops starting) must not leave its first ticks already late.
             start_s = self.clock.now()
             if self._stagger_ticks:
                 start_s = staggered_start(
                     start_s, key=str(self.ref), period_s=shortest_cadence_s(cfg)
                 )
-            # offloaded (a thread live): a predictor warm-up trace may take seconds to fit
-            self.core = await self._offload(build_core, cfg, start_s=start_s, profile=profile)
+            core.schedule.start(start_s)
+            self.core = core
             if cfg.elastic_ep is not None:
                 self.elastic = ElasticDriver(cfg, profile=profile, connector=self.connector)
         except Exception as exc:
@@ -591,9 +596,3 @@ class DeploymentLoop:
             raise
         except Exception:
             log.exception("%s: the outcome hook failed", self.ref)
-
-
-def is_spec_error(exc: BaseException) -> bool:
-    """A mistake in what the user gave (config, profile), ours or a library layer's."""
-    kind = classify(exc)
-    return kind is not None and issubclass(kind, SpecError)

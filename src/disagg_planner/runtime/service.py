@@ -41,6 +41,13 @@ from disagg_planner.runtime.wiring import profile_for
 
 log = logging.getLogger(__name__)
 
+# How many loops of one process set up (validate and build their core) at once: the
+# operator's start-up gate (DeploymentLoop ``startup_gate``). A thousand policies starting
+# together would otherwise queue a thousand set-ups in the worker threads ahead of the
+# first ticks of the loops already running; a few at once finish the herd no later (1,000
+# policies on 2 cores: benchmarks/operator_scale.py).
+SETUPS_AT_ONCE = 4
+
 
 def make_connector(
     config: PlannerConfig,

@@ -28,7 +28,6 @@ from disagg_planner.connectors.base import (
     check_replicas,
 )
 from disagg_planner.connectors.kubernetes.api import (
-    DGD_PLURAL,
     DgdApi,
     default_api_client,
     default_namespace,
@@ -121,7 +120,10 @@ class KubernetesConnector(Reads, Writes, Resume):
         # Watch caches of the DGDs and adapters (module cache.py); None: every read is a GET.
         self._caches = caches
         self._watched: dict[str, WatchedResource] = {}
-        self._waiting_subscribers: list[tuple[Callable[[], None], list[Callable[[], None]]]] = []
+        # Who wants to hear of the DGD's changes (on_deployment_change), and this connector's
+        # one subscription to the DGD cache of the version in use that calls them.
+        self._deployment_callbacks: list[Callable[[], None]] = []
+        self._relay: Callable[[], None] | None = None
         self._resolving: asyncio.Task[None] | None = None
         self._claim_gpus: dict[str, int] = {}
         # Per object (plural/name) this connector wrote: the cache serves it again only once
@@ -275,47 +277,52 @@ class KubernetesConnector(Reads, Writes, Resume):
 
     def on_deployment_change(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` (from a watch thread) when the DGD appears or changes; returns
-        the unsubscribe. Without watch caches: never called."""
+        the unsubscribe. Without watch caches: never called.
+
+        The watch follows the DGD's version: subscribed once discovery has told it (the DGD
+        may not exist yet; its appearance is what the callback is for), and moved to the
+        new version's watch when the version in use is withdrawn (:meth:`_follow_version`)."""
         if self._caches is None:
             return lambda: None
+        self._deployment_callbacks.append(callback)
         if self._api.version is not None:
-            return self._watch(DGD_PLURAL).subscribe(self.dgd_name, callback)
-        # The watch follows the DGD's version: subscribe once discovery has told it (the
-        # DGD may not exist yet; its appearance is what the callback is for).
-        waiting: list[Callable[[], None]] = []
-        self._waiting_subscribers.append((callback, waiting))
-        self._resolving = asyncio.get_running_loop().create_task(self._resolve_then_subscribe())
+            self._follow_version()
+        elif self._resolving is None:
+            self._resolving = asyncio.get_running_loop().create_task(self._resolve_then_follow())
 
         def unsubscribe() -> None:
-            for entry in list(self._waiting_subscribers):
-                if entry[0] is callback:
-                    self._waiting_subscribers.remove(entry)
-            for done in waiting:
-                done()
+            if callback in self._deployment_callbacks:
+                self._deployment_callbacks.remove(callback)
+            if not self._deployment_callbacks and self._relay is not None:
+                self._relay()
+                self._relay = None
 
         return unsubscribe
 
-    async def _resolve_then_subscribe(self) -> None:
+    def _deployment_changed(self) -> None:
+        """The DGD cache's callback (its watch thread): every subscriber of this connector."""
+        for callback in list(self._deployment_callbacks):
+            callback()
+
+    async def _resolve_then_follow(self) -> None:
         try:
             await self._api.resolve_version()
         except (ConnectorError, DeploymentError) as exc:
             # The first read resolves it again and subscribes then.
             log.warning("DGD %s: the served versions are unknown yet (%s)", self._ref, exc)
             return
-        self._subscribe_waiting()
-
-    def _subscribe_waiting(self) -> None:
-        """Subscribe the callbacks that asked before the DGD's version was known."""
-        waiting, self._waiting_subscribers = self._waiting_subscribers, []
-        for callback, unsubscribes in waiting:
-            if self._caches is not None:
-                unsubscribes.append(self._watch(DGD_PLURAL).subscribe(self.dgd_name, callback))
+        finally:
+            self._resolving = None
+        self._follow_version()
 
     async def close(self) -> None:
         if self._pending_drain is not None:
             self._pending_drain.task.cancel()
         if self._resolving is not None:
             self._resolving.cancel()
+        if self._relay is not None:
+            self._relay()
+            self._relay = None
         for cache in self._watched.values():
             assert self._caches is not None
             self._caches.release(cache)

@@ -137,12 +137,16 @@ class ConnectorParts:
     _watched: dict[str, WatchedResource]
     _written: dict[str, _OwnWrite]
     _claim_gpus: dict[str, int]  # ResourceClaimTemplate -> GPUs of one claim
-    _waiting_subscribers: list[tuple[Callable[[], None], list[Callable[[], None]]]]
+    _deployment_callbacks: list[Callable[[], None]]
+    _relay: Callable[[], None] | None
 
     async def _observe(self) -> _Observation:
         raise NotImplementedError
 
-    def _subscribe_waiting(self) -> None:
+    def _follow_version(self) -> None:
+        raise NotImplementedError
+
+    def _deployment_changed(self) -> None:
         raise NotImplementedError
 
     def _active_holds(self) -> dict[str, Hold]:

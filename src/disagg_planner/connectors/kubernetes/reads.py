@@ -61,9 +61,37 @@ class Reads(ConnectorParts):
         """The watch cache of ``plural`` in the DGD's version (resolved before the first
         read: :meth:`_dgd`)."""
         assert self._caches is not None and self._api.version is not None
+        cache = self._watched.get(plural)
+        if cache is not None and cache.version != self._api.version:
+            self._follow_version()
         if plural not in self._watched:
             self._watched[plural] = self._caches.acquire(self.namespace, plural, self._api.version)
         return self._watched[plural]
+
+    def _follow_version(self) -> None:
+        """Keep the watch caches on the DGD version in use: a cache of a version no longer
+        used (withdrawn, the DGD resolved again: ``DgdApi.get_dgd``) is released, its stream
+        given up, and the DGD's subscribers (:meth:`on_deployment_change`) follow the new
+        version's watch; else a re-created DGD would never wake its loop again."""
+        if self._caches is None or self._api.version is None:
+            return
+        for plural, cache in list(self._watched.items()):
+            if cache.version == self._api.version:
+                continue
+            log.info(
+                "DGD %s: following %s in %s instead of %s",
+                self._ref,
+                plural,
+                self._api.version,
+                cache.version,
+            )
+            if plural == DGD_PLURAL and self._relay is not None:
+                self._relay()
+                self._relay = None
+            del self._watched[plural]
+            self._caches.release(cache)
+        if self._deployment_callbacks and self._relay is None:
+            self._relay = self._watch(DGD_PLURAL).subscribe(self.dgd_name, self._deployment_changed)
 
     def _cached(self, plural: str, name: str) -> tuple[bool, Mapping[str, Any] | None]:
         """(usable, object) from the watch cache: usable when synced and past this
@@ -92,11 +120,14 @@ class Reads(ConnectorParts):
     async def _dgd(self) -> Mapping[str, Any]:
         if self._api.version is None:
             await self._api.resolve_version()
-            self._subscribe_waiting()
+            self._follow_version()
         usable, dgd = self._cached(DGD_PLURAL, self.dgd_name)
         if usable and dgd is not None:
             return dgd
-        return await self._api.get_dgd()  # not cached yet, or missing: the GET says which
+        try:
+            return await self._api.get_dgd()  # not cached yet, or missing: the GET says which
+        finally:
+            self._follow_version()  # the GET may have resolved the version again
 
     async def _adapter(self, adapter_name: str, service: str) -> Mapping[str, Any] | None:
         usable, adapter = self._cached(DGDSA_PLURAL, adapter_name)
