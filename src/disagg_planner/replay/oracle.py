@@ -496,7 +496,30 @@ def _max_over(needs: Sequence[WindowNeed], t0: float, t1: float, window_s: float
     return {role: max(n.replicas[role] for n in chosen) for role in roles}
 
 
-class OraclePolicy:
+class _PlanPolicy:
+    """A per-window plan run at set times: each wake sets the replicas ``_target`` gives
+    (the subclass's), written only where they change."""
+
+    name: str
+    _times: list[float]
+    _i: int = 0
+
+    def next_wakeup_s(self) -> float:
+        return self._times[self._i] if self._i < len(self._times) else math.inf
+
+    def wake(self, cluster: Cluster) -> PolicyStep:
+        now = cluster.now
+        while self._i < len(self._times) and self._times[self._i] <= now + 1e-9:
+            self._i += 1
+        target = self._target(now)
+        changed = any(target[r] != cluster.desired_replicas(r) for r in target)
+        return PolicyStep(now, target if changed else None, self.name)
+
+    def _target(self, now: float) -> dict[str, int]:
+        raise NotImplementedError
+
+
+class OraclePolicy(_PlanPolicy):
     """Runs the clairvoyant plan: at each window boundary, and one startup delay before it."""
 
     def __init__(self, needs: Sequence[WindowNeed], *, window_s: float, startup_delay_s: float):
@@ -512,18 +535,9 @@ class OraclePolicy:
             if k * window_s - startup_delay_s > 0:
                 times.add(k * window_s - startup_delay_s)
         self._times = sorted(times)
-        self._i = 0
 
-    def next_wakeup_s(self) -> float:
-        return self._times[self._i] if self._i < len(self._times) else math.inf
-
-    def wake(self, cluster: Cluster) -> PolicyStep:
-        now = cluster.now
-        while self._i < len(self._times) and self._times[self._i] <= now + 1e-9:
-            self._i += 1
-        target = _max_over(self.needs, now, now + self.delay + 1e-6, self.window_s)
-        changed = any(target[r] != cluster.desired_replicas(r) for r in target)
-        return PolicyStep(now, target if changed else None, "oracle")
+    def _target(self, now: float) -> dict[str, int]:
+        return _max_over(self.needs, now, now + self.delay + 1e-6, self.window_s)
 
 
 # How long after a window begins a controller that reacts to what it observes can know the
@@ -531,7 +545,7 @@ class OraclePolicy:
 REACTIVE_DETECTION_S = 15.0
 
 
-class ReactiveOraclePolicy:
+class ReactiveOraclePolicy(_PlanPolicy):
     """The clairvoyant plan's needs, each ordered only once its window has begun (one fast
     check in, ``detection_s``), none ahead: a controller that sizes exactly to each
     minute's load as it is seen, with no model error, no headroom and no term for the
@@ -554,16 +568,8 @@ class ReactiveOraclePolicy:
         self.needs = list(needs)
         self.window_s = window_s
         self._times = [k * window_s + detection_s for k in range(len(self.needs))]
-        self._i = 0
 
-    def next_wakeup_s(self) -> float:
-        return self._times[self._i] if self._i < len(self._times) else math.inf
-
-    def wake(self, cluster: Cluster) -> PolicyStep:
-        now = cluster.now
-        while self._i < len(self._times) and self._times[self._i] <= now + 1e-9:
-            self._i += 1
+    def _target(self, now: float) -> dict[str, int]:
+        # the last window whose need has been seen (its wake passed)
         k = min(len(self.needs) - 1, max(0, self._i - 1))
-        target = dict(self.needs[k].replicas)
-        changed = any(target[r] != cluster.desired_replicas(r) for r in target)
-        return PolicyStep(now, target if changed else None, "reactive-oracle")
+        return dict(self.needs[k].replicas)
