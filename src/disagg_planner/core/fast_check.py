@@ -4,10 +4,15 @@
 1. hold when the short window is missing; else record its rate (burst factor, burst memory,
    rising trend), its lengths and the window itself (the tick's window when that is missing);
 2. the observed tails over their SLOs per role (TTFT tail at the attainment quantile for
-   prefill, ITL for decode, both for an aggregated engine), counted towards a breach; the
-   prefill capacity correction from the engines' busy fraction;
-3. :func:`disagg_planner.core.rules.slo_at_risk` and
-   :func:`disagg_planner.core.feedback.observed_breach`: nothing changes unless one fires;
+   prefill, ITL for decode, both for an aggregated engine), counted towards a breach (a
+   TTFT tail the long prompts' own prefill makes is none, except for a prefill role cut
+   within its stabilisation window, judged at the servable quantile:
+   :func:`disagg_planner.core.feedback.servable_quantile`); the prefill capacity
+   correction from the engines' busy fraction;
+3. :func:`disagg_planner.core.rules.slo_at_risk`,
+   :func:`disagg_planner.core.feedback.observed_breach` and a significant rising trend
+   (capped at the burst memory's earlier peak while the rate is under it:
+   :func:`disagg_planner.core.rules.trend_within_peak`): nothing changes unless one fires;
 4. the sizing of the observed demand (the rising trend after the opening interval, the
    backlog, the length mix), held where the engines serve more than profiled
    (:func:`disagg_planner.core.feedback.faster_than_profiled`);
@@ -16,7 +21,10 @@
    the observation asks for, and the capacity correction learns by how much the model
    was off; a breach right after a cut of the role restores the cut replicas at once and
    keeps them for a stabilisation window;
-6. the guard chain (:func:`disagg_planner.core.guards.guard_chain`), up only: a fast check
+6. per role, only what is at risk moves (:func:`roles_at_risk`): a role whose own tails are
+   within their SLOs keeps its replicas, unless the rising trend asks for more and its tail
+   has used more than half its SLO (and it was not cut within one time-to-ready);
+7. the guard chain (:func:`disagg_planner.core.guards.guard_chain`), up only: a fast check
    never removes what the tick planned.
 
 No I/O, no clock.
