@@ -107,9 +107,7 @@ def fast_check(
     tails = seen = tp.tails(recent)
     unfixable = _unfixable(tp, recent, quantile=tails.quantile)
     window = cfg.scale_down_stabilization_seconds
-    cut_recently = {
-        r: r in tp.feedback.cut and now_s - tp.feedback.cut[r][0] <= window for r in cfg.roles
-    }
+    cut_recently = {r: cut_within(tp, r, now_s, window) for r in cfg.roles}
     servable = RuleValue(0.0, "")
     if unfixable.value:  # the prompts' own prefill: no replica count shortens that tail
         tails = replace(seen, ttft_ms=None)
