@@ -41,12 +41,18 @@ from disagg_planner.core.types import TrafficObservation
 MAX_KV_HIT_RATE = 0.99
 
 
-def kv_hit_rate(*, configured: float | None, observed: float | None) -> RuleValue:
+def kv_hit_rate(
+    *, configured: float | None, observed: float | None, unseen_because: str | None = None
+) -> RuleValue:
     """Rule ``kv_hit_discount``: the share of prompt tokens served from the prefix cache.
 
     The configured value wins (an operator who knows the workload, or a replay that models
     it); else the router's observed mean (``dynamo_component_router_kv_hit_rate``); else 0,
-    no discount. Values are clamped to ``[0, MAX_KV_HIT_RATE]``.
+    no discount (``unseen_because``: why none observed is used, e.g. stale). Values are
+    clamped to ``[0, MAX_KV_HIT_RATE]``.
+
+    >>> kv_hit_rate(configured=None, observed=None, unseen_because="stale").reason
+    'kv_hit_discount: none (no KV hit rate configured or observed: stale)'
     """
     for value, source in ((configured, "configured"), (observed, "observed by the router")):
         if value is not None and math.isfinite(value):
@@ -54,7 +60,8 @@ def kv_hit_rate(*, configured: float | None, observed: float | None) -> RuleValu
             return RuleValue(
                 h, f"kv_hit_discount: prefill work x {1 - h:.2f} ({source} hit {h:.0%})"
             )
-    return RuleValue(0.0, "kv_hit_discount: none (no KV hit rate configured or observed)")
+    why = f": {unseen_because}" if unseen_because else ""
+    return RuleValue(0.0, f"kv_hit_discount: none (no KV hit rate configured or observed{why})")
 
 
 def accept_length(
@@ -114,11 +121,15 @@ class DemandRules:
     # speculative decoding configured (nextn set): the accept rule is reported even when it
     # falls back to 1, so that the decision says why decode was not discounted
     speculative: bool = False
+    # an observed KV hit rate went stale: the fallback to no discount is reported
+    kv_hit_stale: bool = False
 
     def acting(self) -> list[str]:
-        """The reasons of the rules that change the demand (none at 0 % hits, accept 1), and
-        the accept rule's whenever speculative decoding is configured."""
-        acting = [self.kv_hit.reason] if self.kv_hit.value > 0 else []
+        """The reasons of the rules that change the demand (none at 0 % hits, accept 1), the
+        accept rule's whenever speculative decoding is configured, and the KV rule's when an
+        observed hit rate went stale (why prefill is no longer discounted)."""
+        kv_shown = self.kv_hit.value > 0 or self.kv_hit_stale
+        acting = [self.kv_hit.reason] if kv_shown else []
         shown = self.accept.value > 1 or self.speculative
         return acting + ([self.accept.reason] if shown else [])
 
@@ -126,19 +137,24 @@ class DemandRules:
 class DemandSignals:
     """The last KV hit rate and accept length observed (a window without them keeps the
     previous value: an idle router reports no hit rate, which says nothing about the cache;
-    an idle engine makes no drafts, which says nothing about how many it would accept).
-    Until one is seen, the latest reason why not is kept for the fallback's reason.
+    idle engines make no drafts). For the accept length the latest reason none was read is
+    kept for the fallback's reason.
 
-    An observed accept length goes stale (:meth:`expire`) by the rule that holds the
-    throughput loop on a stale window (``stale_traffic_data``: ended more than one interval
-    before the tick), applied to the window that should have replaced it: it is stale when
-    the window it was read from ended more than two intervals ago (the next window came and
-    went without one; idle engines make no drafts for one window, not for two). The rule
-    then falls back to 1 (decode sized for one token per iteration: more replicas, never
-    fewer) and says why, until the engines' counters are read again."""
+    Either goes stale (:meth:`expire`) by the rule that holds the throughput loop on a stale
+    window (``stale_traffic_data``: ended more than one interval before the tick), applied
+    to the window that should have replaced it: it is stale when the window it was read
+    from ended more than two intervals ago (the next window came and went without one; an
+    idle router or idle engines report nothing for one window, not for two). The rules then
+    fall back to what sizes more, never fewer: no KV discount (prefill sized for every
+    prompt token) and an accept length of 1 (decode sized for one token per iteration), and
+    say why, until the signal is read again."""
 
     def __init__(self) -> None:
         self.kv_hit_rate: float | None = None
+        # the end of the window the KV hit rate was read from
+        self.kv_hit_rate_end_s: float | None = None
+        # why the last observed KV hit rate was forgotten (expire), until one is seen
+        self.kv_hit_rate_stale: str | None = None
         self.accept_length: float | None = None
         self.accept_length_missing: str | None = None
         # the end of the window the accept length was read from
@@ -149,6 +165,8 @@ class DemandSignals:
     def observe(self, obs: TrafficObservation) -> None:
         if obs.kv_hit_rate is not None:
             self.kv_hit_rate = obs.kv_hit_rate
+            self.kv_hit_rate_end_s = obs.end_s
+            self.kv_hit_rate_stale = None
         if obs.accept_length is not None:
             self.accept_length = obs.accept_length
             self.accept_length_end_s = obs.end_s
@@ -157,28 +175,31 @@ class DemandSignals:
             self.accept_length_missing = obs.accept_length_missing
 
     def expire(self, now_s: float, interval_s: float) -> None:
-        """Forget an observed accept length read from a window that ended more than two
-        throughput intervals (``interval_s``) before ``now_s`` (class doc). The rule's
-        fallback says so, with the latest reason none was read since.
+        """Forget an observed KV hit rate or accept length read from a window that ended
+        more than two throughput intervals (``interval_s``) before ``now_s`` (class doc).
+        The rules' fallbacks say so (the accept length's with the latest reason none was
+        read since).
 
         >>> signals = DemandSignals()
         >>> signals.accept_length, signals.accept_length_end_s = 2.5, 100.0
+        >>> signals.kv_hit_rate, signals.kv_hit_rate_end_s = 0.4, 100.0
         >>> signals.expire(now_s=400.0, interval_s=180.0)
-        >>> signals.accept_length
-        2.5
+        >>> signals.accept_length, signals.kv_hit_rate
+        (2.5, 0.4)
         >>> signals.expire(now_s=500.0, interval_s=180.0)
         >>> signals.accept_length, signals.unseen_because()
         (None, 'stale: the last observed (2.50) was read 400 s ago, over 2 intervals of 180 s')
+        >>> signals.kv_hit_rate, signals.kv_hit_rate_stale
+        (None, 'stale: the last observed (0.40) was read 400 s ago, over 2 intervals of 180 s')
         """
-        end = self.accept_length_end_s
-        if self.accept_length is None or end is None or now_s - end <= 2 * interval_s:
-            return
-        self.accept_length_stale = (
-            f"stale: the last observed ({self.accept_length:.2f}) was read {now_s - end:.0f} s "
-            f"ago, over 2 intervals of {interval_s:g} s"
-        )
-        self.accept_length = None
-        self.accept_length_end_s = None
+        stale = _stale(self.accept_length, self.accept_length_end_s, now_s, interval_s)
+        if stale:
+            self.accept_length_stale = stale
+            self.accept_length = self.accept_length_end_s = None
+        stale = _stale(self.kv_hit_rate, self.kv_hit_rate_end_s, now_s, interval_s)
+        if stale:
+            self.kv_hit_rate_stale = stale
+            self.kv_hit_rate = self.kv_hit_rate_end_s = None
 
     def unseen_because(self) -> str | None:
         """Why no observed accept length is used: stale (and the latest window's reason
@@ -191,7 +212,11 @@ class DemandSignals:
     def rules(self, config: PlannerConfig) -> DemandRules:
         """Both rules for the next sizing, configured values first."""
         return DemandRules(
-            kv_hit=kv_hit_rate(configured=config.kv_hit_rate, observed=self.kv_hit_rate),
+            kv_hit=kv_hit_rate(
+                configured=config.kv_hit_rate,
+                observed=self.kv_hit_rate,
+                unseen_because=self.kv_hit_rate_stale,
+            ),
             accept=accept_length(
                 configured=config.speculative_accept_length,
                 observed=self.accept_length,
@@ -199,4 +224,16 @@ class DemandSignals:
                 unseen_because=self.unseen_because(),
             ),
             speculative=bool(config.num_speculative_tokens),
+            kv_hit_stale=self.kv_hit_rate_stale is not None,
         )
+
+
+def _stale(value: float | None, end_s: float | None, now_s: float, interval_s: float) -> str:
+    """Why a signal read from a window ending at ``end_s`` is stale at ``now_s`` (more
+    than two intervals since: :class:`DemandSignals`), or "" while it is not."""
+    if value is None or end_s is None or now_s - end_s <= 2 * interval_s:
+        return ""
+    return (
+        f"stale: the last observed ({value:.2f}) was read {now_s - end_s:.0f} s ago, over 2 "
+        f"intervals of {interval_s:g} s"
+    )

@@ -238,3 +238,27 @@ def test_the_load_loop_does_not_use_a_stale_accept_length() -> None:
     signals.expire(181.0, 60.0)
     rule = signals.rules(config).accept
     assert rule.value == 1.0 and "stale: the last observed (2.00) was read 121 s ago" in rule.reason
+
+
+def test_an_observed_kv_hit_rate_goes_stale_after_two_intervals_without_one(
+    h200_like_profile: Profile,
+) -> None:
+    # interval 60 s: the router's hit rate read at 60 s, kept through one window without it
+    # (an idle router reports none), stale at 181 s: prefill is sized for every prompt token
+    # again (more replicas, never fewer on old data), and the decision says why
+    p = planner(h200_like_profile)
+    seen = p.tick(60.0, traffic(60.0, 9000, kv_hit_rate=0.5), status(4, 4))
+    assert "kv_hit_discount: prefill work x 0.50 (observed by the router hit 50%)" in seen.message
+    kept = p.tick(120.0, traffic(120.0, 9000), status(4, 4))
+    assert "prefill work x 0.50 (observed by the router hit 50%)" in kept.message
+    stale = p.tick(181.0, traffic(181.0, 9000), status(4, 4))
+    assert (
+        "kv_hit_discount: none (no KV hit rate configured or observed: stale: the last "
+        "observed (0.50) was read 121 s ago, over 2 intervals of 60 s)" in stale.message
+    )
+    assert stale.diagnostics.sizing["prefill"].demand_tokens_per_s == pytest.approx(
+        2 * seen.diagnostics.sizing["prefill"].demand_tokens_per_s
+    )
+    again = p.tick(240.0, traffic(240.0, 9000, kv_hit_rate=0.25), status(4, 4))
+    assert "prefill work x 0.75 (observed by the router hit 25%)" in again.message
+    assert "stale" not in again.message
