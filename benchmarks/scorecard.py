@@ -512,9 +512,12 @@ def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> lis
                 )
         hours = float(me["duration_s"]) / 3600.0
         flaps = sum(me["flaps"].values())
-        rate = flaps / hours if hours > 0 else 0.0
+        # the count against what the rate allows over the metered span: a run a few seconds
+        # short of an hour allows 1.99 flaps at 2/h, which a rounded rate would hide
+        allowed = FLAPS_PER_HOUR * hours
         checks.append(
-            f"{_met(rate <= FLAPS_PER_HOUR)} {flaps} flaps = {rate:.1f}/h <= {FLAPS_PER_HOUR:g}/h"
+            f"{_met(flaps <= allowed)} {flaps} flaps in {hours * 60:.1f} min <= "
+            f"{FLAPS_PER_HOUR:g}/h ({allowed:.2f} allowed)"
         )
         lines.append(f"- **{scenario}** ({policy}): " + "; ".join(checks))
     return lines
