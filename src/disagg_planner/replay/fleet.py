@@ -370,7 +370,10 @@ def run_fleet(
                 )
 
     series = pool_series(results)
+    late = {x.spec.name: ready_after_last_arrival(x.cluster, x.run.last_arrival_s) for x in members}
     fleet = fleet_summary(spec, split, results, series, state.events, state.grant_log, shares)
+    for name, replicas in late.items():
+        fleet["members"][name]["ready_after_last_arrival"] = replicas
     out = FleetResult(split, results, fleet, series, state.grant_log)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -522,6 +525,22 @@ def count_flips(grant_log: Sequence[Mapping[str, Any]], window_s: float) -> dict
     return flips
 
 
+def ready_after_last_arrival(cluster: Cluster, last_arrival_s: float) -> list[dict[str, Any]]:
+    """The replicas that became ready only after the last request arrived (or never did),
+    each with its GPUs, start, ready time and metered GPU-hours: capacity no arrival found."""
+    return [
+        {
+            "role": str(r.role),
+            "gpus": max((g for _, g in r.gpu_segments), default=0),
+            "start_s": r.start_s,
+            "ready_s": r.ready_s,
+            "gpu_hours": r.gpu_seconds(cluster.now) / 3600.0,
+        }
+        for r in cluster.replicas
+        if r.ready_s > last_arrival_s
+    ]
+
+
 def fleet_summary(
     spec: FleetSpec,
     split: str,
@@ -543,6 +562,7 @@ def fleet_summary(
             "static_share_gpus": shares[m.name],
             "slo_attainment": asdict(r.summary.slo_attainment),
             "requests": r.summary.requests,
+            "last_arrival_s": r.summary.last_arrival_s,
             "gpu_hours": r.summary.gpu_hours,
             "peak_gpus": max((row.gpus_in_use for row in r.timeline), default=0),
             "reclaims": sum(1 for e in events if e["member"] == m.name and e["kind"] == "reclaim"),
