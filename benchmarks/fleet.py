@@ -272,27 +272,41 @@ def _replicas(replicas: dict[str, int]) -> str:
 
 
 def _gpu_hours_cause(shared: dict[str, Any], static: dict[str, Any]) -> str:
-    """Where the shared pool's extra GPU-hours went (the cause of a missed GPU-hour target):
-    the static split caps each member at its share, the pool gives a member its planner's
-    need; per member, the extra GPU-hours and whether they bought attainment."""
+    """Where the shared pool's GPU-hours went against the static split's (the cause of a
+    missed GPU-hour target): every member's difference, either sign, with its attainment in
+    both runs; and where a member's extra is capacity that became ready only after its last
+    request arrived (the shared run's replicas that the static run did not start), so said,
+    with when it was ordered and when it was ready."""
     parts = []
     for name, member in shared["members"].items():
-        extra = member["gpu_hours"] - static["members"][name]["gpu_hours"]
-        if extra <= 0.005:
-            continue
+        other = static["members"][name]
+        extra = member["gpu_hours"] - other["gpu_hours"]
         before, after = _attainment(static, name), _attainment(shared, name)
         gain = (
             f"attainment {before:.2%} -> {after:.2%}"
-            if after > before + 1e-4
-            else f"no attainment gain ({after:.2%}): capacity its planner asked for"
+            if abs(after - before) > 1e-4
+            else f"attainment {after:.2%} in both"
         )
-        parts.append(f"{name} +{extra:.2f} GPU-h, {gain}")
-    if not parts:
-        return ""
-    return (
-        " (cause: the static split caps each member at its share; the pool gives each its "
-        "planner's need: " + "; ".join(parts) + ")"
-    )
+        part = f"{name} {extra:+.3f} GPU-h, {gain}"
+        seen = {(r["role"], r["start_s"]) for r in other.get("ready_after_last_arrival", ())}
+        late = [
+            r
+            for r in member.get("ready_after_last_arrival", ())
+            if (r["role"], r["start_s"]) not in seen
+        ]
+        late_hours = sum(r["gpu_hours"] for r in late)
+        if extra > 0 and late_hours > 0:
+            what = ", ".join(
+                f"{r['gpus']} GPUs of {r['role']} ordered at {r['start_s']:.0f} s, ready at "
+                f"{r['ready_s']:.0f} s"
+                for r in late
+            )
+            part += (
+                f", of which {late_hours:.3f} GPU-h is capacity ready only after its last "
+                f"arrival ({member['last_arrival_s']:.3f} s): {what}"
+            )
+        parts.append(part)
+    return " (cause, per member, shared against static: " + "; ".join(parts) + ")"
 
 
 def _met(ok: bool) -> str:

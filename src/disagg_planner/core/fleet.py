@@ -72,6 +72,32 @@ class Urgency(IntEnum):
             raise ValueError(f"urgency {text!r}: expected one of {names}") from None
 
 
+def member_urgency(
+    need_gpus: int,
+    held_gpus: int,
+    *,
+    now_s: float,
+    fast_scale_up_s: float | None,
+    window_s: float,
+) -> tuple[Urgency, str]:
+    """A member's urgency and why (the one definition every shell proposes with): an
+    observed SLO breach while its planner's fast check ordered a scale-up less than
+    ``window_s`` (its throughput interval) before ``now_s`` (the fast check scales up only on
+    what its recent window shows: the SLO at risk, a confirmed breach, or a rising rate whose
+    tail already nears its SLO; ``fast_scale_up_s`` on the planner's clock, as ``now_s``);
+    else a forecast shortfall when its planner needs more GPUs than it holds; else comfort."""
+    if fast_scale_up_s is not None and now_s - fast_scale_up_s < window_s:
+        return Urgency.SLO_BREACH, (
+            f"observed SLO breach: its fast check scaled up at {fast_scale_up_s:.0f} s, "
+            f"{now_s - fast_scale_up_s:.0f} s ago (within its {window_s:g} s interval)"
+        )
+    if need_gpus > held_gpus:
+        return Urgency.FORECAST_SHORTFALL, (
+            f"forecast shortfall: its planner needs {need_gpus} GPUs, it holds {held_gpus}"
+        )
+    return Urgency.COMFORT, (f"comfort: its planner needs {need_gpus} GPUs, it holds {held_gpus}")
+
+
 class FleetError(ValueError):
     """A pool or member that cannot be arbitrated (names the field and the value)."""
 
@@ -109,7 +135,8 @@ class MemberProposal:
 
     ``held_gpus``: what it holds now, starting and terminating replicas included;
     ``need_gpus``: what its planner wants; ``priority``: higher is served first;
-    ``ceiling_gpus``: never granted more (None: the pool's ceiling)."""
+    ``ceiling_gpus``: never granted more (None: the pool's ceiling); ``urgency_reason``:
+    why its urgency (:func:`member_urgency`'s sentence, for the shells to show)."""
 
     name: str
     priority: int
@@ -118,6 +145,7 @@ class MemberProposal:
     held_gpus: int
     urgency: Urgency = Urgency.COMFORT
     ceiling_gpus: int | None = None
+    urgency_reason: str = ""
 
     @property
     def claim(self) -> int:

@@ -140,6 +140,9 @@ class PlannerCore:
             }
         self.engine_limits = resolve_engine_limits(config, engine_limits)
         self.throughput_floor: dict[str, int] = {}
+        # when a fast check last ordered a scale-up (on the SLO its recent window showed at
+        # risk): a pool reads it as an observed breach (core.fleet.member_urgency)
+        self.fast_scale_up_s: float | None = None
         self.schedule = TickSchedule(
             start_s=start_s,
             throughput_interval_s=(
@@ -197,6 +200,7 @@ class PlannerCore:
             recent = observation.recent or MissingObservation("not_collected")
             throughput_decision = fast_check(self.throughput, now_s, recent, status, queued, busy)
             if throughput_decision.replicas is not None:
+                self.fast_scale_up_s = now_s
                 self.throughput_floor = {
                     r: max(n, self.throughput_floor.get(r, 0))
                     for r, n in throughput_decision.replicas.items()

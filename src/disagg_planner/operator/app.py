@@ -165,6 +165,8 @@ class PolicyRunner:
                     connector=loop.connector,
                     status=outcome.status if outcome is not None else None,
                     throughput_need=dict(loop.core.throughput_floor) if loop.core else {},
+                    fast_scale_up_s=loop.core.fast_scale_up_s if loop.core else None,
+                    now_s=loop.clock.now(),
                 )
             )
         return members

@@ -10,11 +10,13 @@ Every :data:`POOL_PERIOD_S` the operator runs the pool's arbiter
 (:func:`disagg_planner.core.fleet.arbitrate`) over its members' loops in this process: each
 member's proposal is its planner's standing need (the throughput loop's sizing), what its
 deployment holds (desired or ready replicas, whichever is more, plus the ones whose pods are
-still terminating: starting and releasing GPUs both count) and its urgency (a scale-up the
-grant refused is a forecast shortfall). The grants go to the members' connectors
-(:class:`PooledConnector`: a scale-up beyond the grant is cut to it), a member holding more
-than its grant is scaled down to it (a reclaim, drained as any scale-down), and the pool's
-status shows each member's allocated, requested, held and borrowed GPUs, the totals and a Ready
+still terminating: starting and releasing GPUs both count) and its urgency
+(:func:`disagg_planner.core.fleet.member_urgency`: a fast check's scale-up within its
+throughput interval is an observed breach, a need above what it holds a forecast shortfall).
+The grants go to the members' connectors (:class:`PooledConnector`: a scale-up beyond the
+grant is cut to it), a member holding more than its grant is scaled down to it (a reclaim,
+drained as any scale-down), and the pool's status shows each member's allocated, requested,
+held and borrowed GPUs (its message ends with its urgency's reason), the totals and a Ready
 condition. The arbiter's memory is kept in the status (``status.arbiter``), read back when the
 operator restarts, so a restart withdraws nothing at once and forgets no window.
 """
@@ -47,9 +49,9 @@ from disagg_planner.core.fleet import (
     Grant,
     MemberProposal,
     PoolLimits,
-    Urgency,
     arbitrate,
     fit_to_grant,
+    member_urgency,
 )
 from disagg_planner.core.types import DeploymentStatus
 from disagg_planner.operator.conditions import conditions_schema
@@ -183,6 +185,9 @@ class PoolMember:
     connector: PooledConnector
     status: DeploymentStatus | None
     throughput_need: Mapping[str, int] = field(default_factory=dict)
+    # when its planner's fast check last scaled up, and now, both on its loop's clock
+    fast_scale_up_s: float | None = None
+    now_s: float = 0.0
 
     def proposal(self) -> MemberProposal | None:
         """None until the member has read its deployment once."""
@@ -194,14 +199,22 @@ class PoolMember:
         wanted = {r: self.throughput_need.get(r, status.desired(r)) for r in status.roles}
         need = gpus_of(wanted, per) + self.connector.refused_gpus
         floor = gpus_of({r: self.config.min_endpoint_for(r) for r in status.roles}, per)
+        urgency, why = member_urgency(
+            need,
+            held,
+            now_s=self.now_s,
+            fast_scale_up_s=self.fast_scale_up_s,
+            window_s=self.config.throughput_adjustment_interval_seconds,
+        )
         return MemberProposal(
             name=self.name,
             priority=self.config.pool_priority,
             floor_gpus=self.config.pool_floor_gpus,
             need_gpus=max(need, floor),
             held_gpus=held,
-            urgency=Urgency.FORECAST_SHORTFALL if need > held else Urgency.COMFORT,
+            urgency=urgency,
             ceiling_gpus=self.config.pool_ceiling_gpus,
+            urgency_reason=why,
         )
 
 
@@ -257,6 +270,7 @@ def tick_pool(
             {},
         )
     grants = arbitration.grants if arbitration is not None else {}
+    urgency = {p.name: p.urgency_reason for p in proposals}
     reclaims = {}
     for m in members:
         grant = grants.get(m.name)
@@ -272,7 +286,7 @@ def tick_pool(
             "floor": g.floor_gpus,
             "priority": g.priority,
             "reason": g.reason.value,
-            "message": g.message,
+            "message": f"{g.message}; {urgency[name]}" if urgency.get(name) else g.message,
         }
         for name, g in grants.items()
     }

@@ -46,9 +46,9 @@ from disagg_planner.core.fleet import (
     Grant,
     MemberProposal,
     PoolLimits,
-    Urgency,
     arbitrate,
     fit_to_grant,
+    member_urgency,
 )
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.bounds import within_budget
@@ -186,19 +186,22 @@ class _Member:
     run: PolicyRun
     connector: GrantedConnector | None
     recorder: DiagnosticsRecorder | None
-    breach_until_s: float = -1.0
     done: bool = False
 
     @property
     def cluster(self) -> Cluster:
         return self.run.cluster
 
+    @property
+    def core(self) -> Any:
+        """Its planner's core (None for a policy without one)."""
+        return getattr(getattr(self.run.policy, "loop", None), "core", None)
+
     def need_gpus(self) -> int:
         """What its planner wants now: the throughput loop's standing sizing (raised by the
         fast checks), else what it has asked for."""
         cluster = self.cluster
-        core = getattr(getattr(self.run.policy, "loop", None), "core", None)
-        wanted = dict(getattr(core, "throughput_floor", {}) or {})
+        wanted = dict(getattr(self.core, "throughput_floor", {}) or {})
         replicas = {r: wanted.get(r, cluster.desired_replicas(r)) for r in cluster.roles}
         need = sum(n * cluster.gpus_per_replica(r) for r, n in replicas.items())
         asked = self.connector.asked_gpus if self.connector is not None else None
@@ -207,12 +210,13 @@ class _Member:
     def proposal(self, now_s: float) -> MemberProposal:
         held = self.cluster.gpus_in_use()
         need = max(self.need_gpus(), _footprint(self.plan.config, self.cluster))
-        if now_s < self.breach_until_s:
-            urgency = Urgency.SLO_BREACH
-        elif need > held:
-            urgency = Urgency.FORECAST_SHORTFALL
-        else:
-            urgency = Urgency.COMFORT
+        urgency, why = member_urgency(
+            need,
+            held,
+            now_s=now_s,
+            fast_scale_up_s=getattr(self.core, "fast_scale_up_s", None),
+            window_s=self.plan.config.throughput_adjustment_interval_seconds,
+        )
         return MemberProposal(
             name=self.spec.name,
             priority=self.spec.priority,
@@ -221,6 +225,7 @@ class _Member:
             held_gpus=held,
             urgency=urgency,
             ceiling_gpus=self.spec.ceiling_gpus,
+            urgency_reason=why,
         )
 
 
@@ -331,17 +336,7 @@ def run_fleet(
                     x.connector.asked_gpus = None
             for x in live:
                 if x.run.policy.next_wakeup_s() <= t:
-                    step = x.run.wake()
-                    if step is not None and step.effects is not None:
-                        # the fast check scales only when it sees the SLO at risk
-                        throughput = step.effects.throughput
-                        fast = throughput is not None and throughput.message.startswith(
-                            "fast check"
-                        )
-                        if fast and step.scale_to:
-                            x.breach_until_s = (
-                                t + x.plan.config.throughput_adjustment_interval_seconds
-                            )
+                    x.run.wake()
         for x in members:
             x.run.close(heap)
 
@@ -375,7 +370,10 @@ def run_fleet(
                 )
 
     series = pool_series(results)
+    late = {x.spec.name: ready_after_last_arrival(x.cluster, x.run.last_arrival_s) for x in members}
     fleet = fleet_summary(spec, split, results, series, state.events, state.grant_log, shares)
+    for name, replicas in late.items():
+        fleet["members"][name]["ready_after_last_arrival"] = replicas
     out = FleetResult(split, results, fleet, series, state.grant_log)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -527,6 +525,22 @@ def count_flips(grant_log: Sequence[Mapping[str, Any]], window_s: float) -> dict
     return flips
 
 
+def ready_after_last_arrival(cluster: Cluster, last_arrival_s: float) -> list[dict[str, Any]]:
+    """The replicas that became ready only after the last request arrived (or never did),
+    each with its GPUs, start, ready time and metered GPU-hours: capacity no arrival found."""
+    return [
+        {
+            "role": str(r.role),
+            "gpus": max((g for _, g in r.gpu_segments), default=0),
+            "start_s": r.start_s,
+            "ready_s": r.ready_s,
+            "gpu_hours": r.gpu_seconds(cluster.now) / 3600.0,
+        }
+        for r in cluster.replicas
+        if r.ready_s > last_arrival_s
+    ]
+
+
 def fleet_summary(
     spec: FleetSpec,
     split: str,
@@ -548,6 +562,7 @@ def fleet_summary(
             "static_share_gpus": shares[m.name],
             "slo_attainment": asdict(r.summary.slo_attainment),
             "requests": r.summary.requests,
+            "last_arrival_s": r.summary.last_arrival_s,
             "gpu_hours": r.summary.gpu_hours,
             "peak_gpus": max((row.gpus_in_use for row in r.timeline), default=0),
             "reclaims": sum(1 for e in events if e["member"] == m.name and e["kind"] == "reclaim"),

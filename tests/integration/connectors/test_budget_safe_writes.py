@@ -4,6 +4,7 @@ the DGD patch path (SimulatedDynamo plays the Dynamo operator with pods)."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 from typing import Any
 
@@ -13,8 +14,12 @@ from hypothesis import strategies as st
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.connectors.kubernetes import KubernetesConnector
+from disagg_planner.core.fleet import GrantReason
+from disagg_planner.core.planner import Observation, PlannerCore
 from disagg_planner.errors import ConnectorError
-from disagg_planner.operator.pool import PooledConnector, PoolMember
+from disagg_planner.operator.pool import PooledConnector, PoolMember, tick_pool
+from disagg_planner.predictors import make_predictors
+from disagg_planner.profiles import load_profile
 from tests.integration.connectors.conftest import (
     DGD_NAME,
     DGD_PLURAL,
@@ -27,6 +32,7 @@ from tests.integration.connectors.conftest import (
     worker,
 )
 from tests.unit.core.conftest import write_h200_like_profile
+from tests.unit.core.test_fast_path import SLOW_TTFT, recent
 
 pytestmark = pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
 
@@ -193,3 +199,70 @@ async def test_a_pooled_deployment_holds_the_gpus_of_its_terminating_engines(
     assert status.gpus_in_use == 2 * 1 + 6 * 4
     proposal = PoolMember(DGD_NAME, config, pooled, status).proposal()
     assert proposal is not None and proposal.held_gpus == 26
+
+
+async def test_a_pooled_member_whose_fast_check_scaled_up_is_served_as_a_breach(
+    cluster, api_client, tmp_path
+):
+    """Issue 30: the operator proposes each member's urgency by the core's one definition
+    (``core.fleet.member_urgency``). Two members of one priority read the same deployment
+    and want the same 8 GPUs; the planner of one has just scaled up on its fast check (the
+    TTFT tail over its SLO): an observed breach, served first, while the other's shortfall
+    is only forecast. The pool's status says why; one interval later both are forecasts."""
+    time = FakeTime()
+    deploy(cluster, (1, 1), gpus=(1, 1), adapters=(False, False))
+    cluster.simulate_dynamo(time, grace_s=30.0)
+    inner = connector(api_client, time)
+    await inner.validate()
+    config = PlannerConfig(
+        dgd_name=DGD_NAME,
+        backend="vllm",
+        profile_results_dir=str(write_h200_like_profile(tmp_path)),
+        throughput_adjustment_interval_seconds=60,
+        itl_ms=30,
+        pool="gpus",
+        pool_floor_gpus=2,
+    )
+    status = await inner.status()
+    core = PlannerCore(
+        config=config,
+        start_s=0.0,
+        profile=load_profile(config.profile_results_dir),
+        predictor_factory=lambda series: make_predictors("constant", series),
+    )
+    assert core.due(15.0) is not None  # the first fast check
+    effects = core.tick(15.0, Observation(status=status, recent=recent(80.0, SLOW_TTFT)))
+    assert effects.scale_to == {"prefill": 7, "decode": 1} and core.fast_scale_up_s == 15.0
+
+    def members(now_s: float) -> list[PoolMember]:
+        # as the operator's app reads each loop: its core's need and fast scale-up, its clock
+        return [
+            PoolMember(
+                name,
+                config,
+                PooledConnector(inner, config),
+                status,
+                throughput_need=dict(core.throughput_floor),
+                fast_scale_up_s=scaled_at,
+                now_s=now_s,
+            )
+            for name, scaled_at in (("breaching", core.fast_scale_up_s), ("forecast", None))
+        ]
+
+    spec = {"maxTotalGpus": 10, "stabilizationSeconds": 0}
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    tick = tick_pool(spec, {}, members(20.0), now)
+    assert tick.arbitration is not None
+    grants = tick.arbitration.grants
+    assert (grants["breaching"].gpus, grants["forecast"].gpus) == (8, 2)
+    assert grants["forecast"].reason == GrantReason.HIGHER_PRIORITY_FIRST
+    said = {n: m["message"] for n, m in tick.status["members"].items()}
+    assert "observed SLO breach: its fast check scaled up at 15 s" in said["breaching"]
+    assert "forecast shortfall: its planner needs 8 GPUs, it holds 2" in said["forecast"]
+
+    later = tick_pool(spec, {}, members(75.0), now)  # 60 s after the scale-up
+    assert later.arbitration is not None
+    assert {n: g.gpus for n, g in later.arbitration.grants.items()} == {
+        "breaching": 5,
+        "forecast": 5,
+    }

@@ -70,3 +70,43 @@ def test_the_high_priority_target_applies_where_the_best_static_fits(
     line = fleet._best_static_target(group, own)
     assert verdict in line, line
     assert ("MISSED" in line) == (own["gpus"] <= 16 and own["qualifies"] and shared < 0.99)
+
+
+def spent(gpu_hours: float, attainment: float, *late: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "gpu_hours": gpu_hours,
+        "slo_attainment": {"both": attainment},
+        "last_arrival_s": 899.998,
+        "ready_after_last_arrival": list(late),
+    }
+
+
+def test_the_gpu_hour_cause_names_every_member_and_capacity_ready_after_the_traffic(
+    fleet: ModuleType,
+) -> None:
+    """The shared pool's extra GPU-hours against the static split, member by member (those
+    that spent less too), and the part that is a replica ready only after the last arrival
+    (one the static run also started is not counted)."""
+    late = {"role": "decode", "gpus": 4, "start_s": 840.0, "ready_s": 900.0, "gpu_hours": 0.068}
+    both = {"role": "prefill", "gpus": 4, "start_s": 700.0, "ready_s": 901.0, "gpu_hours": 0.2}
+    static = {
+        "members": {
+            "large": spent(4.0, 0.85),
+            "mid": spent(2.0, 1.0),
+            "small": spent(1.6, 1.0, both),
+        }
+    }
+    shared = {
+        "members": {
+            "large": spent(4.133, 1.0),
+            "mid": spent(1.8, 1.0),
+            "small": spent(1.669, 1.0, both, late),
+        }
+    }
+    cause = fleet._gpu_hours_cause(shared, static)
+    assert cause == (
+        " (cause, per member, shared against static: large +0.133 GPU-h, attainment 85.00% -> "
+        "100.00%; mid -0.200 GPU-h, attainment 100.00% in both; small +0.069 GPU-h, attainment "
+        "100.00% in both, of which 0.068 GPU-h is capacity ready only after its last arrival "
+        "(899.998 s): 4 GPUs of decode ordered at 840 s, ready at 900 s)"
+    )

@@ -21,6 +21,7 @@ from disagg_planner.core.fleet import (
     PoolLimits,
     Urgency,
     arbitrate,
+    member_urgency,
 )
 
 R = GrantReason
@@ -273,6 +274,54 @@ ROWS = [
 def test_arbitration_rule(row: Row) -> None:
     grant = run(row).grants[row.who]
     assert (grant.gpus, grant.reason) == row.expect, grant.message
+
+
+# member_urgency at t = 1000 s with a 60 s throughput interval: (need, held, when its fast
+# check last scaled up) -> the urgency, whose reason begins with its name
+BREACH, SHORT, COMFORT = Urgency.SLO_BREACH, Urgency.FORECAST_SHORTFALL, Urgency.COMFORT
+URGENCY_ROWS = [
+    ("a fast-check scale-up 30 s ago is an observed breach", (8, 8, 970.0), BREACH),
+    ("an observed breach outranks a shortfall of the same member", (12, 8, 999.0), BREACH),
+    ("a scale-up one full interval ago no longer counts", (12, 8, 940.0), SHORT),
+    ("no fast-check scale-up: a need above what it holds", (12, 8, None), SHORT),
+    ("a need within what it holds is comfort", (8, 8, None), COMFORT),
+    ("a need below what it holds is comfort", (4, 8, 900.0), COMFORT),
+]
+REASON_START = {BREACH: "observed SLO breach", SHORT: "forecast shortfall", COMFORT: "comfort"}
+
+
+@pytest.mark.parametrize(("name", "seen", "expect"), URGENCY_ROWS, ids=[r[0] for r in URGENCY_ROWS])
+def test_member_urgency(name: str, seen: tuple[int, int, float | None], expect: Urgency) -> None:
+    need, held, scaled_at = seen
+    urgency, reason = member_urgency(
+        need, held, now_s=1000.0, fast_scale_up_s=scaled_at, window_s=60.0
+    )
+    assert (urgency, reason.split(":")[0]) == (expect, REASON_START[expect]), reason
+
+
+def test_an_observed_breach_within_the_last_interval_outranks_a_forecast_shortfall() -> None:
+    """Two members of one priority, each 8 GPUs short, in a pool with room for one: the one
+    whose fast check scaled up within its interval is served first; once that interval has
+    passed, both are forecast shortfalls and share in proportion."""
+
+    def proposals(now_s: float) -> list[MemberProposal]:
+        out = []
+        for name, scaled_at in (("breach", 990.0), ("forecast", None)):
+            urgency, _ = member_urgency(
+                10, 2, now_s=now_s, fast_scale_up_s=scaled_at, window_s=60.0
+            )
+            out.append(replace(member(name, 10, held=2, floor=2), urgency=urgency))
+        return out
+
+    pool = PoolLimits(12, stabilization_s=WINDOW)
+    grants = arbitrate(proposals(1000.0), pool, ArbiterMemory(), 1000.0).grants
+    assert (grants["breach"].gpus, grants["breach"].reason) == (10, R.NEED_MET)
+    assert (grants["forecast"].gpus, grants["forecast"].reason) == (2, R.HIGHER_PRIORITY_FIRST)
+    later = arbitrate(proposals(1050.0), pool, ArbiterMemory(), 1050.0).grants
+    assert {n: (g.gpus, g.reason) for n, g in later.items()} == {
+        "breach": (6, R.SHARED_IN_PROPORTION),
+        "forecast": (6, R.SHARED_IN_PROPORTION),
+    }
 
 
 def test_min_total_keeps_the_lowest_priority_shrinking_first() -> None:

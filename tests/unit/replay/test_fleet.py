@@ -189,6 +189,11 @@ def test_shared_pool_lends_reclaims_and_holds_the_ceiling(tmp_path: Path) -> Non
     assert fleet["gpu_hours"] == pytest.approx(
         sum(m["gpu_hours"] for m in fleet["members"].values())
     )
+    # the capacity that became ready only after a member's last arrival is part of its meter
+    for m in fleet["members"].values():
+        late = m["ready_after_last_arrival"]
+        assert all(r["ready_s"] > m["last_arrival_s"] and r["gpus"] > 0 for r in late)
+        assert sum(r["gpu_hours"] for r in late) <= m["gpu_hours"]
 
 
 @pytest.mark.slow
