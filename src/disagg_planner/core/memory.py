@@ -130,7 +130,7 @@ class TrafficMemory:
     # ISL histogram; until one is seen, the exponential case (1.0) is assumed.
     isl_scv: float = 1.0
     isl_histogram: Histogram | None = None  # the last window's, for the length-mix rule
-    # short-window rate / its interval's mean rate, for the burst factor
+    # short-window rate / its interval's level (rules.burst_ratios), for the burst factor
     burst_ratios: deque[float] = field(default_factory=lambda: deque(maxlen=BURST_HISTORY))
     short_rates: list[float] = field(default_factory=list)  # fast-check rates since the tick
     # short-window rates (fast checks; the intervals' without them), for the burst memory

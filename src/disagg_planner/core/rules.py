@@ -10,7 +10,8 @@ can serve, not for the window just past:
   ``[t + time-to-ready, t + time-to-ready + interval]``, from the trend through the window
   just observed and the forecast of the next;
 - :func:`burst_factor`: the upper quantile of short-window arrival rates relative to their
-  interval's mean, so that prefill is sized for the bursts inside an interval;
+  interval's level (:func:`burst_ratios`: its mean, or its trend where the rate rose or
+  fell steadily through it), so that prefill is sized for the bursts inside an interval;
   :func:`within_envelope`: what of it the arrival envelope has not already covered;
 - :func:`backlog_tokens`: the work already waiting, which the demand must also drain;
   :func:`backlog_replica_cap`: no more replicas for it than the engines it waits on (new
@@ -105,8 +106,9 @@ def arrival_envelope(
 
 
 def burst_factor(ratios: Sequence[float], quantile: float | None) -> RuleValue:
-    """The ``quantile`` of short-window arrival rates relative to their interval's mean
-    rate (at least 1); 1 when off or with fewer than :data:`MIN_BURST_SAMPLES` windows."""
+    """The ``quantile`` of short-window arrival rates relative to their interval's level
+    (:func:`burst_ratios`; at least 1); 1 when off or with fewer than
+    :data:`MIN_BURST_SAMPLES` windows."""
     if quantile is None:
         return RuleValue(1.0, "burst sizing off")
     finite = sorted(r for r in ratios if math.isfinite(r) and r >= 0)
@@ -118,7 +120,7 @@ def burst_factor(ratios: Sequence[float], quantile: float | None) -> RuleValue:
     return RuleValue(
         factor,
         f"burst factor {factor:.2f} (p{quantile * 100:g} of {len(finite)} short-window rates "
-        "over their interval's mean)",
+        "over their interval's level)",
     )
 
 
@@ -485,6 +487,43 @@ def _best_step(windows: Sequence[RateSample]) -> tuple[float, float, float, floa
             start = windows[k].end_s - windows[k].duration_s
             best = (rss, before, after, start)
     return best
+
+
+def burst_ratios(windows: Sequence[RateSample], mean_rate: float) -> list[float]:
+    """Each short window's rate over its interval's level, for the burst factor: the
+    interval's ``mean_rate``, or the trend at the window where the rate rose or fell
+    steadily through the interval (a least-squares line through the windows, scaled to
+    ``mean_rate``, whose slope is significant against the windows' Poisson noise, as
+    :func:`rising_trend` tests it, and which fits them better than two levels do, so that
+    a step or a burst is not taken for a trend; at least :data:`MIN_TREND_WINDOWS`
+    windows). A steady rise or fall is the forecast's and the rising trend's to size; a
+    burst is what lies above it: a sinusoid's interval over its peak is no burst."""
+    if mean_rate <= 0:
+        return []
+    flat = [s.rate / mean_rate for s in windows]
+    timed = [s for s in windows if s.duration_s > 0]
+    if len(timed) < MIN_TREND_WINDOWS or len(timed) != len(windows):
+        return flat
+    ts = [s.end_s - s.duration_s / 2.0 for s in windows]
+    line = fit_line([(t, s.rate) for t, s in zip(ts, windows, strict=True)])
+    if line is None or line.mean_rate <= 0:
+        return flat
+    var = sum(
+        (t - line.mean_t) ** 2 * max(s.rate, 1.0 / s.duration_s) / s.duration_s
+        for t, s in zip(ts, windows, strict=True)
+    ) / (line.sxx * line.sxx)
+    if abs(line.slope) <= BURST_RISE_SIGMAS * math.sqrt(var):
+        return flat
+    fitted = [line.at(t) for t in ts]
+    line_rss = sum((s.rate - f) ** 2 for s, f in zip(windows, fitted, strict=True))
+    step = _best_step(windows)
+    if step is not None and step[0] < line_rss:
+        return flat
+    scale = mean_rate / line.mean_rate
+    return [
+        s.rate / (f * scale) if f > 0 else s.rate / mean_rate
+        for s, f in zip(windows, fitted, strict=True)
+    ]
 
 
 def _smoothed(samples: Sequence[RateSample]) -> list[RateSample]:

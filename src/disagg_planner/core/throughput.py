@@ -67,6 +67,7 @@ from disagg_planner.core.rules import (
     arrival_envelope,
     backlog_tokens,
     burst_factor,
+    burst_ratios,
     slo_request_seconds,
     time_to_ready,
     within_envelope,
@@ -393,7 +394,9 @@ class ThroughputPlanner(LearnsFromObservation):
         if not memory.short_rates:
             memory.rate_samples.append(RateSample(traffic.end_s, mean_rate, traffic.duration_s))
         if mean_rate > 0:
-            memory.burst_ratios.extend(r / mean_rate for r in memory.short_rates)
+            # the fast checks' windows since the last tick: the last of the rate samples
+            since = list(memory.rate_samples)[-len(memory.short_rates) :]
+            memory.burst_ratios.extend(burst_ratios(since if memory.short_rates else [], mean_rate))
         memory.short_rates = []
         # the fast path's lengths pool this window with the short windows until the next
         memory.length_windows.clear()

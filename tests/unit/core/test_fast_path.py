@@ -183,6 +183,23 @@ def test_fast_windows_give_the_burst_factor(h200_like_profile: Profile) -> None:
     assert "burst factor 2.50" in decision.message
 
 
+def test_a_rate_rising_through_its_interval_is_no_burst(h200_like_profile: Profile) -> None:
+    # a 180 s interval of twelve 15 s windows rising steadily from 20 to 42 req/s (a
+    # sinusoid's climb): read over the interval's mean its last windows are 1.35x, a burst
+    # factor the sizing would add on top of the forecast; over the trend they are none
+    tp = planner(h200_like_profile, burst_quantile=0.9, throughput_adjustment_interval_seconds=180)
+    for tick in range(1, 3):
+        for k in range(12):
+            end = (tick - 1) * 180 + 15 * (k + 1)
+            window = replace(recent(20.0 + 2.0 * k, FAST_TTFT), end_s=end)
+            fast_check(tp, end, window, status(4, 4))
+        mean = sum(20.0 + 2.0 * k for k in range(12)) / 12
+        decision = tp.tick(
+            tick * 180, replace(traffic(tick * 180, mean * 180), duration_s=180), status(4, 4)
+        )
+    assert "burst factor 1.00" in decision.message
+
+
 def replace_duration(obs: TrafficObservation, duration_s: float) -> TrafficObservation:
     """``obs`` over ``duration_s`` (its count unchanged)."""
     return replace(obs, duration_s=duration_s)

@@ -20,6 +20,7 @@ from disagg_planner.core.rules import (
     backlog_tokens,
     burst_factor,
     burst_memory,
+    burst_ratios,
     histogram_quantile,
     histogram_share_above,
     length_mix,
@@ -579,3 +580,40 @@ def test_servable_quantile_reads_the_tail_among_the_prompts_that_can_meet_the_sl
     rule = servable_quantile(0.99, unservable_share=unservable, max_isl=80000)
     assert rule.value == pytest.approx(quantile)
     assert says in rule.reason and bool(rule.reason) == bool(says)
+
+
+def _mean(rates: list[RateSample]) -> float:
+    return sum(r.rate for r in rates) / len(rates)
+
+
+# one 180 s interval of 15 s windows (12 of them), each a case of what the burst factor reads
+RISE = windows(*((20.0 + 2.0 * k, 1) for k in range(12)))  # 20 -> 42 req/s, steadily
+SPIKE = windows((10.0, 6), (30.0, 1), (10.0, 5))  # flat, one window at 3x
+STEP = windows((10.0, 6), (30.0, 6))  # a level, then another
+SHORT_RISE = windows(*((20.0 + 2.0 * k, 1) for k in range(5)))  # too few windows for a line
+
+
+@pytest.mark.parametrize(
+    ("name", "rates", "highest"),
+    [
+        # a steady rise is the forecast's and the rising trend's: over the line, no window
+        # is a burst (over the mean, its last window read 1.35: a sinusoid's peak interval)
+        ("a steady rise is no burst", RISE, 1.0),
+        # a burst in a flat interval keeps its ratio over the mean (no significant trend)
+        ("a burst over a flat rate", SPIKE, 30.0 / _mean(SPIKE)),
+        # a step is a level the rate holds: two levels fit it better than a line
+        ("a step is read over the mean", STEP, 30.0 / _mean(STEP)),
+        # fewer windows than a trend is fitted over: over the mean
+        ("too few windows for a trend", SHORT_RISE, 28.0 / _mean(SHORT_RISE)),
+    ],
+)
+def test_burst_ratios_read_bursts_over_the_interval_s_trend(
+    name: str, rates: list[RateSample], highest: float
+) -> None:
+    ratios = burst_ratios(rates, _mean(rates))
+    assert len(ratios) == len(rates)
+    assert max(ratios) == pytest.approx(highest, rel=1e-9), name
+
+
+def test_burst_ratios_without_traffic_are_none() -> None:
+    assert burst_ratios(RISE, 0.0) == []

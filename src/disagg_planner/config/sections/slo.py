@@ -134,8 +134,8 @@ class SloSection(BaseModel):
         gt=0,
         lt=1,
         description="Size prefill for this upper quantile of the short-window (fast-check) "
-        "arrival rate relative to its interval's mean rate, instead of the mean; null sizes "
-        "for the mean.",
+        "arrival rate relative to its interval's level (its mean, or its trend where the rate "
+        "rose or fell steadily through it), instead of the mean; null sizes for the mean.",
         json_schema_extra=field_meta("slo"),
     )
     burst_memory_seconds: float | None = Field(
