@@ -317,7 +317,12 @@ def size_decode(
     GPU whose ITL meets ``itl / d_corr`` at context ``isl + osl/2`` (Dynamo's formula).
 
     Beyond Dynamo: the correction only ever tightens the ITL (``d_corr`` below 1, engines
-    faster than profiled, never licenses fewer replicas than the profile asks for); engines
+    faster than profiled, never licenses fewer replicas than the profile asks for), and it
+    divides the throughput too: an engine whose ITL is ``d_corr`` times the profile's at the
+    observed load takes ``d_corr`` times the profile's time per iteration, so at the batch
+    whose profiled ITL is ``itl / d_corr`` it emits ``thpt / d_corr`` (Dynamo's formula
+    tightens the ITL only, which on engines twice as slow as profiled sizes half the decode
+    they need); engines
     are planned at ``seq_utilisation`` of that throughput, and with ``max_num_seqs`` at most
     at what ``seq_utilisation x max_num_seqs`` concurrent requests per engine deliver at that
     ITL. A decode engine that runs full queues new requests before their first token, which
@@ -345,10 +350,10 @@ def size_decode(
             feasible=False,
             note=f"no profiled point meets ITL {corrected_itl:.1f} ms at context {context:.0f}",
         )
-    thpt, note, utilisation = best.thpt_per_gpu, "", seq_utilisation
+    thpt, note, utilisation = best.thpt_per_gpu / factor, "", seq_utilisation
     if max_num_seqs is not None and best.itl_ms > 0:
         slots = max_num_seqs * seq_utilisation
-        slot_thpt = slots * 1000.0 / best.itl_ms / gpus_per_replica
+        slot_thpt = slots * 1000.0 / (best.itl_ms * factor) / gpus_per_replica
         if slot_thpt < thpt * utilisation:
             utilisation = slot_thpt / thpt
             note = f"capped by {slots:.0f} of {max_num_seqs} sequence slots per engine"

@@ -117,7 +117,8 @@ def test_decode_formula_uses_best_throughput_under_corrected_itl(h200_like_profi
     )
     best = h200_like_profile.decode.find_best_throughput_per_gpu(30, 3150)
     assert ok.replicas == math.ceil(30000 / best.thpt_per_gpu)
-    # the engines run 2x slower than profiled: size for ITL 15 ms -> more replicas
+    # the engines run 2x slower than profiled: the batch whose profiled ITL is 15 ms meets
+    # 30 ms, and at it each engine emits half the profile's tokens per second
     slow = size_decode(
         forecast,
         h200_like_profile.decode,
@@ -126,7 +127,9 @@ def test_decode_formula_uses_best_throughput_under_corrected_itl(h200_like_profi
         correction=2.0,
         gpus_per_replica=1,
     )
-    assert slow.replicas > ok.replicas
+    tight = h200_like_profile.decode.find_best_throughput_per_gpu(15, 3150)
+    assert slow.thpt_per_gpu == pytest.approx(tight.thpt_per_gpu / 2)
+    assert slow.replicas == math.ceil(30000 / (tight.thpt_per_gpu / 2)) > ok.replicas
 
 
 def test_infeasible_itl_holds_with_reason(h200_like_profile: Profile) -> None:
