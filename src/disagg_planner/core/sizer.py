@@ -242,6 +242,7 @@ class Sizer:
             max_num_seqs=self.decode_max_num_seqs,
             seq_utilisation=DECODE_SEQ_UTILISATION,
             capacity=corr.decode_capacity,
+            slower_iterations=cfg.mode != "agg",
         )
         if cfg.mode == "agg":
             return {

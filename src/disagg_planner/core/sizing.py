@@ -312,6 +312,7 @@ def size_decode(
     max_num_seqs: int | None = None,
     seq_utilisation: float = 1.0,
     capacity: float = 1.0,
+    slower_iterations: bool = True,
 ) -> RoleSizing:
     """``ceil(num_req x osl / interval x cap / thpt / gpus)`` with ``thpt`` the best throughput per
     GPU whose ITL meets ``itl / d_corr`` at context ``isl + osl/2`` (Dynamo's formula).
@@ -322,7 +323,9 @@ def size_decode(
     observed load takes ``d_corr`` times the profile's time per iteration, so at the batch
     whose profiled ITL is ``itl / d_corr`` it emits ``thpt / d_corr`` (Dynamo's formula
     tightens the ITL only, which on engines twice as slow as profiled sizes half the decode
-    they need); engines
+    they need). Not with ``slower_iterations`` off: an aggregated engine's ITL over the
+    decode profile's is also the prefill chunks sharing its iterations, which
+    :func:`size_agg` charges already as prefill's share of the engine. Engines
     are planned at ``seq_utilisation`` of that throughput, and with ``max_num_seqs`` at most
     at what ``seq_utilisation x max_num_seqs`` concurrent requests per engine deliver at that
     ITL. A decode engine that runs full queues new requests before their first token, which
@@ -350,10 +353,11 @@ def size_decode(
             feasible=False,
             note=f"no profiled point meets ITL {corrected_itl:.1f} ms at context {context:.0f}",
         )
-    thpt, note, utilisation = best.thpt_per_gpu / factor, "", seq_utilisation
+    slower = factor if slower_iterations else 1.0
+    thpt, note, utilisation = best.thpt_per_gpu / slower, "", seq_utilisation
     if max_num_seqs is not None and best.itl_ms > 0:
         slots = max_num_seqs * seq_utilisation
-        slot_thpt = slots * 1000.0 / (best.itl_ms * factor) / gpus_per_replica
+        slot_thpt = slots * 1000.0 / (best.itl_ms * slower) / gpus_per_replica
         if slot_thpt < thpt * utilisation:
             utilisation = slot_thpt / thpt
             note = f"capped by {slots:.0f} of {max_num_seqs} sequence slots per engine"

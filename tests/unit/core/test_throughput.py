@@ -130,6 +130,18 @@ def test_decode_formula_uses_best_throughput_under_corrected_itl(h200_like_profi
     tight = h200_like_profile.decode.find_best_throughput_per_gpu(15, 3150)
     assert slow.thpt_per_gpu == pytest.approx(tight.thpt_per_gpu / 2)
     assert slow.replicas == math.ceil(30000 / (tight.thpt_per_gpu / 2)) > ok.replicas
+    # an aggregated engine's ITL ratio is also prefill sharing its iterations, which its
+    # sizing charges as prefill's share: the ratio tightens the ITL only
+    agg = size_decode(
+        forecast,
+        h200_like_profile.decode,
+        interval_s=60,
+        itl_target_ms=30,
+        correction=2.0,
+        gpus_per_replica=1,
+        slower_iterations=False,
+    )
+    assert agg.thpt_per_gpu == pytest.approx(tight.thpt_per_gpu)
 
 
 def test_infeasible_itl_holds_with_reason(h200_like_profile: Profile) -> None:
