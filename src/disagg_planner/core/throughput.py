@@ -14,9 +14,11 @@ A tick (every ``throughput_adjustment_interval_seconds``) runs these stages, in 
    last window and the forecast), with the burst factor, the backlog and the length mix;
 4. ``_size``: each role from the forecast (:mod:`disagg_planner.core.sizing`), with its
    capacity correction; a hold when the profile cannot serve it;
-5. :meth:`disagg_planner.core.memory.ConvergenceMemory.plan_from`: hold while the last
-   change has not converged (ready != desired), until
-   ``scaling_convergence_timeout_seconds``, after which it re-plans from what is ready; then
+5. :meth:`disagg_planner.core.memory.ConvergenceMemory.plan_from`: while the last change
+   has not converged (ready != desired), until ``scaling_convergence_timeout_seconds``
+   (after which it re-plans from what is ready), hold unless the need without the backlog
+   has grown past what is on its way: that is raised (up only; the backlog is the starting
+   replicas' to drain); then
    each role whose engines serve more than profiled (a learned correction below 1, the
    tail calm) held at its replicas where the profile asks for more
    (:func:`disagg_planner.core.feedback.faster_than_profiled`);
@@ -295,8 +297,13 @@ class ThroughputPlanner(LearnsFromObservation):
             timeout_s=self.config.scaling_convergence_timeout_seconds,
             warnings=warnings,
         )
+        waiting = plan_from if isinstance(plan_from, str) else ""
         if isinstance(plan_from, str):
-            return self.hold(now_s, ThroughputReason.SCALING_IN_PROGRESS, plan_from, diagnostics)
+            # While the last change converges, the tick still raises a role whose need has
+            # grown past what is on its way (a rate rising through the start-up); it cuts
+            # nothing, and the backlog is the starting replicas' to drain, not more to order.
+            plan_from = {r: status.desired(r) for r in self.config.roles}
+            sizing = dict(steady)
         sizing, steady, held = self.sizer.held_by_observation(
             sized_for,
             gpus,
@@ -315,7 +322,11 @@ class ThroughputPlanner(LearnsFromObservation):
         memory_floor, served = self.served_floors(
             now_s, memory_floor, peak_rate=memory.value, sized_for=sized_for
         )
-        guarded = self._guard(now_s, fresh, sizing, plan_from, gpus, memory_floor, steady)
+        guarded = self._guard(
+            now_s, fresh, sizing, plan_from, gpus, memory_floor, steady, up_only=bool(waiting)
+        )
+        if waiting and guarded.budget.replicas == plan_from:
+            return self.hold(now_s, ThroughputReason.SCALING_IN_PROGRESS, waiting, diagnostics)
         diagnostics = replace(
             diagnostics,
             stages=guarded.stages,
@@ -484,9 +495,12 @@ class ThroughputPlanner(LearnsFromObservation):
         gpus: Mapping[str, int],
         memory_floor: Mapping[str, RuleValue],
         steady: Mapping[str, RoleSizing],
+        *,
+        up_only: bool = False,
     ) -> Guarded:
         """The guard chain (:func:`disagg_planner.core.guards.guard_chain`) with the tick's
-        floors, its stabilisation and the observed margin a scale-down needs."""
+        floors, its stabilisation and the observed margin a scale-down needs (``up_only``:
+        nothing goes down, while a change converges)."""
         roles = self.config.roles
         cuts = self.cut_floors(now_s)
         floors = {r: self.config.min_endpoint_for(r) for r in roles}
@@ -519,6 +533,7 @@ class ThroughputPlanner(LearnsFromObservation):
             kept={"burst_memory": memory_floor, "cut_need": cuts},
             stabilise=lambda proposed, cur: self._stabilise(now_s, proposed, cur, need, windows),
             margin=margin,
+            up_only=up_only,
         )
 
     def _decide(

@@ -164,6 +164,28 @@ def test_scale_up_then_wait_for_convergence(h200_like_profile: Profile) -> None:
     assert "ready" in held.message
 
 
+def test_a_need_grown_past_what_is_starting_is_ordered_while_it_converges(
+    h200_like_profile: Profile,
+) -> None:
+    # ordered for 4800 requests a minute, still starting; the next minute brings twice as
+    # many: the tick does not wait for the first order to converge before raising prefill
+    # (a rate rising through the start-up), and cuts nothing meanwhile
+    tp = planner(h200_like_profile)
+    first = tp.tick(60, traffic(60, 4800), status(1, 1))
+    assert first.replicas is not None
+    want = first.replicas
+    pending = status(want["prefill"], want["decode"], ready_p=1, ready_d=1)
+    grown = tp.tick(120, traffic(120, 9600), pending)
+    assert grown.reason is ThroughputReason.SCALE and grown.replicas is not None
+    assert grown.replicas["prefill"] > want["prefill"]
+    assert all(grown.replicas[r] >= want[r] for r in want)
+    # a lower need while it converges changes nothing: the hold says what it waits for
+    pending = status(*grown.replicas.values(), ready_p=1, ready_d=1)
+    held = tp.tick(180, traffic(180, 2400), pending)
+    assert held.replicas is None and held.reason is ThroughputReason.SCALING_IN_PROGRESS
+    assert "waiting for the last change to converge" in held.message
+
+
 def test_convergence_timeout_replans_from_ready_replicas(h200_like_profile: Profile) -> None:
     # Dynamo issue #14251: pods that never become ready must not block the planner forever.
     tp = planner(h200_like_profile, scaling_convergence_timeout_seconds=120)
