@@ -49,7 +49,6 @@ from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
     RuleValue,
-    histogram_quantile,
     pooled_lengths,
     prior_peak,
     rising_trend,
@@ -67,6 +66,7 @@ from disagg_planner.core.types import (
     MissingObservation,
     ThroughputReason,
     TrafficObservation,
+    histogram_quantile,
 )
 
 

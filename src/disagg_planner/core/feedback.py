@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from disagg_planner.core.rules import RuleValue, histogram_quantile
-from disagg_planner.core.types import TrafficObservation
+from disagg_planner.core.rules import RuleValue
+from disagg_planner.core.types import TrafficObservation, histogram_quantile
 
 # Fast checks in a row whose tail is over the SLO before a breach overrules the model: one
 # window can be a single slow request; two at 15 s are half a minute of it.

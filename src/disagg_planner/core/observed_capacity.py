@@ -27,10 +27,14 @@ from disagg_planner.core.feedback import (
     served_calmly,
 )
 from disagg_planner.core.memory import TrafficMemory
-from disagg_planner.core.rules import RuleValue, histogram_share_above
+from disagg_planner.core.rules import RuleValue
 from disagg_planner.core.sizer import Sizer
 from disagg_planner.core.sizing import CapacityProfile, LoadForecast
-from disagg_planner.core.types import DeploymentStatus, TrafficObservation
+from disagg_planner.core.types import (
+    DeploymentStatus,
+    TrafficObservation,
+    histogram_share_above,
+)
 
 # The TTFT quantile the fast path reads when no attainment target is configured.
 DEFAULT_FAST_TTFT_QUANTILE = 0.99

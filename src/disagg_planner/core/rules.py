@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from disagg_planner.core.types import Histogram
+from disagg_planner.core.types import Histogram, histogram_points
 
 # A trend is extrapolated at most to this multiple of the larger of the observed and the
 # forecast rate: a steep rise seen over one interval says little about three intervals on.
@@ -171,21 +171,6 @@ def length_mix(
         f"prompt-length mix {factor:.2f} (prefill work of the observed ISLs over that of "
         f"their mean {mean:.0f})",
     )
-
-
-def histogram_points(histogram: Histogram, *, overflow: bool = True) -> list[tuple[float, float]]:
-    """``(value, count)`` per bucket of a histogram, each bucket at its midpoint; the
-    overflow (above the last bound) at 1.5x that bound, or left out."""
-    if not histogram.bounds:
-        return []
-    lows = (0.0, *histogram.bounds[:-1])
-    points = [
-        ((lo + hi) / 2, float(w))
-        for lo, hi, w in zip(lows, histogram.bounds, histogram.counts, strict=True)
-    ]
-    if overflow:
-        points.append((histogram.bounds[-1] * 1.5, float(histogram.overflow)))
-    return points
 
 
 def slo_request_seconds(*, ttft_ms: float, itl_ms: float, osl: float) -> float:
@@ -563,40 +548,6 @@ def trend_within_peak(trend: RuleValue, *, rate: float, peak: float, span_s: flo
         f"{trend.reason}; capped at {peak:.2f} req/s, the highest rate of the last "
         f"{span_s:.0f} s, which the rise has not passed yet",
     )
-
-
-def histogram_quantile(histogram: Histogram, quantile: float) -> float | None:
-    """The ``quantile`` of a bucketed distribution, linear within a bucket as Prometheus'
-    ``histogram_quantile`` is (the overflow bucket answers with the last bound); None when
-    empty."""
-    total = histogram.total
-    if total <= 0 or not histogram.bounds:
-        return None
-    rank = quantile * total
-    seen, low = 0.0, 0.0
-    for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
-        if count > 0 and seen + count >= rank:
-            return low + (bound - low) * (rank - seen) / count
-        seen += count
-        low = bound
-    return histogram.bounds[-1]
-
-
-def histogram_share_above(histogram: Histogram, value: float) -> float:
-    """The share of a bucketed distribution's observations above ``value``, linear within
-    a bucket (as :func:`histogram_quantile`); the overflow counts as above only when
-    ``value`` is at most the last bound (beyond it the histogram cannot say). 0 when empty."""
-    total = histogram.total
-    if total <= 0 or not histogram.bounds:
-        return 0.0
-    above, low = 0.0, 0.0
-    for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
-        if value < bound:
-            above += count * (bound - max(low, value)) / (bound - low) if bound > low else count
-        low = bound
-    if value <= histogram.bounds[-1]:
-        above += histogram.overflow
-    return min(1.0, above / total)
 
 
 def slo_at_risk(

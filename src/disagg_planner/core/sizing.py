@@ -22,8 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from disagg_planner.core.rules import histogram_points
-from disagg_planner.core.types import DeploymentStatus, Histogram, TrafficObservation
+from disagg_planner.core.types import (
+    DeploymentStatus,
+    Histogram,
+    TrafficObservation,
+    histogram_points,
+)
 from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
 
 # Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.

@@ -79,6 +79,55 @@ class Histogram:
         return float(sum(self.counts) + self.overflow)
 
 
+def histogram_points(histogram: Histogram, *, overflow: bool = True) -> list[tuple[float, float]]:
+    """``(value, count)`` per bucket of a histogram, each bucket at its midpoint; the
+    overflow (above the last bound) at 1.5x that bound, or left out."""
+    if not histogram.bounds:
+        return []
+    lows = (0.0, *histogram.bounds[:-1])
+    points = [
+        ((lo + hi) / 2, float(w))
+        for lo, hi, w in zip(lows, histogram.bounds, histogram.counts, strict=True)
+    ]
+    if overflow:
+        points.append((histogram.bounds[-1] * 1.5, float(histogram.overflow)))
+    return points
+
+
+def histogram_quantile(histogram: Histogram, quantile: float) -> float | None:
+    """The ``quantile`` of a bucketed distribution, linear within a bucket as Prometheus'
+    ``histogram_quantile`` is (the overflow bucket answers with the last bound); None when
+    empty."""
+    total = histogram.total
+    if total <= 0 or not histogram.bounds:
+        return None
+    rank = quantile * total
+    seen, low = 0.0, 0.0
+    for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
+        if count > 0 and seen + count >= rank:
+            return low + (bound - low) * (rank - seen) / count
+        seen += count
+        low = bound
+    return histogram.bounds[-1]
+
+
+def histogram_share_above(histogram: Histogram, value: float) -> float:
+    """The share of a bucketed distribution's observations above ``value``, linear within
+    a bucket (as :func:`histogram_quantile`); the overflow counts as above only when
+    ``value`` is at most the last bound (beyond it the histogram cannot say). 0 when empty."""
+    total = histogram.total
+    if total <= 0 or not histogram.bounds:
+        return 0.0
+    above, low = 0.0, 0.0
+    for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
+        if value < bound:
+            above += count * (bound - max(low, value)) / (bound - low) if bound > low else count
+        low = bound
+    if value <= histogram.bounds[-1]:
+        above += histogram.overflow
+    return min(1.0, above / total)
+
+
 @dataclass(frozen=True)
 class TrafficObservation:
     """Frontend traffic over the window ``[end_s - duration_s, end_s]``.

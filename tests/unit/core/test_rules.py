@@ -21,8 +21,6 @@ from disagg_planner.core.rules import (
     burst_factor,
     burst_memory,
     burst_ratios,
-    histogram_quantile,
-    histogram_share_above,
     length_mix,
     pooled_lengths,
     rising_trend,
@@ -31,7 +29,7 @@ from disagg_planner.core.rules import (
     time_to_ready,
     within_envelope,
 )
-from disagg_planner.core.types import Histogram
+from disagg_planner.core.types import Histogram, histogram_quantile, histogram_share_above
 from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
 
 
