@@ -21,6 +21,8 @@ the ITL), each a pure function returning its value and the sentence the reason c
   cuts below what the profile needs;
 - :func:`scale_down_margin`: a role goes down only when its observed tail is under
   :data:`SCALE_DOWN_MARGIN` of its SLO;
+- :func:`within_tolerance`: a tick's scale-up for a need within :data:`SCALE_UP_TOLERANCE`
+  of the running replicas waits while the role's tail is under that margin;
 - :func:`margin_window`: a role whose observed tail is under :data:`STABILISATION_MARGIN`
   of its SLO remembers its need for one time-to-ready, not the whole stabilisation window
   (the observation is the evidence the window stands in for);
@@ -461,6 +463,29 @@ def latency_capacity_estimate(
             lo, hi = (mid, hi) if mean_ttft(mid) < ttft_ms else (lo, mid)
         estimate = (lo + hi) / 2
     return max(1.0, estimate)
+
+
+# A tick's scale-up for a need within this share above the replicas running is held while
+# the tail is calm: the Kubernetes HPA's default tolerance, which keeps a need hovering at a
+# replica boundary from ordering and cutting a replica every few intervals.
+SCALE_UP_TOLERANCE = 0.1
+
+
+def within_tolerance(role: str, *, current: int, sized: int, need: float, calm: bool) -> RuleValue:
+    """``current`` where the sizing asks ``sized > current`` replicas for a need of ``need``
+    replicas (before rounding up) within :data:`SCALE_UP_TOLERANCE` of ``current`` and the
+    role's tail is ``calm`` (under the scale-down margin): the observation says those
+    running serve it; ``sized`` otherwise (a tail that rises is the fast check's to act
+    on)."""
+    if sized <= current or current <= 0 or not calm or not math.isfinite(need):
+        return RuleValue(float(sized), "")
+    if need > current * (1.0 + SCALE_UP_TOLERANCE):
+        return RuleValue(float(sized), "")
+    return RuleValue(
+        float(current),
+        f"{role}: a need of {need:.2f} replicas is within {SCALE_UP_TOLERANCE:.0%} of the "
+        f"{current} running and its tail is under its margin: held (the HPA's tolerance)",
+    )
 
 
 def faster_than_profiled(

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.demand import DemandSignals, decode_requests, prefill_requests
-from disagg_planner.core.feedback import faster_than_profiled
+from disagg_planner.core.feedback import faster_than_profiled, within_tolerance
 from disagg_planner.core.memory import TrafficMemory
 from disagg_planner.core.rules import RuleValue, backlog_replica_cap, burst_memory, length_mix
 from disagg_planner.core.sizing import (
@@ -19,6 +19,7 @@ from disagg_planner.core.sizing import (
     CorrectionFactors,
     LoadForecast,
     RoleSizing,
+    fractional_need,
     size_agg,
     size_decode,
     size_prefill,
@@ -185,6 +186,33 @@ class Sizer:
                     if held is sizing:
                         notes.append(rule.reason)
         return sizing, steady, notes
+
+    def within_tolerance(
+        self,
+        sizing: Mapping[str, RoleSizing],
+        *,
+        current: Mapping[str, int],
+        calm: Mapping[str, bool],
+    ) -> tuple[dict[str, RoleSizing], list[str]]:
+        """``sizing`` with each role's scale-up for a need within the HPA's tolerance of its
+        running replicas held while its tail is calm
+        (:func:`disagg_planner.core.feedback.within_tolerance`); the rule's sentences."""
+        out = dict(sizing)
+        notes: list[str] = []
+        for role, sized in sizing.items():
+            if role not in current or self.config.no_correction:
+                continue
+            rule = within_tolerance(
+                role,
+                current=current[role],
+                sized=sized.replicas,
+                need=fractional_need(sized),
+                calm=calm.get(role, False),
+            )
+            if rule.reason:
+                out[role] = replace(sized, replicas=int(rule.value))
+                notes.append(rule.reason)
+        return out, notes
 
     def size(
         self,

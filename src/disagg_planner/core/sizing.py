@@ -112,6 +112,15 @@ class RoleSizing:
     utilisation: float = 1.0  # share of the profiled throughput planned for
 
 
+def fractional_need(sizing: RoleSizing) -> float:
+    """The replicas ``sizing``'s demand takes before rounding up: ``demand / (thpt x
+    utilisation x gpus)`` (its own replicas where that is not defined)."""
+    per_replica = sizing.thpt_per_gpu * sizing.utilisation * sizing.gpus_per_replica
+    if per_replica <= 0 or not math.isfinite(per_replica):
+        return float(sizing.replicas)
+    return sizing.demand_tokens_per_s / per_replica
+
+
 # --- formulas --------------------------------------------------------------------------------
 
 

@@ -315,6 +315,11 @@ class ThroughputPlanner(LearnsFromObservation):
             backlog=backlog,
             length_mix=mix.value,
         )
+        if not waiting:
+            sizing, tolerated = self.sizer.within_tolerance(
+                sizing, current=plan_from, calm=self.calm(fresh)
+            )
+            held += tolerated
         diagnostics = replace(diagnostics, rules=(*diagnostics.rules, *held))
         memory, memory_floor = self.sizer.burst_floor(
             now_s, sized_for, gpus, mix.value, self.deployment_time_to_ready().value

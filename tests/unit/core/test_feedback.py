@@ -16,7 +16,9 @@ from disagg_planner.core.feedback import (
     latency_capacity_estimate,
     learn_capacity,
     served_calmly,
+    within_tolerance,
 )
+from disagg_planner.core.sizing import LoadForecast
 from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -632,3 +634,60 @@ SERVED_ROWS = [
 def test_served_calmly(row: ServedRow) -> None:
     rule = served_calmly("prefill", floor=4, peak_tokens_per_s=180_000.0, proven=row.proven)
     assert (int(rule.value), rule.reason) == (row.floor, row.says)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "value", "words"),
+    [
+        (
+            "tolerance: a need just past the running replicas is held while the tail is calm",
+            {"current": 1, "sized": 2, "need": 1.04, "calm": True},
+            1,
+            "decode: a need of 1.04 replicas is within 10% of the 1 running",
+        ),
+        (
+            "tolerance: a need past it orders",
+            {"current": 1, "sized": 2, "need": 1.15, "calm": True},
+            2,
+            "",
+        ),
+        (
+            "tolerance: a tail over its margin orders",
+            {"current": 1, "sized": 2, "need": 1.04, "calm": False},
+            2,
+            "",
+        ),
+        (
+            "tolerance: a scale-down is not its business",
+            {"current": 3, "sized": 2, "need": 1.5, "calm": True},
+            2,
+            "",
+        ),
+    ],
+)
+def test_within_tolerance(name: str, kwargs: dict, value: int, words: str) -> None:
+    rule = within_tolerance("decode", **kwargs)
+    assert rule.value == value, name
+    assert (words in rule.reason) if words else rule.reason == "", name
+
+
+def test_a_tick_holds_a_need_within_the_tolerance_while_the_tail_is_calm(
+    h200_like_profile: Profile,
+) -> None:
+    # sized at 80% of the profile's decode throughput, a need of about 1.05 engines asks 2;
+    # with the ITL tail calm the running engine is kept, and the reason says why
+    tp = planner(h200_like_profile)
+    one = tp.sizer.size(LoadForecast(num_req=1.0, isl=3000, osl=300), {"prefill": 1, "decode": 1})[
+        "decode"
+    ]
+    per_request = one.demand_tokens_per_s  # tokens/s per request a minute
+    engine = one.thpt_per_gpu * one.utilisation
+    num_req = 1.05 * engine / per_request
+    calm = traffic(60, num_req, itl_ms=5.0, ttft_histogram=ttft(0.1))
+    decision = tp.tick(60, calm, status(4, 1))
+    assert decision.replicas is not None and decision.replicas["decode"] == 1
+    assert "decode: a need of 1.05 replicas is within 10% of the 1 running" in decision.message
+    # the same need with the ITL tail at its SLO's margin orders the second engine
+    tp = planner(h200_like_profile)
+    hot = traffic(60, num_req, itl_ms=28.0, ttft_histogram=ttft(0.1))
+    assert tp.tick(60, hot, status(4, 1)).replicas["decode"] == 2
