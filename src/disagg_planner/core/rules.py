@@ -365,12 +365,8 @@ def rising_trend(
     line = fit_line([(t, s.rate) for t, s in zip(ts, recent, strict=True)])
     if line is None:
         return RuleValue(0.0, "no rate trend (the windows do not span time)")
-    t_mean, r_mean, slope, sxx = line.mean_t, line.mean_rate, line.slope, line.sxx
-    var = sum(
-        (t - t_mean) ** 2 * max(s.rate, 1.0 / s.duration_s) / s.duration_s
-        for t, s in zip(ts, recent, strict=True)
-    ) / (sxx * sxx)
-    if slope <= BURST_RISE_SIGMAS * math.sqrt(var):
+    t_mean, r_mean, slope = line.mean_t, line.mean_rate, line.slope
+    if slope <= BURST_RISE_SIGMAS * _slope_noise(line, ts, recent):
         return RuleValue(
             0.0,
             f"no significant rate trend over the last {len(recent)} short windows "
@@ -380,11 +376,8 @@ def rising_trend(
     # closely than the line, the rate jumped and stays at its new level; a line through the
     # jump runs on past that level and, extrapolated one time-to-ready, orders up to twice
     # it (the step 8 -> 40 req/s had 6 prefill replicas ordered where 3 serve 40 req/s).
-    line_rss = sum(
-        (s.rate - (r_mean + slope * (t - t_mean))) ** 2 for t, s in zip(ts, recent, strict=True)
-    )
-    step = _best_step(recent)
-    if step is not None and step[0] < line_rss:
+    step = _step_fits_better(line, ts, recent)
+    if step is not None:
         _rss, before, after, at_s = step
         return RuleValue(
             0.0,
@@ -493,22 +486,36 @@ def burst_ratios(windows: Sequence[RateSample], mean_rate: float) -> list[float]
     line = fit_line([(t, s.rate) for t, s in zip(ts, windows, strict=True)])
     if line is None or line.mean_rate <= 0:
         return flat
+    if abs(line.slope) <= BURST_RISE_SIGMAS * _slope_noise(line, ts, windows):
+        return flat
+    if _step_fits_better(line, ts, windows) is not None:
+        return flat
+    scale = mean_rate / line.mean_rate
+    return [
+        s.rate / (line.at(t) * scale) if line.at(t) > 0 else s.rate / mean_rate
+        for t, s in zip(ts, windows, strict=True)
+    ]
+
+
+def _slope_noise(line: Line, ts: Sequence[float], windows: Sequence[RateSample]) -> float:
+    """The standard error of ``line``'s slope through ``windows`` (at midpoints ``ts``),
+    each window's rate counted as Poisson (its variance ``rate / duration``): the noise a
+    trend's slope must stand out of."""
     var = sum(
         (t - line.mean_t) ** 2 * max(s.rate, 1.0 / s.duration_s) / s.duration_s
         for t, s in zip(ts, windows, strict=True)
     ) / (line.sxx * line.sxx)
-    if abs(line.slope) <= BURST_RISE_SIGMAS * math.sqrt(var):
-        return flat
-    fitted = [line.at(t) for t in ts]
-    line_rss = sum((s.rate - f) ** 2 for s, f in zip(windows, fitted, strict=True))
+    return math.sqrt(var)
+
+
+def _step_fits_better(
+    line: Line, ts: Sequence[float], windows: Sequence[RateSample]
+) -> tuple[float, float, float, float] | None:
+    """The best two-level fit of ``windows`` (:func:`_best_step`) when it fits them more
+    closely than ``line`` does (the rate stepped and holds: no trend); None otherwise."""
+    line_rss = sum((s.rate - line.at(t)) ** 2 for t, s in zip(ts, windows, strict=True))
     step = _best_step(windows)
-    if step is not None and step[0] < line_rss:
-        return flat
-    scale = mean_rate / line.mean_rate
-    return [
-        s.rate / (f * scale) if f > 0 else s.rate / mean_rate
-        for s, f in zip(windows, fitted, strict=True)
-    ]
+    return step if step is not None and step[0] < line_rss else None
 
 
 def _smoothed(samples: Sequence[RateSample]) -> list[RateSample]:

@@ -199,8 +199,10 @@ class Sizer:
         (:func:`disagg_planner.core.feedback.within_tolerance`); the rule's sentences."""
         out = dict(sizing)
         notes: list[str] = []
+        if self.config.no_correction:
+            return out, notes
         for role, sized in sizing.items():
-            if role not in current or self.config.no_correction:
+            if role not in current:
                 continue
             rule = within_tolerance(
                 role,

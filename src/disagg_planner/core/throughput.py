@@ -304,21 +304,20 @@ class ThroughputPlanner(LearnsFromObservation):
             # nothing, and the backlog is the starting replicas' to drain, not more to order.
             plan_from = {r: status.desired(r) for r in self.config.roles}
             sizing = dict(steady)
+        calm = self.calm(fresh)
         sizing, steady, held = self.sizer.held_by_observation(
             sized_for,
             gpus,
             status,
             sized=(sizing, steady),
             current=plan_from,
-            calm=self.calm(fresh),
+            calm=calm,
             burst=burst.value,
             backlog=backlog,
             length_mix=mix.value,
         )
         if not waiting:
-            sizing, tolerated = self.sizer.within_tolerance(
-                sizing, current=plan_from, calm=self.calm(fresh)
-            )
+            sizing, tolerated = self.sizer.within_tolerance(sizing, current=plan_from, calm=calm)
             held += tolerated
         diagnostics = replace(diagnostics, rules=(*diagnostics.rules, *held))
         memory, memory_floor = self.sizer.burst_floor(
@@ -411,8 +410,9 @@ class ThroughputPlanner(LearnsFromObservation):
             memory.rate_samples.append(RateSample(traffic.end_s, mean_rate, traffic.duration_s))
         if mean_rate > 0:
             # the fast checks' windows since the last tick: the last of the rate samples
-            since = list(memory.rate_samples)[-len(memory.short_rates) :]
-            memory.burst_ratios.extend(burst_ratios(since if memory.short_rates else [], mean_rate))
+            n = len(memory.short_rates)
+            since = list(memory.rate_samples)[-n:] if n else []
+            memory.burst_ratios.extend(burst_ratios(since, mean_rate))
         memory.short_rates = []
         # the fast path's lengths pool this window with the short windows until the next
         memory.length_windows.clear()

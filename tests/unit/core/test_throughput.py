@@ -6,6 +6,7 @@ Each row names the behaviour a user relies on; rows guarding a known Dynamo bug 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +14,13 @@ from hypothesis import strategies as st
 
 from disagg_planner.config import PlannerConfig
 from disagg_planner.core.budget import gpus_of
-from disagg_planner.core.sizing import CorrectionFactors, LoadForecast, size_decode, size_prefill
+from disagg_planner.core.sizing import (
+    CorrectionFactors,
+    LoadForecast,
+    RoleSizing,
+    size_decode,
+    size_prefill,
+)
 from disagg_planner.core.throughput import ThroughputPlanner
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -107,40 +114,30 @@ def test_prefill_capacity_correction_works_both_ways(h200_like_profile: Profile)
 
 def test_decode_formula_uses_best_throughput_under_corrected_itl(h200_like_profile: Profile):
     forecast = LoadForecast(num_req=6000, isl=3000, osl=300)  # 30,000 output tok/s
-    ok = size_decode(
-        forecast,
-        h200_like_profile.decode,
-        interval_s=60,
-        itl_target_ms=30,
-        correction=1.0,
-        gpus_per_replica=1,
-    )
+
+    def decode(correction: float, **kw: Any) -> RoleSizing:
+        return size_decode(
+            forecast,
+            h200_like_profile.decode,
+            interval_s=60,
+            itl_target_ms=30,
+            correction=correction,
+            gpus_per_replica=1,
+            **kw,
+        )
+
+    ok = decode(1.0)
     best = h200_like_profile.decode.find_best_throughput_per_gpu(30, 3150)
     assert ok.replicas == math.ceil(30000 / best.thpt_per_gpu)
     # the engines run 2x slower than profiled: the batch whose profiled ITL is 15 ms meets
     # 30 ms, and at it each engine emits half the profile's tokens per second
-    slow = size_decode(
-        forecast,
-        h200_like_profile.decode,
-        interval_s=60,
-        itl_target_ms=30,
-        correction=2.0,
-        gpus_per_replica=1,
-    )
+    slow = decode(2.0)
     tight = h200_like_profile.decode.find_best_throughput_per_gpu(15, 3150)
     assert slow.thpt_per_gpu == pytest.approx(tight.thpt_per_gpu / 2)
     assert slow.replicas == math.ceil(30000 / (tight.thpt_per_gpu / 2)) > ok.replicas
     # an aggregated engine's ITL ratio is also prefill sharing its iterations, which its
     # sizing charges as prefill's share: the ratio tightens the ITL only
-    agg = size_decode(
-        forecast,
-        h200_like_profile.decode,
-        interval_s=60,
-        itl_target_ms=30,
-        correction=2.0,
-        gpus_per_replica=1,
-        slower_iterations=False,
-    )
+    agg = decode(2.0, slower_iterations=False)
     assert agg.thpt_per_gpu == pytest.approx(tight.thpt_per_gpu)
 
 
