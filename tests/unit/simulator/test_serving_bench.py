@@ -129,3 +129,18 @@ def test_serving_points_are_validation_points_the_fit_refuses() -> None:
     stage = fit.Stage("leaky", lambda p: p is serving[0] or p.source == "vllm-latency", "test")
     with pytest.raises(fit.FitError, match="selects validation points"):
         fit.stage_points(stage)
+
+
+def test_one_simulation_serves_a_benchmarks_three_metrics_and_the_fit_path_agrees() -> None:
+    from disagg_planner.simulator import calibration_points
+
+    first = _serving_point()
+    same_run = [p for p in POINTS if p.engine == first.engine and p.kind in SERVING_KINDS]
+    assert len(same_run) == 3
+    before = calibration_points._cached_runs.cache_info().misses
+    values = [p.model_value("sim") for p in same_run]
+    assert calibration_points._cached_runs.cache_info().misses - before <= 1
+    lowest, highest = first.seed_spread("sim") or (0.0, 0.0)
+    assert lowest <= values[0] <= highest
+    # The fit computes validation errors without the cache (at trial factors): the same value.
+    assert calibration_points.compute_sim(first) == pytest.approx(values[0])
