@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results_block import markers, write_block
 
-from disagg_planner.simulator.calibration import POINTS, TARGET, CalibrationPoint
+from disagg_planner.simulator.calibration import POINTS, TARGET, CalibrationPoint, spread_text
 
 BLOCK = "fidelity"
 # The share of points that must meet their tolerance individually.
@@ -73,14 +73,16 @@ def _fmt(value: float) -> str:
 
 def point_table(table_rows: Sequence[Row]) -> str:
     lines = [
-        "| # | point | metric | engine model | reference | model | error | goal | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| # | point | metric | engine model | reference | model | seeds (min-max) | error | goal "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table_rows:
         p = r.point
         lines.append(
             f"| {r.number} | {p.name} | {p.metric} | {r.engine_model} | "
-            f"{_fmt(p.target)} {p.unit} | {_fmt(r.value)} | {r.error:+.1%} | "
+            f"{_fmt(p.target)} {p.unit} | {_fmt(r.value)} | {spread_text(p, r.engine_model)} | "
+            f"{r.error:+.1%} | "
             f"<= {p.target_tolerance:.0%} | {'met' if r.met else 'missed'} |"
         )
     return "\n".join(lines)

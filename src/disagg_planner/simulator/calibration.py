@@ -30,7 +30,13 @@ How each kind of point is computed, so that the comparison is like for like:
 - ``decode_step``: one decode step of ``batch`` requests at ``context`` tokens each;
 - ``offline_thpt``: an offline run as the benchmarks do it: ``requests`` requests all queued
   at t = 0 on one aggregated engine of the simulator (its vLLM-like scheduler), throughput =
-  output tokens per GPU / the time the last one finishes.
+  output tokens per GPU / the time the last one finishes;
+- ``serving_ttft`` / ``serving_tpot`` / ``serving_thpt``: one closed-loop serving benchmark
+  as ``vllm bench serve`` runs it (``serving_bench``: ``concurrency`` clients from t = 0,
+  ``requests`` prompts, random lengths in ``[int(r * L), L]``, outputs to their drawn
+  length) on one aggregated engine: its median TTFT, median TPOT and total (input + output)
+  token throughput per GPU, the mean over ``seeds`` length draws; the lowest and highest
+  seed are listed with the sources.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from disagg_planner.simulator.calibration_points import (
     ENGINE_MODELS,
     POINT_SETS,
     POINTS,
+    SERVING_KINDS,
     SOURCES,
     TARGET,
     CalibrationPoint,
@@ -78,6 +85,14 @@ def table(point_set: str, engine_models: Sequence[str] = ENGINE_MODELS) -> str:
             ]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
+
+
+def spread_text(point: CalibrationPoint, engine_model: str) -> str:
+    """A serving point's lowest to highest value over its seeds ("" for other kinds)."""
+    spread = point.seed_spread(engine_model)
+    if spread is None:
+        return ""
+    return f"{_fmt(spread[0])}-{_fmt(spread[1])} {point.unit}"
 
 
 def mean_abs_error(point_set: str, engine_model: str) -> float:
@@ -130,6 +145,13 @@ def tables(engine_models: Sequence[str] = ENGINE_MODELS) -> str:
     parts += [f"- `{key}`: {text}." for key, text in SOURCES.items()]
     notes = sorted({a for p in POINTS for a in p.assumptions})
     parts += [f"- Assumed: {a}." for a in notes]
+    parts += [
+        f"- Seed spread, point {i} ({p.name}): "
+        + ", ".join(f"{e} {spread_text(p, e)}" for e in engine_models)
+        + f" ({p.seeds} seeds)."
+        for i, p in enumerate(POINTS, 1)
+        if p.kind in SERVING_KINDS
+    ]
     parts += [
         f"- Outlier, point {i} ({p.name}): reported, not fitted: {p.outlier}."
         for i, p in enumerate(POINTS, 1)
@@ -193,6 +215,7 @@ __all__ = [
     "compute_sim",
     "doc_tables",
     "main",
+    "spread_text",
     "summary",
     "table",
     "tables",

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from disagg_planner.predictors.traces import TraceRequest
-from disagg_planner.simulator import aic_engine, catalogue
+from disagg_planner.simulator import aic_engine, catalogue, serving_bench
+from disagg_planner.simulator.calibration_sources import SOURCES
 from disagg_planner.simulator.engine_model import EngineModel
 from disagg_planner.simulator.engines import engine_for
+from disagg_planner.simulator.serving_bench import ServingSettings
 
 ENGINE_MODELS = ("sim", "aic")
 POINT_SETS = ("training", "validation")
@@ -23,14 +25,19 @@ _METRIC_OF_KIND = {
     "decode_thpt_at_itl": "throughput",
     "decode_step": "itl",
     "offline_thpt": "throughput",
+    # One closed-loop serving benchmark (serving_bench) reports all three; a point each.
+    "serving_ttft": "ttft",
+    "serving_tpot": "itl",
+    "serving_thpt": "throughput",
 }
+SERVING_KINDS = ("serving_ttft", "serving_tpot", "serving_thpt")
 
 
 @dataclass(frozen=True)
 class CalibrationPoint:
     name: str
     engine: str  # the sim: spec; the aic: spec is derived from it (see ``spec``)
-    kind: str  # prefill_ttft | prefill_thpt | decode_thpt_at_itl | decode_step | offline_thpt
+    kind: str  # a key of _METRIC_OF_KIND
     target: float  # the published reference value
     unit: str
     source: str  # a key of SOURCES
@@ -42,7 +49,12 @@ class CalibrationPoint:
     batch: int = 0
     itl_ms: float = 0.0
     osl: int = 0  # offline_thpt: every request's output length (its input length: isl)
-    requests: int = 0
+    requests: int = 0  # offline_thpt: queued at t = 0; serving_*: the client's prompts
+    # serving_*: the client's concurrency, its random range ratio (lengths uniform in
+    # [int(r * L), L] with L = isl, osl) and the seeds of the length draws (0 .. seeds - 1).
+    concurrency: int = 0
+    range_ratio: float = 0.0
+    seeds: int = 3
     # Regression guard of the roofline on its own training points (see test_engine_model);
     # None: not a fitted point.
     tolerance: float | None = None
@@ -67,6 +79,8 @@ class CalibrationPoint:
                 f"calibration point {self.name!r}: an offline run needs its requests' fixed "
                 f"lengths and count (isl={self.isl}, osl={self.osl}, requests={self.requests})"
             )
+        if self.kind in SERVING_KINDS:
+            self._check_serving()
         if self.outlier and self.point_set != "training":
             raise ValueError(
                 f"calibration point {self.name!r}: outlier is a mark of training points only "
@@ -77,6 +91,34 @@ class CalibrationPoint:
                 f"calibration point {self.name!r}: an outlier is not fitted, so it has no "
                 f"regression tolerance (tolerance={self.tolerance})"
             )
+
+    def _check_serving(self) -> None:
+        fields = ("concurrency", "requests", "isl", "osl", "seeds")
+        for name in fields:
+            if getattr(self, name) < 1:
+                raise ValueError(
+                    f"calibration point {self.name!r}: a serving benchmark needs {name} >= 1 "
+                    f"({name}={getattr(self, name)})"
+                )
+        if not 0.0 < self.range_ratio <= 1.0:
+            raise ValueError(
+                f"calibration point {self.name!r}: a serving benchmark needs its client's "
+                f"range_ratio in (0, 1] (range_ratio={self.range_ratio})"
+            )
+
+    @property
+    def serving(self) -> ServingSettings:
+        """The client settings of a serving point."""
+        return ServingSettings(
+            self.concurrency, self.requests, self.isl, self.osl, self.range_ratio
+        )
+
+    def seed_spread(self, engine_model: str = "sim") -> tuple[float, float] | None:
+        """A serving point's lowest and highest value over its seeds (None: not seeded)."""
+        if self.kind not in SERVING_KINDS:
+            return None
+        values = _cached_runs(self.spec(engine_model), self.serving, self.seeds).values(self.metric)
+        return min(values), max(values)
 
     @property
     def fitted(self) -> bool:
@@ -128,10 +170,22 @@ def _value(point: CalibrationPoint, engine_model: str) -> _Answer:
     if engine_model == "aic":
         # Each point's extrapolation flag is its own (the answers are shared by spec).
         aic_engine.forget_answers()
+    if point.kind in SERVING_KINDS:
+        runs = _cached_runs(spec, point.serving, point.seeds)
+        return _Answer(_mean(runs.values(point.metric)), runs.extrapolations > 0)
     value, model = _evaluate(point, spec)
     # Only the aic engine model has a measured grid to leave.
     outside = sum(getattr(model, "extrapolations", {}).values())
     return _Answer(value, outside > 0)
+
+
+# One simulation per (engine spec, client settings, seeds): a serving benchmark's three
+# metrics are three points that share it.
+_cached_runs = cache(serving_bench.seeded_runs)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def _evaluate(point: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
@@ -144,7 +198,12 @@ def _evaluate(point: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
 def compute_sim(point: CalibrationPoint) -> float:
     """The roofline's value for ``point`` with the efficiency factors in force now (not
     cached: the fitting tool calls it inside ``catalogue.trial_fit``)."""
-    return _evaluate(point, point.spec("sim"))[0]
+    spec = point.spec("sim")
+    if point.kind in SERVING_KINDS:
+        return _mean(
+            serving_bench.seeded_runs(spec, point.serving, point.seeds).values(point.metric)
+        )
+    return _evaluate(point, spec)[0]
 
 
 def _compute(p: CalibrationPoint, model: EngineModel) -> float:
@@ -184,43 +243,6 @@ def _offline(p: CalibrationPoint, spec: str) -> tuple[float, EngineModel]:
     model = cluster.engine_model("agg")
     return sum(r.osl for r in records) / span / model.spec.gpus, model
 
-
-SOURCES: dict[str, str] = {
-    "dynamo": (
-        "Dynamo profiler test data for nvidia/Llama-3.1-8B-Instruct-FP8, H200 TP1 prefill and "
-        "TP1 decode, ISL/OSL 3000/150: '40k tokens/s/gpu prefill with 80ms TTFT and 10k "
-        "tokens/s/gpu decode with 10ms ITL' (ai-dynamo/dynamo tests/planner/README.md)"
-    ),
-    "dynamo-raw": (
-        "the raw data of the same Dynamo profile (its prefill interpolator's example in "
-        "ai-dynamo/dynamo tests/planner): ISL 3000 -> TTFT 0.027 s, 110,893 tok/s/GPU, a lone "
-        "request"
-    ),
-    "aic-vllm": (
-        "AIConfigurator's measured vLLM 0.24.0 kernel tables (aiconfigurator-core 0.12.0, "
-        "h100_sxm/h200_sxm) composed by simulator/aic_engine.py into one lone request's "
-        "prefill (plus the simulated frontend's 6 ms) or one decode step: the aic column of "
-        "the same point, recorded by python -m disagg_planner.simulator.calibration "
-        "--aic-references"
-    ),
-    "vllm-latency": (
-        "vLLM nightly performance benchmark, latency test (input 32, output 128, batch 8), "
-        "buildkite vllm/performance-benchmark build 9515: mean latency / 128 steps "
-        "(8B TP1: 997.5 ms H100, 833.4 ms H200; 70B TP4: 2,444.5 ms H100, 2,077.5 ms H200)"
-    ),
-    "aic-queueing": (
-        "AIConfigurator queueing-model validation (docs/design/queueing_model.md), vLLM 0.24.0, "
-        "Llama-3.1-8B on H200, ISL/OSL 4096/256, concurrency 32: itl_p50 9.3 ms "
-        "(precision not stated; BF16 assumed)"
-    ),
-    "trtllm": (
-        "TensorRT-LLM docs/source/performance/perf-overview.md (trtllm-bench max throughput, "
-        "PyTorch backend, fixed ISL/OSL, CUDA graphs padded up to batch 8192; request counts "
-        "per shape as the page lists them, 128/128 run with 10,000 of its 30,000): total "
-        "output tokens/s of the TP group, divided here by its GPUs (H200 8B and 70B TP1; "
-        "H100 8B TP1 and 70B TP2)"
-    ),
-}
 
 _H200_8B_FP8 = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
 # The vLLM nightly benchmark's build 9515 does not publish its release. Its batch-8 steps are
@@ -305,6 +327,57 @@ def _aic_decode(engine: str, label: str, batch: int, context: int, ms: float) ->
         batch=batch,
         context=context,
         tolerance=0.15,
+    )
+
+
+# InferenceX's vLLM v0.10.2 server (a V1 release) as its H100 Llama-70B FP8 script runs it.
+_INFERENCEX = ":seqs=64:mnbt=8192:max_model_len=10240:prefix_caching=off:version=0.10.2"
+_INFERENCEX_NOTES = (
+    "client lengths uniform in [0.8 L, L] per request (the random dataset's older "
+    "--random-range-ratio semantics; the fork's sampling code was not checked), drawn with "
+    "3 seeds: the model value is their mean, their spread is listed",
+    "vLLM v0.10.2's timing is the V1 engine model's (fitted to vLLM 0.24.0's kernel tables); "
+    "its async scheduling is not modelled beyond that",
+)
+
+
+def _inferencex(
+    isl: int, tp: int, *, thpt: float, ttft: float, tpot: float
+) -> tuple[CalibrationPoint, ...]:
+    """One InferenceX H100 row (conc 64, 640 prompts, output 1k): its three metrics."""
+    # Little's law on the row's own figures, at the mean lengths (0.9 of the nominal): 64 in
+    # flight over one request's e2e is the request rate; its tokens over the per-GPU figure
+    # are the GPUs.
+    e2e_s = (ttft + 0.9 * 1023 * tpot) / 1000.0
+    tokens_s = 64 / e2e_s * 0.9 * (isl + 1024)
+    derivation = (
+        f"64 in flight / e2e {e2e_s:.1f} s x {0.9 * (isl + 1024):,.0f} mean tokens = "
+        f"{tokens_s:,.0f} tok/s, / {thpt:,.1f} per GPU = {tokens_s / thpt:.2f} GPUs"
+    )
+    shape = f"{isl // 1024}k/1k"
+    note = f"TP not published: TP{tp} derived by Little's law from the row's figures ({derivation})"
+    return tuple(
+        CalibrationPoint(
+            f"H100 Llama-3.3-70B FP8 TP{tp} serving {label}, {shape}, conc 64 (vLLM)",
+            f"sim:llama-3.3-70b-fp8@h100_sxm:tp{tp}{_INFERENCEX}",
+            kind,
+            target,
+            unit,
+            "inferencex",
+            point_set="validation",
+            setting=f"closed loop, conc 64, 640 prompts, random {isl}/1024 x [0.8, 1]",
+            isl=isl,
+            osl=1024,
+            requests=640,
+            concurrency=64,
+            range_ratio=0.8,
+            assumptions=(note, *_INFERENCEX_NOTES),
+        )
+        for kind, label, target, unit in (
+            ("serving_ttft", "median TTFT", ttft, "ms"),
+            ("serving_tpot", "median TPOT", tpot, "ms"),
+            ("serving_thpt", "throughput", thpt, "tok/s/GPU"),
+        )
     )
 
 
@@ -493,6 +566,10 @@ POINTS: tuple[CalibrationPoint, ...] = (
     _trtllm("llama-3.3-70b-fp8", "70B-FP8", 128, 4096, 2872.0, 1500),
     _trtllm("llama-3.3-70b-fp8", "70B-FP8", 1000, 2000, 2994.0, 1500),
     _trtllm("llama-3.3-70b-fp8", "70B-FP8", 20000, 2000, 283.0, 1000),
+    # vLLM serving under load (InferenceX, H100, Llama-3.3-70B FP8; appended so the numbers
+    # above stay): TTFT, TPOT and throughput of one closed-loop benchmark each.
+    *_inferencex(1024, 2, thpt=2123.1, ttft=135.7, tpot=29.1),
+    *_inferencex(8192, 4, thpt=2568.0, ttft=466.2, tpot=55.0),
 )
 
 
@@ -500,6 +577,7 @@ __all__ = [
     "ENGINE_MODELS",
     "POINTS",
     "POINT_SETS",
+    "SERVING_KINDS",
     "SOURCES",
     "TARGET",
     "CalibrationPoint",
