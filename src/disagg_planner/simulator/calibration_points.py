@@ -30,7 +30,7 @@ _METRIC_OF_KIND = {
     "serving_tpot": "itl",
     "serving_thpt": "throughput",
 }
-SERVING_KINDS = ("serving_ttft", "serving_tpot", "serving_thpt")
+SERVING_KINDS = tuple(kind for kind in _METRIC_OF_KIND if kind.startswith("serving_"))
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def _value(point: CalibrationPoint, engine_model: str) -> _Answer:
         aic_engine.forget_answers()
     if point.kind in SERVING_KINDS:
         runs = _cached_runs(spec, point.serving, point.seeds)
-        return _Answer(_mean(runs.values(point.metric)), runs.extrapolations > 0)
+        return _Answer(_seed_mean(point, runs), runs.extrapolations > 0)
     value, model = _evaluate(point, spec)
     # Only the aic engine model has a measured grid to leave.
     outside = sum(getattr(model, "extrapolations", {}).values())
@@ -184,7 +184,9 @@ def _value(point: CalibrationPoint, engine_model: str) -> _Answer:
 _cached_runs = cache(serving_bench.seeded_runs)
 
 
-def _mean(values: list[float]) -> float:
+def _seed_mean(point: CalibrationPoint, runs: serving_bench.SeededRuns) -> float:
+    """A serving point's model value: its metric's mean over the seeds."""
+    values = runs.values(point.metric)
     return sum(values) / len(values)
 
 
@@ -200,9 +202,7 @@ def compute_sim(point: CalibrationPoint) -> float:
     cached: the fitting tool calls it inside ``catalogue.trial_fit``)."""
     spec = point.spec("sim")
     if point.kind in SERVING_KINDS:
-        return _mean(
-            serving_bench.seeded_runs(spec, point.serving, point.seeds).values(point.metric)
-        )
+        return _seed_mean(point, serving_bench.seeded_runs(spec, point.serving, point.seeds))
     return _evaluate(point, spec)[0]
 
 
