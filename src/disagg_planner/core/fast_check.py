@@ -5,7 +5,8 @@
    rising trend), its lengths and the window itself (the tick's window when that is missing);
 2. the observed tails over their SLOs per role (TTFT tail at the attainment quantile for
    prefill, ITL for decode, both for an aggregated engine), counted towards a breach (a
-   TTFT tail the long prompts' own prefill makes is none, except for a prefill role cut
+   TTFT tail the long prompts' own prefill makes is none, nor one while the queue a
+   start-up left drains, except for a prefill role cut
    within its stabilisation window, judged at the servable quantile:
    :func:`disagg_planner.core.feedback.servable_quantile`); the prefill capacity
    correction from the engines' busy fraction;
@@ -32,6 +33,7 @@ No I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -117,17 +119,6 @@ def fast_check(
             # comes back (:func:`disagg_planner.core.feedback.servable_quantile`)
             servable = tp.servable_quantile(recent)
             tails = tp.tails(recent, servable=True)
-    # A breach is counted from the role's convergence on: while ordered replicas start, the
-    # tail holds the requests that queued before they served.
-    streaks = {
-        r: tp.feedback.see(r, tails.ratio(r) if status.ready(r) >= status.desired(r) else None)
-        for r in cfg.roles
-    }
-    calm = tp.calm(recent)
-    learnt = tp.learn_from_busy(
-        status, busy, rate=_busy_window_rate(tp, now_s), isl=isl, calm=calm, window=recent
-    )
-
     # The waiting requests are counted at the short window's own mean prompt (those
     # reaching their first token now come out of the queue, long prompts among the last);
     # the arrivals' need at the pooled lengths.
@@ -135,6 +126,28 @@ def fast_check(
     backlog = tp.backlog(recent, queued_isl, queued_prefill_tokens)
     tp.see_served(now_s, status, recent, backlog=backlog.value)
     excess = backlog.value / queued_isl if queued_isl > 0 else 0.0
+    # A breach is counted from the role's convergence on: while ordered replicas start, the
+    # tail holds the requests that queued before they served, and so it does while that
+    # queue drains (one drain period after they became ready, for the roles that serve the
+    # first token).
+    queue_left = {
+        r: excess
+        if "ttft" in ROLE_TAILS.get(r, ())
+        and now_s - tp.convergence.ready_s.get(r, -math.inf) <= cfg.backlog_drain_seconds
+        else 0.0
+        for r in cfg.roles
+    }
+    streaks = {
+        r: tp.feedback.see(
+            r,
+            tails.ratio(r) if status.ready(r) >= status.desired(r) and queue_left[r] < 1 else None,
+        )
+        for r in cfg.roles
+    }
+    calm = tp.calm(recent)
+    learnt = tp.learn_from_busy(
+        status, busy, rate=_busy_window_rate(tp, now_s), isl=isl, calm=calm, window=recent
+    )
     risk = slo_at_risk(
         ttft_tail_ms=seen.ttft_ms,
         ttft_target_ms=cfg.ttft_ms,
@@ -153,6 +166,7 @@ def fast_check(
             recently_cut=cut_recently[r],
             tails=tails,
             starting=max(0, status.desired(r) - status.ready(r)),
+            queue_left=queue_left[r],
         )
         for r in cfg.roles
     }

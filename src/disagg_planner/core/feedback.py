@@ -236,12 +236,14 @@ def observed_breach(
     recently_cut: bool,
     tails: Tails,
     starting: int = 0,
+    queue_left: float = 0.0,
 ) -> RuleValue:
     """The tail ratio when ``role``'s observed tail has been over its SLO for
     :data:`BREACH_CONFIRMATIONS` fast checks in a row (one when the role was cut within the
     stabilisation window: that cut is the likely cause), counted from its convergence on
     (while ``starting`` ordered replicas start, the tail holds requests that queued before
-    they served); 0 otherwise."""
+    they served, and for a drain period after they became ready the ``queue_left`` waiting
+    beyond the arrival rate is that queue, which the backlog rule sizes); 0 otherwise."""
     needed = 1 if recently_cut else BREACH_CONFIRMATIONS
     if ratio is None or ratio <= 1.0:
         return RuleValue(0.0, "")
@@ -250,6 +252,12 @@ def observed_breach(
             0.0,
             f"{role}: over its SLO ({tails.text}) while {starting} ordered replica(s) start: "
             "not counted",
+        )
+    if queue_left >= 1:
+        return RuleValue(
+            0.0,
+            f"{role}: over its SLO ({tails.text}) while the {queue_left:.0f} requests that "
+            "queued before its last replicas were ready drain: not counted",
         )
     if streak < needed:
         return RuleValue(0.0, f"{role}: over its SLO ({tails.text}), {streak} of {needed} checks")

@@ -37,6 +37,7 @@ class ConvergenceMemory:
     awaiting_ready: dict[str, float] = field(default_factory=dict)  # role -> time of the change
     scaling_latency_s: dict[str, float] = field(default_factory=dict)
     last_scale_up_s: dict[str, float] = field(default_factory=dict)
+    ready_s: dict[str, float] = field(default_factory=dict)  # role -> when its last scale-up was
 
     def track(self, now_s: float, status: DeploymentStatus) -> None:
         """Measure each scale-up from decision to ready (checked on every tick, fast ones
@@ -44,6 +45,7 @@ class ConvergenceMemory:
         for role, since in list(self.awaiting_ready.items()):
             if role in status.roles and status.ready(role) >= status.desired(role):
                 self.scaling_latency_s[role] = now_s - since
+                self.ready_s[role] = now_s
                 del self.awaiting_ready[role]
 
     def note_scale(

@@ -69,6 +69,11 @@ def long_prompts(end_s: float) -> TrafficObservation:
     )
 
 
+def queued(end_s: float) -> TrafficObservation:
+    """A window over the SLO with 40 requests in flight beyond what its rate explains."""
+    return replace(window(end_s, 10, ttft_p99_s=0.95), in_flight=135.0)
+
+
 Step = Callable[[ThroughputPlanner], ThroughputDecision]
 
 
@@ -287,6 +292,33 @@ ROWS = [
         R.NO_CHANGE,
         "prefill: over its SLO (TTFT p99 950 ms / 500 ms, ITL 10.0 ms / 30.0 ms) while 5 "
         "ordered replica(s) start: not counted",
+    ),
+    Row(
+        "observed breach: not counted while the queue left from before the last order was "
+        "ready drains (the backlog rule sizes it)",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),
+            fast(90, window(90, 10, ttft_p99_s=0.95), FIVE),
+            fast(105, queued(105), status(10, 2)),
+            fast(120, queued(120), status(10, 2)),
+        ),
+        None,
+        R.NO_CHANGE,
+        "prefill: over its SLO (TTFT p99 950 ms / 500 ms, ITL 10.0 ms / 30.0 ms) while the 40 "
+        "requests that queued before its last replicas were ready drain: not counted",
+    ),
+    Row(
+        "observed breach: counted again once the queue left had one drain period",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),
+            fast(90, window(90, 10, ttft_p99_s=0.95), FIVE),
+            fast(105, queued(105), status(10, 2)),
+            fast(180, queued(180), status(10, 2)),
+            fast(195, queued(195), status(10, 2)),
+        ),
+        None,  # judged: the 10 ready did not lower the tail the 5 breached with
+        R.NO_CHANGE,
+        "prefill: observed tail over its SLO for 2 fast checks",
     ),
     Row(
         "cut breached: a sustained ITL breach after a cut scales decode back up at once",
