@@ -3,6 +3,7 @@
 
 1. hold when the short window is missing; else record its rate (burst factor, burst memory,
    rising trend), its lengths and the window itself (the tick's window when that is missing);
+   until a tick has seen the prompt-length histogram, the windows' own pooled stand for it;
 2. the observed tails over their SLOs per role (TTFT tail at the attainment quantile for
    prefill, ITL for decode, both for an aggregated engine), counted towards a breach (a
    TTFT tail the long prompts' own prefill makes is none, nor one while the queue a
@@ -47,6 +48,7 @@ from disagg_planner.core.feedback import (
     unfixable_tail,
 )
 from disagg_planner.core.guards import guard_chain
+from disagg_planner.core.memory import pool_windows
 from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
@@ -99,6 +101,13 @@ def fast_check(
     memory.fast_windows.append(recent)
     if recent.num_req > 0 and recent.isl is not None and recent.osl is not None:
         memory.length_windows.append(LengthSample(recent.num_req, recent.isl, recent.osl))
+    if not memory.lengths_from_tick:
+        # before a tick has seen the prompt lengths, the fast windows since the start say
+        # what they are: the length mix and the work's variability the first minutes are
+        # sized with (a heavy-tailed mix at the mean's cost is sized short of its need)
+        seen_so_far = pool_windows(memory.fast_windows)
+        if seen_so_far is not None and seen_so_far.isl_histogram is not None:
+            tp.see_lengths(seen_so_far.isl_histogram)
     pooled = pooled_lengths(memory.length_windows)
     if pooled is not None:
         isl, osl, lengths_reason = pooled
@@ -178,8 +187,9 @@ def fast_check(
     )
     interval = cfg.throughput_adjustment_interval_seconds
     # The opening ramp is the run starting, no trend, unless the TTFT tail already breaches
-    # the SLO on it (a run started at full load on a deployment too small for it).
-    breached = seen.ttft_ms is not None and seen.ttft_ms > cfg.ttft_ms
+    # the SLO on it (a run started at full load on a deployment too small for it): a tail
+    # replicas can shorten (the long prompts' own prefill over the SLO is not that).
+    breached = tails.ttft_ms is not None and tails.ttft_ms > cfg.ttft_ms
     opening = "" if breached else memory.opening_rule(now_s, interval)
     trend = rising_trend(
         memory.rate_samples if breached else memory.after_opening(memory.rate_samples, interval),

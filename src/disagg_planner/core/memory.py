@@ -128,10 +128,13 @@ class StabilisationMemory:
 class TrafficMemory:
     """Short windows and lengths seen; see the module doc."""
 
-    # Variability of prompt lengths (squared coefficient of variation) from the observed
-    # ISL histogram; until one is seen, the exponential case (1.0) is assumed.
-    isl_scv: float = 1.0
+    # Variability (squared coefficient of variation) of the prefill work per prompt, from
+    # the observed ISL histogram at the profile; until one is seen, the exponential case
+    # (1.0) is assumed.
+    service_scv: float = 1.0
     isl_histogram: Histogram | None = None  # the last window's, for the length-mix rule
+    # whether a tick has seen one (until then, the fast checks pool their windows')
+    lengths_from_tick: bool = False
     # short-window rate / its interval's level (rules.burst_ratios), for the burst factor
     burst_ratios: deque[float] = field(default_factory=lambda: deque(maxlen=BURST_HISTORY))
     short_rates: list[float] = field(default_factory=list)  # fast-check rates since the tick

@@ -114,7 +114,7 @@ class LearnsFromObservation:
                 status, rate=window.request_rate, isl=window.isl
             ),
             ready=status.ready("prefill"),
-            service_scv=self.traffic.isl_scv,
+            service_scv=self.traffic.service_scv,
             # the frontend's TTFT ends at the decode engine's first step, one ITL
             first_token_ms=(window.itl_ms or 0.0) if "decode" in self.config.roles else 0.0,
         )

@@ -253,7 +253,7 @@ class Sizer:
                 gpus_per_replica=engine_gpus_p,
                 ttft_target_ms=cfg.ttft_ms,
                 attainment=cfg.ttft_attainment_target,
-                service_scv=self.traffic.isl_scv,
+                service_scv=self.traffic.service_scv,
                 pooled=cfg.prefill_queueing == "pooled",
                 burst=burst,
                 backlog_tokens_per_s=prefill_requests(backlog_tokens_per_s, rules.kv_hit),

@@ -10,7 +10,8 @@ replicas and the arithmetic behind them, for the decision's reason):
 - :func:`size_agg`: an aggregated engine time-shares both, so their busy times add;
 - :func:`prefill_correction` / :func:`decode_correction`: observed latency over the
   profile's at the observed load;
-- :func:`histogram_scv`: the prompt lengths' variability, for the queueing headroom.
+- :func:`histogram_scv`: the variability of the prompts' prefill work, for the queueing
+  headroom.
 
 No I/O, no clock.
 """
@@ -296,21 +297,32 @@ def size_prefill(
     )
 
 
-def histogram_scv(histogram: Histogram) -> float | None:
+def histogram_scv(
+    histogram: Histogram, work: Callable[[float], float] | None = None
+) -> float | None:
     """Squared coefficient of variation (variance / mean^2) of a bucketed distribution, each
-    bucket at its midpoint (the overflow at 1.5 x the last bound); None when empty.
+    bucket at its midpoint (the overflow at 1.5 x the last bound); with ``work``, of the
+    work each bucket's value costs (the prefill time of a prompt of that length: the
+    service time the queueing headroom needs the variability of), the overflow left out
+    (past every model's context: the engine refuses those prompts); None when empty.
 
     >>> histogram_scv(Histogram(bounds=(1024.0, 2048.0, 4096.0), counts=(0.0, 0.0, 10.0)))
     0.0
     """
-    total = histogram.total
-    if total <= 0 or not histogram.bounds:
+    if not histogram.bounds:
         return None
-    points, weights = zip(*histogram_points(histogram), strict=True)
-    mean = sum(p * w for p, w in zip(points, weights, strict=True)) / total
+    points = histogram_points(histogram, overflow=work is None)
+    if work is not None:
+        points = [(work(p), w) for p, w in points if w > 0]
+        if any(not math.isfinite(x) or x <= 0 for x, _w in points):
+            return None
+    total = sum(w for _p, w in points)
+    if total <= 0:
+        return None
+    mean = sum(p * w for p, w in points) / total
     if mean <= 0:
         return None
-    var = sum(w * (p - mean) ** 2 for p, w in zip(points, weights, strict=True)) / total
+    var = sum(w * (p - mean) ** 2 for p, w in points) / total
     return var / mean**2
 
 

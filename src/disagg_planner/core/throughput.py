@@ -85,6 +85,7 @@ from disagg_planner.core.sizing import (
 )
 from disagg_planner.core.types import (
     DeploymentStatus,
+    Histogram,
     MissingObservation,
     ThroughputReason,
     TrafficObservation,
@@ -419,11 +420,24 @@ class ThroughputPlanner(LearnsFromObservation):
         if traffic.num_req > 0 and traffic.isl is not None and traffic.osl is not None:
             memory.length_windows.append(LengthSample(traffic.num_req, traffic.isl, traffic.osl))
         if traffic.num_req > 0 and traffic.isl_histogram is not None:
-            scv = histogram_scv(traffic.isl_histogram)
-            if scv is not None:
-                memory.isl_scv = scv
-                memory.isl_histogram = traffic.isl_histogram
+            self.traffic.lengths_from_tick = self.see_lengths(traffic.isl_histogram)
         return forecast, learnt
+
+    def see_lengths(self, histogram: Histogram) -> bool:
+        """The prompt-length mix's histogram and the variability of the prefill work per
+        prompt at the profile (:func:`disagg_planner.core.sizing.histogram_scv`; of the
+        lengths where the profile gives no throughput) from an observed ISL histogram;
+        whether it held any."""
+        thpt = self.profile.prefill.thpt_per_gpu
+        scv = histogram_scv(
+            histogram, work=lambda isl: isl / thpt(isl) if thpt(isl) > 0 else math.nan
+        )
+        scv = scv if scv is not None else histogram_scv(histogram)
+        if scv is None:
+            return False
+        self.traffic.service_scv = scv
+        self.traffic.isl_histogram = histogram
+        return True
 
     # The predictors see every observed window, also those the planner holds on.
     def _observe(self, obs: TrafficObservation) -> None:

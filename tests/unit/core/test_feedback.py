@@ -501,6 +501,22 @@ ROWS = [
         (("throughput_adjustment_interval_seconds", 180.0),),
     ),
     Row(
+        "opening ramp: a TTFT tail the long prompts' own prefill makes is no breach that "
+        "turns the run starting into a trend",
+        tuple(
+            fast(
+                15.0 * k,
+                long_prompts(15.0 * k) if k == 12 else window(15.0 * k, 2.0 * k),
+                status(1, 1),
+            )
+            for k in range(1, 13)
+        ),
+        {"prefill": 2, "decode": 1},  # the last window's 10 req/s at risk, no trend on it
+        R.SCALE,
+        "opening ramp: traffic since 0 s, the windows before 180 s are the run starting",
+        (("throughput_adjustment_interval_seconds", 180.0),),
+    ),
+    Row(
         "aggregated at low load: one engine serves 1 req/s (was 2: '0 tok/s/GPU')",
         (tick(60, traffic(60, 60, isl=1000, osl=800), AGG),),
         {"agg": 1},
@@ -723,3 +739,25 @@ def test_a_tick_holds_a_need_within_the_tolerance_while_the_tail_is_calm(
     tp = planner(h200_like_profile)
     hot = traffic(60, num_req, itl_ms=28.0, ttft_histogram=ttft(0.1))
     assert tp.tick(60, hot, status(4, 1)).replicas["decode"] == 2
+
+
+def test_the_first_fast_checks_size_with_the_prompt_lengths_their_windows_saw(
+    h200_like_profile: Profile,
+) -> None:
+    """Before a tick has seen the prompt lengths, a fast check sizes with the length mix
+    of the windows seen since the start (a heavy-tailed mix at its mean's cost is sized
+    short of its need, and the first tick is minutes away), and the tick's own replace
+    them once it has one."""
+    heavy = Histogram(bounds=(2048.0, 4096.0, 32768.0, 65536.0), counts=(60.0, 30.0, 8.0, 2.0))
+    at_risk = replace(window(30, 10, ttft_p99_s=0.95), isl_histogram=heavy, in_flight=200.0)
+    tp = planner(h200_like_profile)
+    first = fast(15, replace(window(15, 10), isl_histogram=heavy), FIVE)(tp)
+    decision = fast(30, at_risk, FIVE)(tp)
+    mix = [r for r in decision.diagnostics.rules if r.startswith("prompt-length mix")]
+    assert first.reason == R.NO_CHANGE and tp.traffic.isl_histogram is not None
+    assert len(mix) == 1 and not mix[0].startswith("prompt-length mix 1.00"), mix
+    assert tp.traffic.service_scv > 1.0
+    # the tick's window replaces what the fast checks pooled
+    plain = Histogram(bounds=(2048.0, 4096.0), counts=(0.0, 100.0))
+    tick(180, traffic(180, 1800, isl_histogram=plain), FIVE)(tp)
+    assert (tp.traffic.isl_histogram, tp.traffic.service_scv) == (plain, 0.0)

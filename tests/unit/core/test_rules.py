@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from disagg_planner.core.rules import (
     time_to_ready,
     within_envelope,
 )
+from disagg_planner.core.sizing import histogram_scv
 from disagg_planner.core.types import Histogram, histogram_quantile, histogram_share_above
 from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
 
@@ -615,3 +616,21 @@ def test_burst_ratios_read_bursts_over_the_interval_s_trend(
 
 def test_burst_ratios_without_traffic_are_none() -> None:
     assert burst_ratios(RISE, 0.0) == []
+
+
+def test_the_queueing_headroom_sees_the_variability_of_the_prefill_work_not_of_the_lengths() -> (
+    None
+):
+    """A prompt's service time is its prefill work, ``isl / thpt(isl)``, which grows faster
+    than its length where attention dominates: the work of the MIXED prompts varies more
+    than their lengths do, and the prompts past the last bucket (the engine refuses them)
+    take no service at all."""
+    work = histogram_scv(MIXED, work=lambda isl: isl / falling_thpt(isl))
+    # bucket midpoints 2560 (90) and 34816 (10): work 0.064 s and 34816^2/(40k x 4096)
+    points = [(2560 / 40_000.0, 90.0), (34816.0**2 / (40_000.0 * 4096), 10.0)]
+    mean = sum(x * w for x, w in points) / 100.0
+    expected = sum(w * (x - mean) ** 2 for x, w in points) / 100.0 / mean**2
+    lengths = histogram_scv(replace(MIXED, overflow=0.0))
+    assert work == pytest.approx(expected)
+    assert lengths is not None and work is not None and work > 2 * lengths
+    assert histogram_scv(MIXED, work=lambda isl: 0.0) is None  # no throughput: no estimate
