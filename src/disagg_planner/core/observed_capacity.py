@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.feedback import (
     LATENCY_WINDOWS,
+    STABILISATION_MARGIN,
     FeedbackMemory,
     Tails,
     busy_capacity_estimate,
@@ -28,8 +30,9 @@ from disagg_planner.core.feedback import (
 )
 from disagg_planner.core.memory import TrafficMemory
 from disagg_planner.core.rules import RuleValue
+from disagg_planner.core.served_load import served_holds
 from disagg_planner.core.sizer import Sizer
-from disagg_planner.core.sizing import CapacityProfile, LoadForecast
+from disagg_planner.core.sizing import CapacityProfile, LoadForecast, RoleSizing
 from disagg_planner.core.types import (
     DeploymentStatus,
     TrafficObservation,
@@ -157,6 +160,38 @@ class LearnsFromObservation:
             self.feedback.serve(
                 role, now_s=now_s, tokens_per_s=tokens, ready=status.ready(role), ratio=ratio
             )
+
+    def held_by_served(
+        self,
+        sizing: Mapping[str, RoleSizing],
+        *,
+        current: Mapping[str, int],
+        sized_for: LoadForecast,
+        burst: float,
+    ) -> tuple[dict[str, RoleSizing], list[str]]:
+        """``sizing`` with each role's scale-up held where its current replicas were seen
+        serving the load sized for (at its short-window peak, the burst factor's: the
+        windows served were short ones) with room to spare
+        (:func:`disagg_planner.core.served_load.served_holds`); the rule's sentences."""
+        interval = self.config.throughput_adjustment_interval_seconds
+        rate = sized_for.num_req / interval * max(1.0, burst)
+        out, notes = dict(sizing), []
+        for role, sized in sizing.items():
+            if role not in current or self.config.no_correction:
+                continue
+            rule = served_holds(
+                role,
+                current=current[role],
+                sized=sized.replicas,
+                load_tokens_per_s=self.role_tokens(
+                    role, rate=rate, isl=sized_for.isl, osl=sized_for.osl
+                ),
+                proven=self.feedback.proven(role, since_s=-math.inf, within=STABILISATION_MARGIN),
+            )
+            if rule.reason:
+                out[role] = replace(sized, replicas=int(rule.value))
+                notes.append(rule.reason)
+        return out, notes
 
     def served_floors(
         self,

@@ -21,7 +21,9 @@ A tick (every ``throughput_adjustment_interval_seconds``) runs these stages, in 
    replicas' to drain); then
    each role whose engines serve more than profiled (a learned correction below 1, the
    tail calm) held at its replicas where the profile asks for more
-   (:func:`disagg_planner.core.feedback.faster_than_profiled`);
+   (:func:`disagg_planner.core.feedback.faster_than_profiled`), as is each role whose
+   replicas were seen serving the load sized for with room to spare
+   (:mod:`disagg_planner.core.served_load`);
 6. the guard chain (:func:`disagg_planner.core.guards.guard_chain`): floors, the burst
    memory's (:meth:`disagg_planner.core.sizer.Sizer.burst_floor`) and breached cuts'
    floors, scale-down stabilisation (a role whose observed tail is well under its SLO
@@ -319,7 +321,10 @@ class ThroughputPlanner(LearnsFromObservation):
         )
         if not waiting:
             sizing, tolerated = self.sizer.within_tolerance(sizing, current=plan_from, calm=calm)
-            held += tolerated
+            sizing, served = self.held_by_served(
+                sizing, current=plan_from, sized_for=sized_for, burst=burst.value
+            )
+            held += tolerated + served
         diagnostics = replace(diagnostics, rules=(*diagnostics.rules, *held))
         memory, memory_floor = self.sizer.burst_floor(
             now_s, sized_for, gpus, mix.value, self.deployment_time_to_ready().value

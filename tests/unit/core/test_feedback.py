@@ -446,9 +446,10 @@ ROWS = [
     Row(
         "first tick that sees: a missing interval window is planned from the fast windows",
         (
-            fast(15, window(15, 10), status(1, 1)),
-            fast(30, window(30, 10), status(1, 1)),
-            fast(45, window(45, 10), status(1, 1)),
+            # the tail at 60% of the SLO: not the room a served load holds the sizing with
+            fast(15, window(15, 10, ttft_p99_s=0.3), status(1, 1)),
+            fast(30, window(30, 10, ttft_p99_s=0.3), status(1, 1)),
+            fast(45, window(45, 10, ttft_p99_s=0.3), status(1, 1)),
             tick(
                 60, MissingObservation("not_collected", "no scrape at or before 0 s"), status(1, 1)
             ),
@@ -761,3 +762,26 @@ def test_the_first_fast_checks_size_with_the_prompt_lengths_their_windows_saw(
     plain = Histogram(bounds=(2048.0, 4096.0), counts=(0.0, 100.0))
     tick(180, traffic(180, 1800, isl_histogram=plain), FIVE)(tp)
     assert (tp.traffic.isl_histogram, tp.traffic.service_scv) == (plain, 0.0)
+
+
+def test_a_scale_up_the_model_asks_for_yields_to_a_load_the_replicas_served_with_room(
+    h200_like_profile: Profile,
+) -> None:
+    """Two prefill engines seen serving 26 req/s with the TTFT tail at a fifth of its SLO
+    carry the 25 req/s the tick sizes three for: the tick holds them, and says why; a load
+    above what they were seen serving goes by the model."""
+    held = planner(h200_like_profile)
+    for k in range(1, 12):
+        fast(15.0 * k, window(15.0 * k, 26), status(2, 2))(held)
+    decision = tick(180, traffic(180, 25 * 60, ttft_histogram=ttft(0.1)), status(2, 2))(held)
+    assert (decision.replicas, decision.reason) == (
+        {"prefill": 2, "decode": 2},
+        R.NO_CHANGE,
+    ), decision.message
+    assert "prefill: held at 2, not 3: 2 replica(s) served 78000 tok/s" in decision.message
+
+    above = planner(h200_like_profile)
+    for k in range(1, 12):
+        fast(15.0 * k, window(15.0 * k, 20), status(2, 2))(above)
+    decision = tick(180, traffic(180, 25 * 60, ttft_histogram=ttft(0.1)), status(2, 2))(above)
+    assert decision.replicas is not None and decision.replicas["prefill"] == 3, decision.message
