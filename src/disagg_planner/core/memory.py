@@ -37,7 +37,7 @@ class ConvergenceMemory:
     awaiting_ready: dict[str, float] = field(default_factory=dict)  # role -> time of the change
     scaling_latency_s: dict[str, float] = field(default_factory=dict)
     last_scale_up_s: dict[str, float] = field(default_factory=dict)
-    ready_s: dict[str, float] = field(default_factory=dict)  # role -> when its last scale-up was
+    ready_s: dict[str, float] = field(default_factory=dict)  # role -> its last scale-up ready
 
     def track(self, now_s: float, status: DeploymentStatus) -> None:
         """Measure each scale-up from decision to ready (checked on every tick, fast ones

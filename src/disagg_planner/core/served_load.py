@@ -6,7 +6,8 @@ underrates the engines (a faster GPU clock, a prompt mix that batches better tha
 profiling's), it asks for more than the load needs, and the next tick's observed margin
 takes them back: a flap per interval of the load. The observation it aims at says so
 first: the feedback memory keeps each fast window a role's ready replicas served within its
-SLO with no backlog (:meth:`disagg_planner.core.feedback.FeedbackMemory.serve`). When the
+SLO with no backlog, for an hour (:meth:`disagg_planner.core.feedback.FeedbackMemory.serve`,
+:data:`disagg_planner.core.feedback.SERVED_HISTORY` windows). When the
 current replicas were seen carrying at least the load the tick sizes for, per replica, with
 the role's tail under :data:`disagg_planner.core.feedback.STABILISATION_MARGIN` of its SLO
 (half of it: room to spare, not just within), that load is proven to be served by them and
