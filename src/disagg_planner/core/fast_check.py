@@ -34,7 +34,6 @@ No I/O, no clock.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -139,10 +138,12 @@ def fast_check(
     # tail holds the requests that queued before they served, and so it does while that
     # queue drains (one drain period after they became ready, for the roles that serve the
     # first token).
+    ready_at = {r: tp.convergence.ready_at(r) for r in cfg.roles}
     queue_left = {
         r: excess
         if "ttft" in ROLE_TAILS.get(r, ())
-        and now_s - tp.convergence.ready_s.get(r, -math.inf) <= cfg.backlog_drain_seconds
+        and (at := ready_at[r]) is not None
+        and now_s - at <= cfg.backlog_drain_seconds
         else 0.0
         for r in cfg.roles
     }

@@ -37,7 +37,6 @@ class ConvergenceMemory:
     awaiting_ready: dict[str, float] = field(default_factory=dict)  # role -> time of the change
     scaling_latency_s: dict[str, float] = field(default_factory=dict)
     last_scale_up_s: dict[str, float] = field(default_factory=dict)
-    ready_s: dict[str, float] = field(default_factory=dict)  # role -> its last scale-up ready
 
     def track(self, now_s: float, status: DeploymentStatus) -> None:
         """Measure each scale-up from decision to ready (checked on every tick, fast ones
@@ -45,8 +44,13 @@ class ConvergenceMemory:
         for role, since in list(self.awaiting_ready.items()):
             if role in status.roles and status.ready(role) >= status.desired(role):
                 self.scaling_latency_s[role] = now_s - since
-                self.ready_s[role] = now_s
                 del self.awaiting_ready[role]
+
+    def ready_at(self, role: str) -> float | None:
+        """When ``role``'s last scale-up became ready (None while it starts, or never)."""
+        if role in self.awaiting_ready or role not in self.scaling_latency_s:
+            return None
+        return self.last_scale_up_s[role] + self.scaling_latency_s[role]
 
     def note_scale(
         self, now_s: float, target: Mapping[str, int], desired: Mapping[str, int]
