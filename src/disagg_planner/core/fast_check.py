@@ -154,7 +154,7 @@ def fast_check(
         )
         for r in cfg.roles
     }
-    calm = tp.calm(recent)
+    calm = tp.see_calm(recent)
     learnt = tp.learn_from_busy(
         status, busy, rate=_busy_window_rate(tp, now_s), isl=isl, calm=calm, window=recent
     )

@@ -150,6 +150,10 @@ class TrafficMemory:
     # the fast windows since the last tick, pooled when the tick's own window is missing
     fast_windows: list[TrafficObservation] = field(default_factory=list)
     first_seen_s: float | None = None  # start of the first window with traffic
+    # the decoding role's ITL ratio (observed over profiled) of each tick's window: (end, ratio)
+    itl_ratios: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=BURST_HISTORY)
+    )
 
     def see_traffic(self, obs: TrafficObservation) -> None:
         if self.first_seen_s is None and obs.num_req > 0:

@@ -32,7 +32,13 @@ from disagg_planner.core.memory import TrafficMemory
 from disagg_planner.core.rules import RuleValue
 from disagg_planner.core.served_load import served_holds
 from disagg_planner.core.sizer import Sizer
-from disagg_planner.core.sizing import CapacityProfile, LoadForecast, RoleSizing
+from disagg_planner.core.sizing import (
+    CapacityProfile,
+    CorrectionFactors,
+    LoadForecast,
+    RoleSizing,
+    latency_ratios,
+)
 from disagg_planner.core.types import (
     DeploymentStatus,
     TrafficObservation,
@@ -41,6 +47,8 @@ from disagg_planner.core.types import (
 
 # The TTFT quantile the fast path reads when no attainment target is configured.
 DEFAULT_FAST_TTFT_QUANTILE = 0.99
+# The ITL ratio below 1 the sizing believes is the slowest of the tick windows this recent.
+ITL_RATIO_SPAN_S = 1800.0
 # The longest prompt the servable quantile considers (tokens): beyond any model's context.
 LONGEST_PROMPT = 10_000_000.0
 
@@ -53,6 +61,10 @@ class LearnsFromObservation:
     sizer: Sizer
     feedback: FeedbackMemory
     traffic: TrafficMemory
+    latency: CorrectionFactors
+    # whether the decoding role's tail was calm in the last window seen (:meth:`see_calm`):
+    # the sizing believes an ITL ratio below 1 only then (:meth:`sizing_corrections`)
+    decode_calm: bool = False
 
     def learn_from_busy(
         self,
@@ -265,6 +277,43 @@ class LearnsFromObservation:
             mid = math.sqrt(lo * hi)  # lengths span decades: halve the ratio
             lo, hi = (mid, hi) if ttft(mid) < target else (lo, mid)
         return lo
+
+    def see_latency(self, obs: TrafficObservation, status: DeploymentStatus) -> None:
+        """Dynamo's latency ratios of the tick's window
+        (:func:`disagg_planner.core.sizing.latency_ratios`), its ITL ratio remembered."""
+        previous = self.latency
+        self.latency = latency_ratios(obs, self.profile, status, previous)
+        if self.latency.decode != previous.decode or obs.itl_ms is not None:
+            self.traffic.itl_ratios.append((obs.end_s, self.latency.decode))
+
+    def see_calm(self, obs: TrafficObservation) -> dict[str, bool]:
+        """:meth:`calm`, the decoding role's remembered for :meth:`sizing_corrections`."""
+        calm = self.calm(obs)
+        self.decode_calm = calm.get("decode" if "decode" in calm else "agg", False)
+        return calm
+
+    def sizing_corrections(self, learned: CorrectionFactors) -> CorrectionFactors:
+        """What the sizing sizes with, of the ``learned`` corrections: the capacity
+        corrections at least 1 (below 1, only :func:`disagg_planner.core.feedback.
+        faster_than_profiled` believes them), and Dynamo's ITL ratio below 1 (engines
+        decoding faster than profiled at the observed load: speculative decoding, a faster
+        engine version) only while the decoding role's tail was calm in the last window seen
+        (under :data:`disagg_planner.core.feedback.SCALE_DOWN_MARGIN` of its SLO). A tail
+        that rises past the margin puts it back at 1 at the next window; a cut it licensed
+        that breaches comes back at once (the fast check's cut rule)."""
+        decode = max(1.0, learned.decode)
+        if self.decode_calm and learned.decode < 1.0:
+            # the slowest of the recent windows: the ratio shrinks towards 1 as the batch
+            # grows, and the sizing plans for the peak, not the trough it is read at
+            ratios = self.traffic.itl_ratios
+            since = ratios[-1][0] - ITL_RATIO_SPAN_S if ratios else 0.0
+            decode = min(1.0, max([learned.decode, *(r for t, r in ratios if t >= since)]))
+        return replace(
+            learned,
+            decode=decode,
+            prefill_capacity=max(1.0, learned.prefill_capacity),
+            decode_capacity=max(1.0, learned.decode_capacity),
+        )
 
     def calm(self, obs: TrafficObservation) -> dict[str, bool]:
         """Per role: its observed tail in ``obs`` under the scale-down margin

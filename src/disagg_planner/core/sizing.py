@@ -37,6 +37,10 @@ MIN_UTILISATION = 0.2
 # arrivals and output lengths fluctuate within an interval, and a request that finds every
 # slot taken waits for its first token.
 DECODE_SEQ_UTILISATION = 0.8
+# The lowest ITL ratio (observed over profiled) decode is sized with: engines observed twice
+# as fast as profiled are planned at twice the profile's throughput, no more, whatever a
+# window at light load shows (the gain of speculative decoding shrinks as the batch grows).
+FASTEST_DECODE_CORRECTION = 0.5
 
 # --- what the core needs of a profile (profiles.Profile satisfies it) ---------------------
 
@@ -342,25 +346,27 @@ def size_decode(
     """``ceil(num_req x osl / interval x cap / thpt / gpus)`` with ``thpt`` the best throughput per
     GPU whose ITL meets ``itl / d_corr`` at context ``isl + osl/2`` (Dynamo's formula).
 
-    Beyond Dynamo: the correction only ever tightens the ITL (``d_corr`` below 1, engines
-    faster than profiled, never licenses fewer replicas than the profile asks for), and it
-    divides the throughput too: an engine whose ITL is ``d_corr`` times the profile's at the
-    observed load takes ``d_corr`` times the profile's time per iteration, so at the batch
-    whose profiled ITL is ``itl / d_corr`` it emits ``thpt / d_corr`` (Dynamo's formula
-    tightens the ITL only, which on engines twice as slow as profiled sizes half the decode
-    they need). Not with ``slower_iterations`` off: an aggregated engine's ITL over the
-    decode profile's is also the prefill chunks sharing its iterations, which
-    :func:`size_agg` charges already as prefill's share of the engine. Engines
-    are planned at ``seq_utilisation`` of that throughput, and with ``max_num_seqs`` at most
-    at what ``seq_utilisation x max_num_seqs`` concurrent requests per engine deliver at that
-    ITL. A decode engine that runs full queues new requests before their first token, which
-    no ITL shows and which then takes minutes to drain. ``capacity`` is the learned capacity
-    correction (:func:`disagg_planner.core.feedback.learn_capacity`), both ways: each output
-    token costs ``cap`` times the profile's.
+    Beyond Dynamo: a ``d_corr`` below 1 (engines faster than profiled) is believed down to
+    :data:`FASTEST_DECODE_CORRECTION` (the caller passes one only while the observed ITL tail
+    is calm: :meth:`disagg_planner.core.observed_capacity.LearnsFromObservation.
+    sizing_corrections`), and the correction divides the throughput too: an engine whose
+    ITL is ``d_corr`` times the profile's at the observed load takes ``d_corr`` times the
+    profile's time per iteration, so at the batch whose profiled ITL is ``itl / d_corr`` it
+    emits ``thpt / d_corr`` (Dynamo's formula tightens the ITL only, which on engines twice
+    as slow as profiled sizes half the decode they need). Not with ``slower_iterations``
+    off: an aggregated engine's ITL over the decode profile's is also the prefill chunks
+    sharing its iterations, which :func:`size_agg` charges already as prefill's share of
+    the engine. Engines are planned at ``seq_utilisation`` of that throughput, and with
+    ``max_num_seqs`` at most at what ``seq_utilisation x max_num_seqs`` concurrent requests
+    per engine deliver at that ITL. A decode engine that runs full queues new requests before
+    their first token, which no ITL shows and which then takes minutes to drain.
+    ``capacity`` is the learned capacity correction
+    (:func:`disagg_planner.core.feedback.learn_capacity`), both ways: each output token
+    costs ``cap`` times the profile's.
     """
     cap = capacity if math.isfinite(capacity) and capacity > 0 else 1.0
     demand = forecast.num_req * forecast.osl / interval_s * cap
-    factor = max(1.0, correction)
+    factor = max(FASTEST_DECODE_CORRECTION, correction) if math.isfinite(correction) else 1.0
     corrected_itl = itl_target_ms / factor
     context = forecast.isl + forecast.osl / 2
     best = decode.find_best_throughput_per_gpu(corrected_itl, max(context, 1.0))

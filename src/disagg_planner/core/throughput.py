@@ -83,7 +83,6 @@ from disagg_planner.core.sizing import (
     LoadForecast,
     RoleSizing,
     histogram_scv,
-    latency_ratios,
 )
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -159,15 +158,9 @@ class ThroughputPlanner(LearnsFromObservation):
 
     @property
     def corrections(self) -> CorrectionFactors:
-        """The latency ratios and the capacity corrections the feedback learned, at least 1:
-        what the sizing sizes with (below 1, only :func:`disagg_planner.core.feedback.
-        faster_than_profiled` believes them: :attr:`learned_corrections`)."""
-        learned = self.learned_corrections
-        return replace(
-            learned,
-            prefill_capacity=max(1.0, learned.prefill_capacity),
-            decode_capacity=max(1.0, learned.decode_capacity),
-        )
+        """What the sizing sizes with (:meth:`sizing_corrections` of
+        :attr:`learned_corrections`)."""
+        return self.sizing_corrections(self.learned_corrections)
 
     @property
     def learned_corrections(self) -> CorrectionFactors:
@@ -392,8 +385,8 @@ class ThroughputPlanner(LearnsFromObservation):
         self._observe(traffic)
         learnt: list[str] = []
         if not self.config.no_correction:
-            self.latency = latency_ratios(traffic, self.profile, status, self.latency)
-            calm = self.calm(traffic)
+            self.see_latency(traffic, status)
+            calm = self.see_calm(traffic)
             for role in self.config.roles:
                 if calm[role]:
                     estimate = self.feedback.busy_estimate.get(role)
