@@ -280,10 +280,10 @@ class LearnsFromObservation:
 
     def see_latency(self, obs: TrafficObservation, status: DeploymentStatus) -> None:
         """Dynamo's latency ratios of the tick's window
-        (:func:`disagg_planner.core.sizing.latency_ratios`), its ITL ratio remembered."""
-        previous = self.latency
-        self.latency = latency_ratios(obs, self.profile, status, previous)
-        if self.latency.decode != previous.decode or obs.itl_ms is not None:
+        (:func:`disagg_planner.core.sizing.latency_ratios`), its ITL ratio remembered when
+        the window measured one (its ITL, request duration and requests)."""
+        self.latency = latency_ratios(obs, self.profile, status, self.latency)
+        if obs.num_req > 0 and obs.itl_ms is not None and obs.request_duration_s is not None:
             self.traffic.itl_ratios.append((obs.end_s, self.latency.decode))
 
     def see_calm(self, obs: TrafficObservation) -> dict[str, bool]:
