@@ -10,7 +10,7 @@ import pytest
 
 from disagg_planner.core.fast_check import fast_check
 from disagg_planner.core.sizing import FASTEST_DECODE_CORRECTION
-from disagg_planner.core.throughput import ThroughputPlanner
+from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
 from disagg_planner.profiles import Profile
 from tests.unit.core.test_feedback import ttft, window
 from tests.unit.core.test_throughput import planner, status, traffic
@@ -20,7 +20,7 @@ from tests.unit.core.test_throughput import planner, status, traffic
 PROFILED_ITL_MS = 12.67
 
 
-def _tick(tp: ThroughputPlanner, end_s: float, itl_ms: float):
+def _tick(tp: ThroughputPlanner, end_s: float, itl_ms: float) -> ThroughputDecision:
     obs = traffic(end_s, 2400, ttft_histogram=ttft(0.1), itl_ms=itl_ms, request_duration_s=4.0)
     return tp.tick(end_s, obs, status(6, 4))
 
@@ -59,8 +59,7 @@ def test_the_itl_ratio_believed_is_the_slowest_recent_one_and_only_while_calm(
     tp = planner(h200_like_profile, scale_down_stabilization_seconds=0.0)
     _tick(tp, 60, 0.9 * PROFILED_ITL_MS)
     _tick(tp, 120, 0.6 * PROFILED_ITL_MS)
-    # the light window's 0.6 is not what the heavier one's 0.9 showed: the sizing plans for
-    # the slower
+    # the last window says 0.6, the one before it 0.9: the sizing plans with the slower
     assert tp.latency.decode == pytest.approx(0.6, rel=0.01)
     assert tp.corrections.decode == pytest.approx(0.9, rel=0.01)
     # a fast window whose ITL has used 90% of its SLO: the ratio is not believed until the
