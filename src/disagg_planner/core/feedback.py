@@ -72,10 +72,6 @@ CORRECTION_GAIN = 0.2
 CORRECTION_DECAY = 0.5
 # Below this predicted utilisation a busy fraction says too little to learn from.
 MIN_LEARN_UTILISATION = 0.2
-# Above this predicted utilisation (per ready engine, at the profile) the mean TTFT is mostly
-# queueing, whose model is least right near saturation (a batching engine serves a queue
-# faster than one prompt at a time): the latency estimate learns below it only.
-MAX_LATENCY_LEARN_UTILISATION = 0.5
 
 # The latency estimate learnt is the lowest of this many fast windows' (a minute at 15 s):
 # waiting only ever adds to a TTFT, so the least-queued window says the most about the
@@ -366,7 +362,7 @@ def learn_capacity(
     """The role's capacity correction (work per token over the profile's), both ways:
 
     - an observed estimate (``source``: the busy fraction's ``busy / predicted busy``, or
-      the mean TTFT's, :func:`latency_capacity_estimate`) moves it by
+      the mean TTFT's, :mod:`disagg_planner.core.latency_capacity`) moves it by
       :data:`CORRECTION_GAIN` towards the estimate: ``c' = c + gain x (e - c)``;
     - a breach the sizing did not foresee raises it to at least ``c x breach`` (the model
       needed that much more than it said);
@@ -417,62 +413,6 @@ def busy_capacity_estimate(
     return estimate if calm else max(1.0, estimate)
 
 
-def latency_capacity_estimate(
-    *,
-    ttft_ms: float | None,
-    own_ms: float,
-    offered_engines: float,
-    ready: int,
-    service_scv: float = 1.0,
-    first_token_ms: float = 0.0,
-) -> float | None:
-    """The capacity correction ``c`` the frontend's mean TTFT says, where no engine reports
-    a busy fraction: the ``c`` for which the profile's mean TTFT at the observed load equals
-    the observed one,
-
-        T(c) = c S + rho / (1 - rho) x (1 + cs2) / 2 x c S,   rho = c x offered / ready
-
-    (the prompt's own prefill ``S = own_ms`` at ``c`` times the profile's work, plus
-    Kingman's mean wait for Poisson arrivals, ``cs2`` the prompts' variability) plus
-    ``first_token_ms``, what the first token costs after the prefill (a disaggregated
-    deployment's first decode step, which the frontend's TTFT includes), found by
-    bisection within :data:`CORRECTION_BOUNDS`. None without a TTFT, without load or
-    ready engines, or above :data:`MAX_LATENCY_LEARN_UTILISATION` predicted (there the
-    wait, not the engine, makes the TTFT). Never below 1: a TTFT under the profile's at
-    low load says one prompt prefills faster, not that an engine carries more load (the
-    mean over mixed prompt lengths errs by some 15 % either way); the load replicas were
-    seen serving says that (:func:`served_calmly`, :func:`seen_serving`).
-
-    At low load ``T ~= c S``: an engine twice as slow as profiled shows twice the TTFT,
-    long before any burst shows it as a breach."""
-    if ttft_ms is None or ttft_ms <= 0 or own_ms <= 0 or ready <= 0 or offered_engines <= 0:
-        return None
-    ttft_ms -= max(0.0, first_token_ms)
-    per_engine = offered_engines / ready
-    if per_engine > MAX_LATENCY_LEARN_UTILISATION:
-        return None
-    spread = (1.0 + max(0.0, service_scv)) / 2.0
-
-    def mean_ttft(c: float) -> float:
-        rho = c * per_engine
-        if rho >= 1.0:
-            return math.inf
-        return c * own_ms * (1.0 + rho / (1.0 - rho) * spread)
-
-    lo, hi = CORRECTION_BOUNDS
-    hi = min(hi, 0.999 / per_engine)
-    if mean_ttft(lo) >= ttft_ms:
-        estimate = lo
-    elif mean_ttft(hi) <= ttft_ms:
-        estimate = hi
-    else:
-        for _ in range(50):  # T(c) rises with c: bisection finds the crossing
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if mean_ttft(mid) < ttft_ms else (lo, mid)
-        estimate = (lo + hi) / 2
-    return max(1.0, estimate)
-
-
 # A tick's scale-up for a need within this share above the replicas running is held while
 # the tail is calm: the Kubernetes HPA's default tolerance, which keeps a need hovering at a
 # replica boundary from ordering and cutting a replica every few intervals.
@@ -497,16 +437,24 @@ def within_tolerance(role: str, *, current: int, sized: int, need: float, calm: 
 
 
 def faster_than_profiled(
-    role: str, *, current: int, profiled: int, observed: int, correction: float
+    role: str,
+    *,
+    current: int,
+    profiled: int,
+    observed: int,
+    correction: float,
+    source: str = "busy fraction",
 ) -> RuleValue:
     """The replicas ``role`` is sized to when its learned capacity correction is below 1:
     where the profile's sizing (``profiled``, the correction floored at 1) asks for more than
     the ``current`` replicas and the sizing at the learned correction (``observed``) for
     fewer than it, ``max(current, observed)``; ``profiled`` otherwise.
 
-    The busy fraction is measured on the engines running: it says they serve this load with
-    time to spare, not that fewer of them would (each would then carry a load never
-    observed, where a batching engine's gain from the prompts it batches stops growing).
+    ``source`` names the observation the correction was learned from. The busy fraction
+    (or the mean TTFT under load) is measured on the engines running: it says they serve
+    this load with time to spare, not that fewer of them would (each would then carry a
+    load never observed, where a batching engine's gain from the prompts it batches stops
+    growing).
     So the observation may hold replicas against the profile's call for more, or add fewer;
     a scale-down goes by the profile. A breach raises the correction at once
     (:func:`learn_capacity`)."""
@@ -515,7 +463,7 @@ def faster_than_profiled(
     held = max(current, observed)
     return RuleValue(
         float(held),
-        f"{role}: faster than profiled: the profile asks {profiled}, its busy fraction says "
+        f"{role}: faster than profiled: the profile asks {profiled}, its {source} says "
         f"x{correction:.2f} the profile's work (tail under its margin): {held} suffice "
         f"({current} running; a cut still goes by the profile)",
     )

@@ -12,7 +12,7 @@ functions of :mod:`disagg_planner.core.feedback`. No clock, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from disagg_planner.config.schema import PlannerConfig
@@ -22,11 +22,14 @@ from disagg_planner.core.feedback import (
     FeedbackMemory,
     Tails,
     busy_capacity_estimate,
-    latency_capacity_estimate,
     observed_tails,
     scale_down_margin,
     servable_quantile,
     served_calmly,
+)
+from disagg_planner.core.latency_capacity import (
+    latency_capacity_estimate,
+    loaded_capacity_estimate,
 )
 from disagg_planner.core.memory import TrafficMemory
 from disagg_planner.core.rules import RuleValue
@@ -80,13 +83,12 @@ class LearnsFromObservation:
         its engines' busy fraction where they report one
         (:func:`disagg_planner.core.feedback.busy_capacity_estimate`; below 1 only while
         prefill is ``calm``: :meth:`calm`), else the frontend's mean TTFT of ``window`` at
-        its own rate and prompts (:func:`disagg_planner.core.feedback.latency_capacity_estimate`,
-        never below 1)."""
+        its own rate and prompts (:meth:`learn_from_latency`)."""
         if self.config.no_correction or "prefill" not in status.roles:
             return []
         prefill_busy = busy.get("prefill") if busy is not None else None
         if prefill_busy is None and window is not None:
-            return self.learn_from_latency(status, window)
+            return self.learn_from_latency(status, window, calm=calm.get("prefill", False))
         if prefill_busy is None or isl <= 0:
             return []
         offered = self.offered_prefill_engines(status, rate=rate, isl=isl)
@@ -110,10 +112,16 @@ class LearnsFromObservation:
             return 0.0
         return rate * isl * self.sizer.length_mix().value / (thpt * gpus)
 
-    def learn_from_latency(self, status: DeploymentStatus, window: TrafficObservation) -> list[str]:
+    def learn_from_latency(
+        self, status: DeploymentStatus, window: TrafficObservation, *, calm: bool = False
+    ) -> list[str]:
         """The prefill capacity correction the window's mean TTFT says at its own rate and
-        mean prompt (:func:`disagg_planner.core.feedback.latency_capacity_estimate`), while
-        prefill has converged (a queue left by a change still starting is no engine's speed)."""
+        mean prompt (:mod:`disagg_planner.core.latency_capacity`), while prefill has
+        converged (a queue left by a change still starting is no engine's speed): at light
+        load the engine's own speed, never below 1, the lowest of the last
+        :data:`disagg_planner.core.feedback.LATENCY_WINDOWS` (waiting only adds); under load
+        and ``calm`` (the tail under the scale-down margin), a mean under what the
+        profile's queue predicts, below 1 only."""
         if (
             window.num_req <= 0
             or window.isl is None
@@ -121,26 +129,32 @@ class LearnsFromObservation:
             or status.ready("prefill") < status.desired("prefill")
         ):
             return []
-        mix = self.sizer.length_mix().value
-        estimate = latency_capacity_estimate(  # at least 1: it only ever raises
-            ttft_ms=window.ttft_ms,
-            own_ms=self.profile.prefill.ttft_ms(window.isl) * mix,
-            offered_engines=self.offered_prefill_engines(
-                status, rate=window.request_rate, isl=window.isl
-            ),
-            ready=status.ready("prefill"),
-            service_scv=self.traffic.service_scv,
-            # the frontend's TTFT ends at the decode engine's first step, one ITL
-            first_token_ms=(window.itl_ms or 0.0) if "decode" in self.config.roles else 0.0,
-        )
-        if estimate is None:
+        own_ms = self.profile.prefill.ttft_ms(window.isl) * self.sizer.length_mix().value
+        offered = self.offered_prefill_engines(status, rate=window.request_rate, isl=window.isl)
+
+        def read(estimator: Callable[..., float | None]) -> float | None:
+            return estimator(
+                ttft_ms=window.ttft_ms,
+                own_ms=own_ms,
+                offered_engines=offered,
+                ready=status.ready("prefill"),
+                service_scv=self.traffic.service_scv,
+                # the frontend's TTFT ends at the decode engine's first step, one ITL
+                first_token_ms=(window.itl_ms or 0.0) if "decode" in self.config.roles else 0.0,
+            )
+
+        estimate = read(latency_capacity_estimate)
+        if estimate is not None:
+            lowest = self.feedback.latency_estimate("prefill", estimate)
+            return self.feedback.learn(
+                "prefill",
+                busy_estimate=lowest,
+                source=f"mean TTFT (lowest of {LATENCY_WINDOWS})",
+            )
+        loaded = read(loaded_capacity_estimate) if calm else None
+        if loaded is None:
             return []
-        lowest = self.feedback.latency_estimate("prefill", estimate)
-        return self.feedback.learn(
-            "prefill",
-            busy_estimate=lowest,
-            source=f"mean TTFT (lowest of {LATENCY_WINDOWS})",
-        )
+        return self.feedback.learn("prefill", busy_estimate=loaded, source="mean TTFT at load")
 
     @staticmethod
     def role_tokens(role: str, *, rate: float, isl: float, osl: float) -> float:

@@ -40,6 +40,7 @@ class Sizer:
         traffic: TrafficMemory,
         corrections: Callable[[], CorrectionFactors],
         learned: Callable[[], CorrectionFactors] | None = None,
+        sources: Mapping[str, str] | None = None,
         demand: DemandSignals | None = None,
         decode_max_num_seqs: int | None = None,
     ) -> None:
@@ -49,6 +50,8 @@ class Sizer:
         self.demand = demand if demand is not None else DemandSignals()
         self.corrections = corrections
         self.learned = learned if learned is not None else corrections
+        # what each role's learned correction was read from (FeedbackMemory.estimate_source)
+        self.sources = sources if sources is not None else {}
         self.decode_max_num_seqs = decode_max_num_seqs
 
     def length_mix(self) -> RuleValue:
@@ -180,6 +183,7 @@ class Sizer:
                     profiled=held[role].replicas,
                     observed=observed[role].replicas,
                     correction=factor.get(role, learned.prefill_capacity),
+                    source=self.sources.get(role, "busy fraction"),
                 )
                 if rule.reason:  # the arithmetic shown is the learned correction's
                     held[role] = replace(observed[role], replicas=int(rule.value))

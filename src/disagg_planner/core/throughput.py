@@ -151,6 +151,7 @@ class ThroughputPlanner(LearnsFromObservation):
             demand=self.demand,
             corrections=lambda: self.corrections,
             learned=lambda: self.learned_corrections,
+            sources=self.feedback.estimate_source,
             decode_max_num_seqs=decode_max_num_seqs,
         )
 

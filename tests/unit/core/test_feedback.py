@@ -13,11 +13,11 @@ from disagg_planner.core.fast_check import fast_check
 from disagg_planner.core.feedback import (
     Served,
     busy_capacity_estimate,
-    latency_capacity_estimate,
     learn_capacity,
     served_calmly,
     within_tolerance,
 )
+from disagg_planner.core.latency_capacity import latency_capacity_estimate
 from disagg_planner.core.sizing import LoadForecast
 from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
 from disagg_planner.core.types import (
