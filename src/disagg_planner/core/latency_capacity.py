@@ -76,8 +76,11 @@ def loaded_capacity_estimate(
     predicted per engine, where the profile's queue predicts more than the observed mean
     (``T(1) > ttft``): the ``c`` below 1 of the module's ``T(c)``, down to
     :data:`disagg_planner.core.feedback.CORRECTION_BOUNDS`'s floor. None at light load,
-    without a TTFT, load or ready engines, or where the observation shows no less than the
-    profile predicts (a TTFT over it at load is the queue's, which the breach rules answer).
+    without a TTFT, load or ready engines, where the observation shows no less than the
+    profile predicts (a TTFT over it at load is the queue's, which the breach rules answer),
+    or no wait at all beyond the prompt's own prefill ``S``: the estimate reads the queue,
+    and a mean at or under ``S`` shows none to read (one prompt prefilling faster than
+    profiled, which the light-load rule does not believe either).
 
     The profile's throughput is a lone prompt's; an engine that batches the prompts waiting
     at an iteration pays its fixed cost once for all of them, so under load it serves more
@@ -89,7 +92,7 @@ def loaded_capacity_estimate(
         return None
     assert ttft_ms is not None
     seen = ttft_ms - max(0.0, first_token_ms)
-    if _mean_ttft(1.0, own_ms, per_engine, service_scv) <= seen:
+    if seen <= own_ms or _mean_ttft(1.0, own_ms, per_engine, service_scv) <= seen:
         return None
     return _solve(seen, own_ms, per_engine, service_scv, CORRECTION_BOUNDS[0], 1.0)
 

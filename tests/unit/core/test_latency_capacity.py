@@ -45,14 +45,18 @@ def test_under_load_a_mean_ttft_under_the_profiles_queue_says_the_engines_carry_
     assert kingman_mean_ttft(c, per_engine=0.8) == pytest.approx(100.0, rel=1e-6)
     # the first decode step the frontend's TTFT includes is not the prefill's
     assert loaded(110.0, first_token_ms=10.0) == pytest.approx(c)
-    # the prompts' own prefill alone, no wait at all: at most the bound's floor
-    assert loaded(OWN_MS / 2) == CORRECTION_BOUNDS[0]
+    # past the engines' modelled capacity, a short wait: the bound's floor
+    assert loaded(45.0, per_engine=1.5) == CORRECTION_BOUNDS[0]
 
 
 def test_the_loaded_estimate_only_lowers_and_only_under_load() -> None:
     # as predicted or slower: nothing (a queue over the model is the breach rules')
     assert loaded(201.0) is None
     assert loaded(400.0) is None
+    # no wait beyond the prompt's own prefill: no queue to read (a prompt prefilling faster
+    # than profiled, which the light-load estimate does not believe either)
+    assert loaded(OWN_MS) is None
+    assert loaded(OWN_MS / 2) is None
     # at light load the mean TTFT is the engine's own speed, never below 1
     light = MAX_LATENCY_LEARN_UTILISATION / 2
     assert loaded(30.0, per_engine=light) is None
