@@ -22,6 +22,7 @@ No I/O, no clock.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from disagg_planner.core.feedback import CORRECTION_BOUNDS
 
@@ -32,77 +33,84 @@ from disagg_planner.core.feedback import CORRECTION_BOUNDS
 MAX_LATENCY_LEARN_UTILISATION = 0.5
 
 
-def latency_capacity_estimate(
-    *,
-    ttft_ms: float | None,
-    own_ms: float,
-    offered_engines: float,
-    ready: int,
-    service_scv: float = 1.0,
-    first_token_ms: float = 0.0,
-) -> float | None:
-    """The capacity correction the mean TTFT ``ttft_ms`` says at light load (the module's
-    ``T(c)``, ``S = own_ms``), less ``first_token_ms``, what the first token costs after the
-    prefill (a disaggregated deployment's first decode step, which the frontend's TTFT
-    includes). None without a TTFT, without load or ready engines, or above
-    :data:`MAX_LATENCY_LEARN_UTILISATION` predicted (there the wait, not the engine, makes
-    the TTFT: :func:`loaded_capacity_estimate`). Never below 1: a TTFT under the profile's
-    at low load says one prompt prefills faster, not that an engine carries more load (the
-    mean over mixed prompt lengths errs by some 15 % either way).
+@dataclass(frozen=True)
+class TtftReading:
+    """One window's mean TTFT against the profile: ``ttft_ms`` observed, ``own_ms`` the
+    prompt's own prefill at the profile (``S``), ``offered_engines`` the load in engines'
+    worth of profiled work, ``ready`` prefill engines, ``service_scv`` the prompts' work
+    variability, and ``first_token_ms``, what the first token costs after the prefill (a
+    disaggregated deployment's first decode step, which the frontend's TTFT includes)."""
+
+    ttft_ms: float | None
+    own_ms: float
+    offered_engines: float
+    ready: int
+    service_scv: float = 1.0
+    first_token_ms: float = 0.0
+
+    @property
+    def per_engine(self) -> float | None:
+        """The profiled work per ready engine; None where nothing can be read (no TTFT, no
+        load, no ready engine, no profiled prefill)."""
+        if (
+            self.ttft_ms is None
+            or self.ttft_ms <= 0
+            or self.own_ms <= 0
+            or self.ready <= 0
+            or self.offered_engines <= 0
+        ):
+            return None
+        return self.offered_engines / self.ready
+
+    @property
+    def prefill_ms(self) -> float:
+        """The observed mean TTFT less the first token's cost (0 without a TTFT)."""
+        return (self.ttft_ms or 0.0) - max(0.0, self.first_token_ms)
+
+
+def latency_capacity_estimate(reading: TtftReading) -> float | None:
+    """The capacity correction the mean TTFT says at light load (the module's ``T(c)``).
+    None where nothing can be read, or above :data:`MAX_LATENCY_LEARN_UTILISATION`
+    predicted (there the wait, not the engine, makes the TTFT:
+    :func:`loaded_capacity_estimate`). Never below 1: a TTFT under the profile's at low load
+    says one prompt prefills faster, not that an engine carries more load (the mean over
+    mixed prompt lengths errs by some 15 % either way).
 
     At low load ``T ~= c S``: an engine twice as slow as profiled shows twice the TTFT,
     long before any burst shows it as a breach."""
-    per_engine = _per_engine(ttft_ms, own_ms, offered_engines, ready)
+    per_engine = reading.per_engine
     if per_engine is None or per_engine > MAX_LATENCY_LEARN_UTILISATION:
         return None
-    assert ttft_ms is not None
     lo, hi = CORRECTION_BOUNDS
     return max(
         1.0,
-        _solve(ttft_ms - max(0.0, first_token_ms), own_ms, per_engine, service_scv, lo, hi),
+        _solve(reading.prefill_ms, reading.own_ms, per_engine, reading.service_scv, lo, hi),
     )
 
 
-def loaded_capacity_estimate(
-    *,
-    ttft_ms: float | None,
-    own_ms: float,
-    offered_engines: float,
-    ready: int,
-    service_scv: float = 1.0,
-    first_token_ms: float = 0.0,
-) -> float | None:
+def loaded_capacity_estimate(reading: TtftReading) -> float | None:
     """The capacity correction the mean TTFT says above :data:`MAX_LATENCY_LEARN_UTILISATION`
     predicted per engine, where the profile's queue predicts more than the observed mean
     (``T(1) > ttft``): the ``c`` below 1 of the module's ``T(c)``, down to
     :data:`disagg_planner.core.feedback.CORRECTION_BOUNDS`'s floor. None at light load,
-    without a TTFT, load or ready engines, where the observation shows no less than the
-    profile predicts (a TTFT over it at load is the queue's, which the breach rules answer),
-    or no wait at all beyond the prompt's own prefill ``S``: the estimate reads the queue,
-    and a mean at or under ``S`` shows none to read (one prompt prefilling faster than
-    profiled, which the light-load rule does not believe either).
+    where nothing can be read, where the observation shows no less than the profile
+    predicts (a TTFT over it at load is the queue's, which the breach rules answer), or no
+    wait at all beyond the prompt's own prefill ``S``: the estimate reads the queue, and a
+    mean at or under ``S`` shows none to read (one prompt prefilling faster than profiled,
+    which the light-load rule does not believe either).
 
     The profile's throughput is a lone prompt's; an engine that batches the prompts waiting
     at an iteration pays its fixed cost once for all of them, so under load it serves more
     than that, most of all for short prompts (ServeGen's 700-token mix: the profile's
     39k tok/s at ISL 676 against 58k at its 8192-token chunk). The caller believes it only
     while the tail is calm (under the scale-down margin), as the busy fraction's."""
-    per_engine = _per_engine(ttft_ms, own_ms, offered_engines, ready)
+    per_engine = reading.per_engine
     if per_engine is None or per_engine <= MAX_LATENCY_LEARN_UTILISATION:
         return None
-    assert ttft_ms is not None
-    seen = ttft_ms - max(0.0, first_token_ms)
-    if seen <= own_ms or _mean_ttft(1.0, own_ms, per_engine, service_scv) <= seen:
+    seen, own, scv = reading.prefill_ms, reading.own_ms, reading.service_scv
+    if seen <= own or _mean_ttft(1.0, own, per_engine, scv) <= seen:
         return None
-    return _solve(seen, own_ms, per_engine, service_scv, CORRECTION_BOUNDS[0], 1.0)
-
-
-def _per_engine(
-    ttft_ms: float | None, own_ms: float, offered_engines: float, ready: int
-) -> float | None:
-    if ttft_ms is None or ttft_ms <= 0 or own_ms <= 0 or ready <= 0 or offered_engines <= 0:
-        return None
-    return offered_engines / ready
+    return _solve(seen, own, per_engine, scv, CORRECTION_BOUNDS[0], 1.0)
 
 
 def _mean_ttft(c: float, own_ms: float, per_engine: float, service_scv: float) -> float:

@@ -12,7 +12,7 @@ functions of :mod:`disagg_planner.core.feedback`. No clock, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from disagg_planner.config.schema import PlannerConfig
@@ -28,6 +28,7 @@ from disagg_planner.core.feedback import (
     served_calmly,
 )
 from disagg_planner.core.latency_capacity import (
+    TtftReading,
     latency_capacity_estimate,
     loaded_capacity_estimate,
 )
@@ -129,21 +130,18 @@ class LearnsFromObservation:
             or status.ready("prefill") < status.desired("prefill")
         ):
             return []
-        own_ms = self.profile.prefill.ttft_ms(window.isl) * self.sizer.length_mix().value
-        offered = self.offered_prefill_engines(status, rate=window.request_rate, isl=window.isl)
-
-        def read(estimator: Callable[..., float | None]) -> float | None:
-            return estimator(
-                ttft_ms=window.ttft_ms,
-                own_ms=own_ms,
-                offered_engines=offered,
-                ready=status.ready("prefill"),
-                service_scv=self.traffic.service_scv,
-                # the frontend's TTFT ends at the decode engine's first step, one ITL
-                first_token_ms=(window.itl_ms or 0.0) if "decode" in self.config.roles else 0.0,
-            )
-
-        estimate = read(latency_capacity_estimate)
+        reading = TtftReading(
+            ttft_ms=window.ttft_ms,
+            own_ms=self.profile.prefill.ttft_ms(window.isl) * self.sizer.length_mix().value,
+            offered_engines=self.offered_prefill_engines(
+                status, rate=window.request_rate, isl=window.isl
+            ),
+            ready=status.ready("prefill"),
+            service_scv=self.traffic.service_scv,
+            # the frontend's TTFT ends at the decode engine's first step, one ITL
+            first_token_ms=(window.itl_ms or 0.0) if "decode" in self.config.roles else 0.0,
+        )
+        estimate = latency_capacity_estimate(reading)
         if estimate is not None:
             lowest = self.feedback.latency_estimate("prefill", estimate)
             return self.feedback.learn(
@@ -151,7 +149,7 @@ class LearnsFromObservation:
                 busy_estimate=lowest,
                 source=f"mean TTFT (lowest of {LATENCY_WINDOWS})",
             )
-        loaded = read(loaded_capacity_estimate) if calm else None
+        loaded = loaded_capacity_estimate(reading) if calm else None
         if loaded is None:
             return []
         return self.feedback.learn("prefill", busy_estimate=loaded, source="mean TTFT at load")

@@ -17,7 +17,7 @@ from disagg_planner.core.feedback import (
     served_calmly,
     within_tolerance,
 )
-from disagg_planner.core.latency_capacity import latency_capacity_estimate
+from disagg_planner.core.latency_capacity import TtftReading, latency_capacity_estimate
 from disagg_planner.core.sizing import LoadForecast
 from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
 from disagg_planner.core.types import (
@@ -644,11 +644,13 @@ LATENCY_ROWS = [
 @pytest.mark.parametrize("row", LATENCY_ROWS, ids=[r.name for r in LATENCY_ROWS])
 def test_latency_capacity_estimate(row: LatencyRow) -> None:
     got = latency_capacity_estimate(
-        ttft_ms=row.ttft_ms,
-        own_ms=80.0,
-        offered_engines=row.offered,
-        ready=1,
-        first_token_ms=row.first_token_ms,
+        TtftReading(
+            ttft_ms=row.ttft_ms,
+            own_ms=80.0,
+            offered_engines=row.offered,
+            ready=1,
+            first_token_ms=row.first_token_ms,
+        )
     )
     assert (round(got, 3) if got is not None else None) == row.estimate
 

@@ -13,6 +13,7 @@ import pytest
 from disagg_planner.core.feedback import CORRECTION_BOUNDS
 from disagg_planner.core.latency_capacity import (
     MAX_LATENCY_LEARN_UTILISATION,
+    TtftReading,
     latency_capacity_estimate,
     loaded_capacity_estimate,
 )
@@ -31,10 +32,9 @@ def kingman_mean_ttft(c: float, *, per_engine: float, scv: float = 1.0) -> float
     return c * OWN_MS + rho / (1 - rho) * (1 + scv) / 2 * c * OWN_MS
 
 
-def loaded(ttft_ms: float, per_engine: float = 0.8, **kw: float) -> float | None:
-    return loaded_capacity_estimate(
-        ttft_ms=ttft_ms, own_ms=OWN_MS, offered_engines=2 * per_engine, ready=2, **kw
-    )
+def loaded(ttft_ms: float | None, per_engine: float = 0.8, **kw: float) -> float | None:
+    reading = TtftReading(ttft_ms, OWN_MS, offered_engines=2 * per_engine, ready=2, **kw)
+    return loaded_capacity_estimate(reading)
 
 
 def test_under_load_a_mean_ttft_under_the_profiles_queue_says_the_engines_carry_more() -> None:
@@ -60,12 +60,9 @@ def test_the_loaded_estimate_only_lowers_and_only_under_load() -> None:
     # at light load the mean TTFT is the engine's own speed, never below 1
     light = MAX_LATENCY_LEARN_UTILISATION / 2
     assert loaded(30.0, per_engine=light) is None
-    assert (
-        latency_capacity_estimate(ttft_ms=30.0, own_ms=OWN_MS, offered_engines=light, ready=1)
-        == 1.0
-    )
+    assert latency_capacity_estimate(TtftReading(30.0, OWN_MS, light, 1)) == 1.0
     assert loaded(100.0, per_engine=0.8) is not None
-    assert loaded(None) is None  # type: ignore[arg-type]
+    assert loaded(None) is None
 
 
 def _run(profile: Profile, *, p99_s: float) -> tuple[ThroughputDecision, float]:
