@@ -464,11 +464,31 @@ FLAPS_PER_HOUR = 2.0
 ORACLE_RATIO_REAL = 1.25
 
 
+# Where best-static itself misses 99 %, the planner may fall this far short of it (issue 29).
+STATIC_SHORTFALL = 0.003
+
+
+def attainment_target(row: dict[str, Any]) -> str:
+    """Issue 29's attainment target for one policy's run: >= 99 %, or, where best-static
+    itself is under 99 %, no more than :data:`STATIC_SHORTFALL` (0.3 points) under it."""
+    att = row["slo_attainment"]["both"]
+    static_att = float(row["best_static"]["slo_attainment"])
+    oracle = f"oracle {float(row['oracle_slo_attainment']):.2%}"
+    if static_att >= 0.99:
+        return f"{_met(att >= 0.99)} attainment {att:.2%} >= 99% ({oracle})"
+    bar = static_att - STATIC_SHORTFALL
+    return (
+        f"{_met(att >= bar - 1e-12)} attainment {att:.2%} >= {bar:.2%}, best-static's "
+        f"{static_att:.2%} less 0.3 points (it misses 99%; {oracle})"
+    )
+
+
 def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> list[str]:
-    """Per workload, issue 18's targets for ``policy`` (the planner with its defaults), each
-    held or missed with its figures: attainment >= 99 % where the oracle run reaches 99 %;
-    GPU-hours <= best-static; <= 1.25x the oracle on real traffic; higher attainment than
-    the HPA, and fewer GPU-hours wherever both reach 99 %; flaps <= 2 per hour."""
+    """Per workload, the targets for ``policy`` (the planner with its defaults), each held or
+    missed with its figures: attainment >= 99 %, or within 0.3 points of best-static's where
+    that misses 99 % (issue 29: :func:`attainment_target`); GPU-hours <= best-static;
+    <= 1.25x the oracle on real traffic; higher attainment than the HPA, and fewer
+    GPU-hours wherever both reach 99 %; flaps <= 2 per hour (issue 18)."""
     lines = []
     for scenario in dict.fromkeys(s["scenario"] for s in rows):
         mine = {s["label"]: s for s in rows if s["scenario"] == scenario}
@@ -476,14 +496,7 @@ def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> lis
         if me is None:
             continue
         att = me["slo_attainment"]["both"]
-        checks = []
-        oracle_att = float(me["oracle_slo_attainment"])
-        if oracle_att >= 0.99:
-            checks.append(
-                f"{_met(att >= 0.99)} attainment {att:.2%} >= 99% (oracle {oracle_att:.2%})"
-            )
-        else:
-            checks.append(f"attainment {att:.2%} (not tested: the oracle reaches {oracle_att:.2%})")
+        checks = [attainment_target(me)]
         reactive = mine.get("reactive-oracle")
         if reactive is not None and att < 0.99:
             ratt = reactive["slo_attainment"]["both"]

@@ -129,7 +129,7 @@ def test_the_decision_targets_name_each_figure(
     assert "MISSED attainment above hpa's 100.00%" in line
     hours = worse["duration_s"] / 3600
     assert f"MISSED 3 flaps in {hours * 60:.1f} min <= 2/h ({2 * hours:.2f} allowed)" in line
-    if worse["oracle_slo_attainment"] >= 0.99:
+    if worse["best_static"]["slo_attainment"] >= 0.99:
         assert "MISSED attainment 90.00% >= 99%" in line
     # real traffic adds the ratio to the oracle; both at 99 %: fewer GPU-hours than hpa
     real = _as(
@@ -141,6 +141,31 @@ def test_the_decision_targets_name_each_figure(
     assert (
         f"MISSED fewer GPU-h than hpa ({real['gpu_hours']:.2f} vs {hpa['gpu_hours']:.2f})" in line
     )
+
+
+def test_attainment_is_judged_against_best_static_where_it_misses_99(
+    scorecard: ModuleType,
+) -> None:
+    # issue 29: >= 99 %, or within 0.3 points of best-static where best-static misses 99 %
+    def row(att: float, static: float, oracle: float = 0.98) -> dict[str, Any]:
+        return {
+            "slo_attainment": {"both": att},
+            "best_static": {"slo_attainment": static},
+            "oracle_slo_attainment": oracle,
+        }
+
+    assert scorecard.attainment_target(row(0.9734, 0.9836)) == (
+        "MISSED attainment 97.34% >= 98.06%, best-static's 98.36% less 0.3 points "
+        "(it misses 99%; oracle 98.00%)"
+    )
+    assert scorecard.attainment_target(row(0.9810, 0.9836)).startswith(
+        "MET attainment 98.10% >= 98.06%"
+    )
+    # best-static at 99 % or more: the 99 % target, whatever the oracle reaches
+    assert scorecard.attainment_target(row(0.985, 0.995, oracle=0.97)) == (
+        "MISSED attainment 98.50% >= 99% (oracle 97.00%)"
+    )
+    assert scorecard.attainment_target(row(0.991, 0.995)).startswith("MET attainment 99.10%")
 
 
 @pytest.mark.slow
