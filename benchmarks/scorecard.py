@@ -58,7 +58,14 @@ from disagg_planner.replay.bounds import (
     references_key,
 )
 from disagg_planner.replay.parallel import resolve_jobs
-from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, WorkloadSpec, prepare, run
+from disagg_planner.replay.session import (
+    ORACLE_WINDOW_S,
+    ReplayPlan,
+    WorkloadSpec,
+    prepare,
+    run,
+    with_searched_start,
+)
 from tests.traces import AZURE_CONV, MOONCAKE_CONV, SharedTrace, for_script, servegen_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -340,6 +347,8 @@ def _run_one(
         # the same key: the same requests, cluster, targets and floors (a variant may change
         # them, and then this run finds its own)
         adopt_references(*found)
+    # every policy starts with the searched need (the oracle and best-static with their own)
+    plan = with_searched_start(plan)
     name = policy
     if policy in PLANNER_VARIANTS:
         name = "planner"
@@ -663,8 +672,11 @@ def main(argv: list[str] | None = None) -> int:
             f"Command: `{command.strip()}` (wall {wall:.0f} s on the 2-core dev machine).\n"
             f"Engine `sim:llama-3.1-8b-fp8@h200_sxm:tp1` (bundled profile {PROFILE}), "
             f"startup delay {args.startup_delay:g} s, ITL target 20 ms; every policy starts "
-            "with the replicas the first minutes need, and is metered from t = 0 until its "
-            "own last request finished. `x oracle` is GPU-hours over the feasible oracle's run "
+            "with the replicas the first minutes need (what the oracle's searched plan has "
+            "until a first decision could land, one start-up plus one interval: the same "
+            "start for every policy; a `static:` row keeps its own), and is metered from "
+            "t = 0 until its own last request finished. `x oracle` is GPU-hours over the "
+            "feasible oracle's run "
             "(a clairvoyant per-minute plan found by simulation, ordered one startup delay "
             "ahead, or the best static deployment where that is cheaper), `x best-static` "
             "over the cheapest static deployment meeting the target, `x fluid` over the fluid "

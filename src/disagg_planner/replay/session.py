@@ -4,7 +4,7 @@ simulated cluster, write the outputs. Used by ``planner replay`` and the scoreca
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from disagg_planner.runtime.wiring import profile_for
 from disagg_planner.simulator import engine_spec as engine_specs
 from disagg_planner.simulator import startup
 from disagg_planner.simulator.cluster import DEFAULT_DRAIN_GRACE_S
+from disagg_planner.simulator.engine_spec import EngineSpec
 from disagg_planner.simulator.request import RequestLike
 from disagg_planner.simulator.workloads import parse_workload, scale_load, speedup
 
@@ -148,8 +149,7 @@ def prepare(
     )
     # Every policy starts warm, sized for what the trace needs until a first decision could
     # land (one interval plus one startup): the trace begins mid-day, not at a cold start.
-    lead = startup.planning_lead_s(startup_delay_s, specs)
-    lead += config.throughput_adjustment_interval_seconds
+    lead = start_lead_s(config, startup_delay_s, specs)
     start = initial or initial_replicas(needs, window_s=ORACLE_WINDOW_S, lead_s=lead)
     if not initial:
         start, oversized = bounds.sane_initial(
@@ -181,6 +181,38 @@ def prepare(
         elastic_role=config.elastic_ep,
     )
     return ReplayPlan(config, profile, setup, requests, needs)
+
+
+def start_lead_s(
+    config: PlannerConfig, startup_delay_s: float | None, specs: Mapping[str, EngineSpec]
+) -> float:
+    """How much of the trace the replicas a replay starts with are sized for: until a first
+    decision could land, one throughput interval plus one start-up."""
+    lead = startup.planning_lead_s(startup_delay_s, specs)
+    return lead + config.throughput_adjustment_interval_seconds
+
+
+def with_searched_start(plan: ReplayPlan) -> ReplayPlan:
+    """``plan`` starting with the replicas its oracle's searched plan has over the start's
+    lead (:func:`start_lead_s`), not the estimate :func:`prepare` starts from.
+
+    The estimate is the search's starting point, sized from the profile's throughput alone;
+    where the search finds more (long prompts whose own prefill takes most of the TTFT
+    target, engines faster than their profile), the oracle and best-static start with
+    their own need while the others start short of it, and the first minutes measure the
+    start rather than the policies. A benchmark comparing policies starts them all with the
+    searched need (the references are found once per plan and kept)."""
+    refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+    setup = plan.setup
+    lead = start_lead_s(plan.config, setup.startup_delay_s, setup.specs)
+    start = initial_replicas(refs.oracle_needs, window_s=ORACLE_WINDOW_S, lead_s=lead)
+    floors = {r: plan.config.min_endpoint_for(r) for r in setup.specs}
+    start, _ = bounds.within_budget(
+        start, specs=setup.specs, floors=floors, max_gpus=plan.config.max_gpu_budget
+    )
+    if plan.config.elastic_ep is not None:  # one engine, resized in place (as prepare's)
+        start = {**start, plan.config.elastic_ep: 1}
+    return replace(plan, setup=replace(setup, initial_replicas=start))
 
 
 DYNAMO_DEFAULTS: dict[str, Any] = {

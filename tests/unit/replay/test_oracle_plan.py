@@ -18,7 +18,15 @@ from disagg_planner.replay.bounds import References, compute_references
 from disagg_planner.replay.oracle import OraclePolicy
 from disagg_planner.replay.runner import run_policy
 from disagg_planner.replay.search import LoneLimits, Slo, lone_limits
-from disagg_planner.replay.session import ORACLE_WINDOW_S, ReplayPlan, WorkloadSpec, prepare, run
+from disagg_planner.replay.session import (
+    ORACLE_WINDOW_S,
+    ReplayPlan,
+    WorkloadSpec,
+    prepare,
+    run,
+    start_lead_s,
+    with_searched_start,
+)
 from disagg_planner.simulator.cluster import Cluster
 
 PROFILE = "h200_sxm/vllm/llama-3.1-8b-fp8/tp1"
@@ -120,6 +128,29 @@ def test_the_plan_meets_the_target_where_the_mean_based_estimate_falls_short() -
     ).summary
     assert by_means.slo_attainment.both < refs.slo.target <= refs.oracle.slo_attainment
     assert any(w.replicas[r] > w.estimate[r] for w in refs.oracle_plan.windows for r in w.replicas)
+
+
+def test_a_benchmark_starts_every_policy_with_the_searched_need() -> None:
+    """Long prompts under a 2 s TTFT target: the profile's throughput estimate starts one
+    prefill engine, the simulated search finds three needed from the first minute. The
+    searched start is what every policy of a comparison starts with (the oracle and
+    best-static start with their own need already)."""
+    workload = WorkloadSpec(
+        workload="poisson:rate=3,duration=420,isl=lognormal:4096:1.0,osl=200", seed=1
+    )
+    plan = prepare(config(ttft_ms=2000), workload, startup_delay_s=120)
+    refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
+    searched = with_searched_start(plan)
+    lead = start_lead_s(plan.config, 120, plan.setup.specs)
+    windows = refs.oracle_needs[: int(lead // ORACLE_WINDOW_S) + 1]
+    need = {r: max(w.replicas[r] for w in windows) for r in plan.setup.specs}
+    assert searched.setup.initial_replicas == need
+    assert need["prefill"] > plan.setup.initial_replicas["prefill"] == 1
+    # the rest of the plan is the same plan
+    assert searched.requests is plan.requests and searched.config == plan.config
+    assert replace(searched.setup, initial_replicas=plan.setup.initial_replicas) == plan.setup
+    hpa = run(searched, "hpa", progress=False, write_report=False).summary
+    assert hpa.setup.initial_replicas == need
 
 
 def test_lone_limits_are_where_a_request_alone_stops_meeting_the_targets() -> None:
