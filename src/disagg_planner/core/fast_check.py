@@ -34,11 +34,13 @@ No I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 
 from disagg_planner.core.feedback import (
     ROLE_TAILS,
+    SCALE_DOWN_MARGIN,
     STABILISATION_MARGIN,
     Tails,
     breach_replicas,
@@ -58,6 +60,7 @@ from disagg_planner.core.rules import (
     slo_at_risk,
     trend_within_peak,
 )
+from disagg_planner.core.served_load import served_holds
 from disagg_planner.core.sizing import LoadForecast, RoleSizing
 from disagg_planner.core.throughput import (
     ThroughputDecision,
@@ -257,6 +260,7 @@ def fast_check(
         restore_only=frozenset(r for r in cfg.roles if servable.reason and cut_recently[r]),
     )
     proposed = {r: max(sizing[r].replicas, wanted.get(r, 0)) for r in cfg.roles}
+    memory_since = now_s - span if span else -math.inf
     for role in cfg.roles:
         # a fast check reacts to what is at risk: a role whose own tail is within its SLO
         # is left to the tick (the short window's rate is a burst's, which its engines
@@ -275,6 +279,19 @@ def fast_check(
         if not (at_risk[role] or ahead or role in wanted) and proposed[role] > desired[role]:
             proposed[role] = desired[role]
             capped.append(f"{role}: within its SLO ({tails.text}): left to the tick")
+        elif ahead and not (at_risk[role] or role in wanted) and proposed[role] > desired[role]:
+            why = _ahead_held(
+                tp,
+                role,
+                sized=sizing[role],
+                current=desired[role],
+                load_tokens_per_s=tp.role_tokens(role, rate=rate, isl=isl, osl=osl),
+                calm=calm,
+                since_s=memory_since,
+            )
+            if why:
+                proposed[role] = desired[role]
+                capped.append(f"rising trend: {why}")
     guarded = guard_chain(
         proposed,
         current=desired,
@@ -407,10 +424,12 @@ def _breach_targets(
                 want = observed = before
             if before > want:
                 want = before
-            tp.feedback.cut_need[role] = (cut_s + window, before)
+            # kept one stabilisation window from now: the restore is a scale-up, which a
+            # cut within the window would reverse (a flap)
+            tp.feedback.cut_need[role] = (now_s + window, before)
             notes.append(
                 f"{role}: breached after the cut at {cut_s:.0f} s: back to at least {before}, "
-                f"kept until {cut_s + window:.0f} s"
+                f"kept until {now_s + window:.0f} s"
             )
         if want <= 0:
             continue
@@ -420,6 +439,38 @@ def _breach_targets(
             # the model's error is what the observation asks over what it said
             notes += tp.feedback.learn(role, breach=observed / sized)
     return wanted, notes
+
+
+def _ahead_held(
+    tp: ThroughputPlanner,
+    role: str,
+    *,
+    sized: RoleSizing,
+    current: int,
+    load_tokens_per_s: float,
+    calm: Mapping[str, bool],
+    since_s: float,
+) -> str:
+    """Why a rising trend's scale-up of ``role`` (its tail within its SLO) is held, or '':
+    the need is within the HPA's tolerance of the replicas running while the tail is calm
+    (:func:`disagg_planner.core.feedback.within_tolerance`, as the tick holds it), or the
+    replicas were seen carrying the load it is sized for with the tail under the
+    scale-down margin since ``since_s`` (a recurring peak:
+    :func:`disagg_planner.core.served_load.served_holds`). What the trend anticipates was
+    observed not to breach; a tail that rises to the SLO is at risk, which this does not
+    hold."""
+    _, tolerated = tp.sizer.within_tolerance({role: sized}, current={role: current}, calm=calm)
+    if tolerated:
+        return tolerated[0]
+    proven = tp.feedback.proven(role, since_s=since_s, within=SCALE_DOWN_MARGIN)
+    return served_holds(
+        role,
+        current=current,
+        sized=sized.replicas,
+        load_tokens_per_s=load_tokens_per_s,
+        proven=proven,
+        margin=SCALE_DOWN_MARGIN,
+    ).reason
 
 
 def _busy_window_rate(tp: ThroughputPlanner, now_s: float, span_s: float = 60.0) -> float:

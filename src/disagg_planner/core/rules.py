@@ -542,18 +542,35 @@ def prior_peak(samples: Sequence[RateSample], *, since_s: float, until_s: float)
     )
 
 
+# A rate within this share above an earlier peak is that peak's level again (short windows
+# scatter about a level by as much), not a new one: the Kubernetes HPA's default tolerance.
+PEAK_TOLERANCE = 0.1
+
+
 def trend_within_peak(trend: RuleValue, *, rate: float, peak: float, span_s: float) -> RuleValue:
     """A rising trend's rate, with the SLO still met, no higher than the ``peak`` seen
-    before in the last ``span_s`` while the rate is still under it: a rise towards a level
-    served before is expected to end there (a daily or periodic load), and a line through
-    its steepest part runs past it, ordering replicas that peak never needed. A rate
-    already above the peak is a new level: the trend is not capped."""
-    if trend.value <= 0 or peak <= 0 or rate >= peak or trend.value <= peak:
+    before in the last ``span_s`` (or the rate itself, where it has reached the peak within
+    :data:`PEAK_TOLERANCE`): a rise towards a level served before is expected to end there
+    (a daily or periodic load), and a line through its steepest part runs past it, ordering
+    replicas that peak never needed, most of all at the top, where the line still rises
+    while the load turns. A rate more than the tolerance above the peak is a new level: the
+    trend is not capped."""
+    if trend.value <= 0 or peak <= 0 or rate > peak * (1.0 + PEAK_TOLERANCE):
         return trend
+    cap = max(peak, rate)
+    if trend.value <= cap:
+        return trend
+    if rate < peak:
+        return RuleValue(
+            peak,
+            f"{trend.reason}; capped at {peak:.2f} req/s, the highest rate of the last "
+            f"{span_s:.0f} s, which the rise has not passed yet",
+        )
     return RuleValue(
-        peak,
-        f"{trend.reason}; capped at {peak:.2f} req/s, the highest rate of the last "
-        f"{span_s:.0f} s, which the rise has not passed yet",
+        cap,
+        f"{trend.reason}; capped at the rate {rate:.2f} req/s: the highest of the last "
+        f"{span_s:.0f} s was {peak:.2f}, within {PEAK_TOLERANCE:.0%} of it (that level "
+        "again, not a new one)",
     )
 
 

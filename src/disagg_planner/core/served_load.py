@@ -24,11 +24,17 @@ from disagg_planner.core.rules import RuleValue
 
 
 def served_holds(
-    role: str, *, current: int, sized: int, load_tokens_per_s: float, proven: Served | None
+    role: str,
+    *,
+    current: int,
+    sized: int,
+    load_tokens_per_s: float,
+    proven: Served | None,
+    margin: float = STABILISATION_MARGIN,
 ) -> RuleValue:
     """``current`` when the sizing asks ``role`` for more (``sized``) and ``proven`` (the
-    highest load per replica its replicas served with the tail under
-    :data:`STABILISATION_MARGIN` of its SLO) times ``current`` carries
+    highest load per replica its replicas served with the tail under ``margin`` of its SLO,
+    :data:`STABILISATION_MARGIN` unless given) times ``current`` carries
     ``load_tokens_per_s``; 0 (no rule) otherwise.
 
     >>> seen = Served(at_s=600.0, per_replica=30000.0, replicas=2, ratio=0.4)
@@ -39,7 +45,7 @@ def served_holds(
     """
     if sized <= current or current <= 0 or proven is None or load_tokens_per_s <= 0:
         return RuleValue(0.0, "")
-    if proven.ratio > STABILISATION_MARGIN or proven.per_replica * current < load_tokens_per_s:
+    if proven.ratio > margin or proven.per_replica * current < load_tokens_per_s:
         return RuleValue(0.0, "")
     return RuleValue(
         float(current),
@@ -47,5 +53,5 @@ def served_holds(
         f"{proven.per_replica * proven.replicas:.0f} tok/s at {proven.at_s:.0f} s with the "
         f"tail at {proven.ratio:.0%} of its SLO; {current} carry the "
         f"{load_tokens_per_s:.0f} tok/s sized for at that rate (the model's call for more "
-        f"yields to a load served with the tail under {STABILISATION_MARGIN:.0%} of its SLO)",
+        f"yields to a load served with the tail under {margin:.0%} of its SLO)",
     )

@@ -165,6 +165,10 @@ def ramp(rates: list[float], st: DeploymentStatus, *, ttft_p99_s: float, itl_ms:
 RISING = [4.0] * 12 + [4.5 + 0.5 * k for k in range(6)]
 # the same after 3 min at 9 req/s and 3 min back at 4: the first order at 7.5 req/s
 RISING_AGAIN = [4.0] * 12 + [9.0] * 12 + [4.0] * 12 + [4.5 + 0.5 * k for k in range(7)]
+# 3 min at 4 req/s, then rising 9 req/s in 90 s: decode sized for 2.02 engines' worth
+RISING_PAST_TWO = [4.0] * 12 + [4.0 + 1.5 * (k + 1) for k in range(6)]
+# 3 min at 24 req/s served by 2 prefill engines, 3 min at 4, then a rise towards 24 again
+RISING_TO_SERVED = [4.0] * 12 + [24.0] * 12 + [4.0] * 12 + [4.5 + 1.0 * k for k in range(12)]
 
 ROWS = [
     Row(
@@ -210,12 +214,33 @@ ROWS = [
     ),
     Row(
         "rising trend, the SLO met: a rise under the highest rate of the burst memory's span "
-        "is expected to end there",
-        ramp(RISING_AGAIN, status(1, 1), ttft_p99_s=0.3, itl_ms=20.0),
+        "is expected to end there (served before with the tail over the scale-down margin: "
+        "not a load the replicas carry calmly)",
+        ramp(RISING_AGAIN, status(1, 1), ttft_p99_s=0.42, itl_ms=20.0),
         {"prefill": 2, "decode": 1},  # decode for 9 req/s, not the line's 10.31
         R.SCALE,
         "sized for 10.31 req/s, 135 s on (when what is ordered now serves, and the next "
         "check's order after it); capped at 9.00 req/s, the highest rate of the last 1800 s",
+        (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
+    ),
+    Row(
+        "rising trend, the SLO met: a need within the HPA's tolerance of the replicas running, "
+        "their tail under the scale-down margin, orders nothing (as the tick holds it)",
+        ramp(RISING_PAST_TWO, status(2, 2), ttft_p99_s=0.3, itl_ms=20.0),
+        {"prefill": 3, "decode": 2},
+        R.SCALE,
+        "rising trend: decode: a need of 2.02 replicas is within 10% of the 2 running and its "
+        "tail is under its margin: held (the HPA's tolerance)",
+        (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
+    ),
+    Row(
+        "rising trend, the SLO met: a rise towards a load the replicas were seen serving with "
+        "the tail under the scale-down margin orders nothing (a recurring peak)",
+        ramp(RISING_TO_SERVED, status(2, 2), ttft_p99_s=0.3, itl_ms=20.0),
+        None,
+        R.NO_CHANGE,
+        "rising trend: prefill: held at 2, not 3: 2 replica(s) served 72000 tok/s at 195 s "
+        "with the tail at 60% of its SLO",
         (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
     ),
     Row(
@@ -325,7 +350,7 @@ ROWS = [
         (*CUT, fast(255, window(255, 10, itl_ms=45.0), status(2, 1))),
         {"prefill": 2, "decode": 3},
         R.SCALE,
-        "decode: breached after the cut at 240 s: back to at least 3, kept until 360 s",
+        "decode: breached after the cut at 240 s: back to at least 3, kept until 375 s",
         CUT_SETTINGS,
     ),
     Row(
@@ -334,7 +359,7 @@ ROWS = [
         (*PREFILL_CUT, fast(255, mixed_prompts(255, servable_tail_s=1.0), status(2, 2))),
         {"prefill": 5, "decode": 2},
         R.SCALE,
-        "prefill: breached after the cut at 240 s: back to at least 5, kept until 360 s",
+        "prefill: breached after the cut at 240 s: back to at least 5, kept until 375 s",
         CUT_SETTINGS,
     ),
     Row(
@@ -356,7 +381,7 @@ ROWS = [
         ),
         {"prefill": 2, "decode": 3},
         R.NO_CHANGE,
-        "decode: kept at 3 until 360 s: a cut to fewer breached its SLO",
+        "decode: kept at 3 until 375 s: a cut to fewer breached its SLO",
         CUT_SETTINGS,
     ),
     Row(

@@ -27,6 +27,7 @@ from disagg_planner.core.rules import (
     scale_down_allowed,
     slo_at_risk,
     time_to_ready,
+    trend_within_peak,
     within_envelope,
 )
 from disagg_planner.core.sizing import histogram_scv
@@ -634,3 +635,24 @@ def test_the_queueing_headroom_sees_the_variability_of_the_prefill_work_not_of_t
     assert work == pytest.approx(expected)
     assert lengths is not None and work is not None and work > 2 * lengths
     assert histogram_scv(MIXED, work=lambda isl: 0.0) is None  # no throughput: no estimate
+
+
+@pytest.mark.parametrize(
+    ("rate", "value", "says"),
+    [
+        # under the earlier peak: the rise is expected to end there
+        (40.0, 45.0, "capped at 45.00 req/s, the highest rate of the last 1800 s, which the rise"),
+        # at the peak's level again (within 10 % above it): sized for the rate, not the line
+        (47.0, 47.0, "capped at the rate 47.00 req/s: the highest of the last 1800 s was 45.00"),
+        # more than 10 % above it: a new level, the trend stands
+        (50.0, 60.0, ""),
+    ],
+)
+def test_a_rising_trend_is_capped_at_an_earlier_peak_until_the_rate_passes_it(
+    rate: float, value: float, says: str
+) -> None:
+    trend = RuleValue(60.0, "rate rising")
+    capped = trend_within_peak(trend, rate=rate, peak=45.0, span_s=1800.0)
+    assert (capped.value, says in capped.reason) == (value, True), capped.reason
+    if not says:
+        assert capped is trend
