@@ -14,9 +14,9 @@ does and costs no more than it, and every policy uses at least the fluid bound.
 
 A replica added during a run starts as ``planner replay``'s do by default: each one's
 start-up drawn phase by phase from the phase model of its engine
-(:mod:`disagg_planner.simulator.startup`; median 91 s for the Llama-3.1-8B engine, 578 s for
-the wide-EP DeepSeek-V3 one); ``--startup-delay S`` gives every replica the constant S
-seconds instead (120 was the default before), and ``--startup-sweep`` runs several constants.
+(:mod:`disagg_planner.simulator.startup`; the results' header gives each engine's median);
+``--startup-delay S`` gives every replica the constant S seconds instead (120 was the default
+before), and ``--startup-sweep`` runs several constants.
 
 The wide-EP workload (``--only wide-ep``) runs a DeepSeek-V3 DP16/EP16 engine on GB200
 (the bundled DP profile) and compares three ways of moving its capacity on the same
@@ -24,8 +24,8 @@ traffic: a fixed size (``fixed-dp16``, one engine), replica scaling (``planner``
 16-GPU engines) and elastic resizing (``elastic-ep``: the planner with ``elastic_ep``, which
 resizes the one engine's DP size in steps of 4 ranks, its followers starting for as long as
 a new replica does, the constant start-up or the phase model's median for the engine, and
-joining, then NIXL EP's resize); it prints their GPU-hours,
-attainment and requests rejected with 503 during resize pauses in a table of its own.
+joining, then NIXL EP's resize); it prints their GPU-hours, attainment and requests rejected
+with 503 during resize pauses in a table of its own.
 
 Two workloads compare planners told different things (issue 35; ``--only spec-decode``,
 ``--only kv-hit``): engines running speculative decoding, with the planner unaware of it,
@@ -757,8 +757,8 @@ def main(argv: list[str] | None = None) -> int:
             "own last request finished. `x oracle` is GPU-hours over the feasible oracle's run "
             "(a clairvoyant per-minute plan found by simulation, ordered one start-up ahead, "
             "the constant or the phase model's p99, or the best static deployment where that "
-            "is cheaper), `x best-static` "
-            "over the cheapest static deployment meeting the target, `x fluid` over the fluid "
+            "is cheaper), `x best-static` over the cheapest static deployment meeting the "
+            "target, `x fluid` over the fluid "
             "bound (every request's own work at the profile's best throughput per GPU). "
             "`reactive-oracle` runs the oracle's per-minute needs, each ordered only once its "
             "minute has begun (one 15 s fast check in), none ahead and with no term for the "
