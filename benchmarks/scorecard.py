@@ -10,14 +10,22 @@ whether issue 16's conditions held: the oracle meets the SLO target wherever bes
 does and costs no more than it, and every policy uses at least the fluid bound.
 
     python benchmarks/scorecard.py [--write] [--only NAME] [--jobs N] [--variant K=V ...]
+        [--startup-delay S|none] [--startup-sweep S,S,...]
+
+A replica added during a run starts as ``planner replay``'s do by default: each one's
+start-up drawn phase by phase from the phase model of its engine
+(:mod:`disagg_planner.simulator.startup`; the results' header gives each engine's median);
+``--startup-delay S`` gives every replica the constant S seconds instead (120 was the default
+before), and ``--startup-sweep`` runs several constants.
 
 The wide-EP workload (``--only wide-ep``) runs a DeepSeek-V3 DP16/EP16 engine on GB200
 (the bundled DP profile) and compares three ways of moving its capacity on the same
 traffic: a fixed size (``fixed-dp16``, one engine), replica scaling (``planner``: whole
 16-GPU engines) and elastic resizing (``elastic-ep``: the planner with ``elastic_ep``, which
 resizes the one engine's DP size in steps of 4 ranks, its followers starting for as long as
-a new replica does and joining, then NIXL EP's resize); it prints their GPU-hours,
-attainment and requests rejected with 503 during resize pauses in a table of its own.
+a new replica does, the constant start-up or the phase model's median for the engine, and
+joining, then NIXL EP's resize); it prints their GPU-hours, attainment and requests rejected
+with 503 during resize pauses in a table of its own.
 
 Two workloads compare planners told different things (issue 35; ``--only spec-decode``,
 ``--only kv-hit``): engines running speculative decoding, with the planner unaware of it,
@@ -49,6 +57,7 @@ from typing import Any
 # shadow the predictors package: look in the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from disagg_planner.cli.arguments import seconds_or_none
 from disagg_planner.config import PlannerConfig
 from disagg_planner.errors import SpecError
 from disagg_planner.replay.bounds import (
@@ -58,6 +67,7 @@ from disagg_planner.replay.bounds import (
     references_key,
 )
 from disagg_planner.replay.parallel import resolve_jobs
+from disagg_planner.replay.runner import engine_spec_for_profile
 from disagg_planner.replay.session import (
     ORACLE_WINDOW_S,
     ReplayPlan,
@@ -66,6 +76,9 @@ from disagg_planner.replay.session import (
     run,
     with_searched_start,
 )
+from disagg_planner.runtime.wiring import profile_for
+from disagg_planner.simulator.engine_spec import EngineSpec, coerce
+from disagg_planner.simulator.startup import PLANNING_QUANTILE, describe, phase_model
 from tests.traces import AZURE_CONV, MOONCAKE_CONV, SharedTrace, for_script, servegen_folder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +131,7 @@ KV_HIT_PLANNERS: dict[str, dict[str, Any]] = {
 # every planner policy of a workload that runs as the planner with settings of its own
 PLANNER_VARIANTS = ("elastic-ep", *SPEC_DECODE_PLANNERS, *KV_HIT_PLANNERS)
 # The elastic policy's settings on the wide-EP workload; its followers' start-up + join is the
-# scenario's start-up delay (the same pods a new replica would start), set in _plan.
+# scenario's start-up (the same pods a new replica would start), set in _elastic_variant.
 WIDE_EP_ELASTIC: dict[str, Any] = {
     "elastic_ep": "agg",
     "elastic_ep_mode": "nixl",
@@ -302,7 +315,61 @@ SCENARIOS = (
 )
 
 
-def _plan(scenario: Scenario, variant: dict[str, Any], startup: float) -> ReplayPlan:
+def engine_of(scenario: Scenario) -> str:
+    """The engine spec ``scenario`` simulates: its own, or its profile's."""
+    if scenario.engine is not None:
+        return scenario.engine
+    cfg = PlannerConfig(profile=scenario.profile, mode=scenario.mode)
+    return engine_spec_for_profile(profile_for(cfg))
+
+
+def follower_ready_s(scenario: Scenario, startup: float | None) -> float:
+    """How long the elastic policy's followers take to start and join: the constant start-up
+    ``startup``, or (None: the phase model) the phase model's median start-up of the
+    scenario's engine, the pods a new replica would start."""
+    if startup is not None:
+        return startup
+    return phase_model(coerce(engine_of(scenario))).median_plan().total_s
+
+
+def startup_text(delays: list[float | None], scenarios: list[Scenario]) -> str:
+    """What the results say of the start-up they ran with: the constant (or the sweep's
+    constants), or the phase model's median and planning quantile for each engine that ran
+    (:func:`disagg_planner.simulator.startup.describe`; engines with the same phase model are
+    named once)."""
+    if len(delays) > 1:
+        sweep = ", ".join(f"{d:g}" for d in delays if d is not None)
+        return f"start-up delays {sweep} s (the sweep; each constant, GPUs charged throughout)"
+    if delays[0] is not None:
+        return f"start-up delay {delays[0]:g} s (constant, GPUs charged throughout)"
+    specs: dict[str, EngineSpec] = {}
+    for s in scenarios:
+        spec = coerce(engine_of(s))
+        if all(phase_model(spec) != phase_model(x) for x in specs.values()):
+            specs[engine_of(s)] = spec
+    said = describe(None, specs)
+    p = f"p{round(PLANNING_QUANTILE * 100)}"
+    medians = []
+    for engine in specs:
+        role = said[engine]
+        assert isinstance(role, dict)
+        medians.append(
+            f"median {role['median_total_s']:.0f} s, {p} {role[f'{p}_total_s']:.0f} s for "
+            f"`{engine}`"
+        )
+    followers = (
+        "; the elastic-ep policy's followers start for their engine's median"
+        if any(s.elastic is not None for s in scenarios)
+        else ""
+    )
+    return (
+        "start-up: each replica's drawn phase by phase from the phase model "
+        f"(`simulator/startup.py`: {'; '.join(medians)}; GPUs charged from the "
+        f"{str(said['gpu_charged_from']).replace('_', ' ')}{followers})"
+    )
+
+
+def _plan(scenario: Scenario, variant: dict[str, Any], startup: float | None) -> ReplayPlan:
     cfg = PlannerConfig(
         profile=scenario.profile,
         mode=scenario.mode,
@@ -320,13 +387,16 @@ def _plan(scenario: Scenario, variant: dict[str, Any], startup: float) -> Replay
     )
 
 
-def _elastic_variant(scenario: Scenario, startup: float) -> dict[str, Any]:
-    """The elastic-ep policy's settings: the scenario's, followers starting as replicas do."""
+def _elastic_variant(scenario: Scenario, startup: float | None) -> dict[str, Any]:
+    """The elastic-ep policy's settings: the scenario's, followers starting as replicas do
+    (:func:`follower_ready_s`)."""
     assert scenario.elastic is not None
-    return scenario.elastic | {"elastic_ep_follower_ready_seconds": startup}
+    return scenario.elastic | {
+        "elastic_ep_follower_ready_seconds": follower_ready_s(scenario, startup)
+    }
 
 
-def _references(args: tuple[Scenario, float]) -> tuple[str, References]:
+def _references(args: tuple[Scenario, float | None]) -> tuple[str, References]:
     """A workload's references, found once for all of its policies."""
     scenario, startup = args
     plan = _plan(scenario, {}, startup)
@@ -335,7 +405,7 @@ def _references(args: tuple[Scenario, float]) -> tuple[str, References]:
 
 
 def _run_one(
-    args: tuple[Scenario, str, dict[str, Any], float, tuple[str, References] | None],
+    args: tuple[Scenario, str, dict[str, Any], float | None, tuple[str, References] | None],
 ) -> dict[str, Any]:
     scenario, policy, variant, startup, found = args
     if policy == "elastic-ep":
@@ -364,7 +434,7 @@ def _run_one(
     summary["policy"] = policy if policy in renamed else summary["policy"]
     summary["scenario"] = scenario.name
     summary["real_traffic"] = scenario.real
-    summary["startup_delay_s"] = startup
+    summary["startup_delay_s"] = startup  # None: the phase model
     summary["label"] = policy
     print(f"  {scenario.name} / {name}: done", file=sys.stderr, flush=True)
     return summary
@@ -546,12 +616,19 @@ def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> lis
 
 
 def startup_sweep(rows: list[dict[str, Any]], policy: str = "planner") -> list[str]:
-    """Issue 18's start-up sweep, per workload run at several start-up delays: attainment
-    >= 99 % at every delay, GPU-hours growing by at most 15 % from the shortest."""
+    """Issue 18's start-up sweep, per workload run at several constant start-up delays
+    (``--startup-sweep``; a run of the phase model is no point of it): attainment >= 99 % at
+    every delay, GPU-hours growing by at most 15 % from the shortest."""
     lines = []
     for scenario in dict.fromkeys(s["scenario"] for s in rows):
         mine = sorted(
-            (s for s in rows if s["scenario"] == scenario and s["label"] == policy),
+            (
+                s
+                for s in rows
+                if s["scenario"] == scenario
+                and s["label"] == policy
+                and s["startup_delay_s"] is not None
+            ),
             key=lambda s: s["startup_delay_s"],
         )
         if len(mine) < 2:
@@ -589,7 +666,7 @@ def _f(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x:.0f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write", action="store_true", help="Update benchmarks/RESULTS.md.")
     parser.add_argument("--only", action="append", help="Scenario name prefix to run.")
@@ -599,7 +676,15 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="Parallel processes (default: the number of cores).",
     )
-    parser.add_argument("--startup-delay", type=float, default=120.0)
+    parser.add_argument(
+        "--startup-delay",
+        type=seconds_or_none,
+        metavar="S|none",
+        help="Seconds from scale-up to ready, the same for every replica (e.g. 120, the "
+        "constant the scorecard ran with before). Default, or 'none': each replica's start-up "
+        "drawn phase by phase from its engine's phase model (simulator/startup.py), as "
+        "planner replay does; the elastic-ep policy's followers take the phase model's median.",
+    )
     parser.add_argument(
         "--startup-sweep",
         metavar="S,S,...",
@@ -608,6 +693,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         jobs = resolve_jobs(args.jobs)
@@ -617,10 +707,10 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.variant:
         key, _, value = item.partition("=")
         variant[key] = None if value.lower() in {"none", "null"} else value
-    delays = [args.startup_delay]
+    delays: list[float | None] = [args.startup_delay]
     if args.startup_sweep:
         try:
-            delays = [float(x) for x in args.startup_sweep.split(",")]
+            delays = [float(x) for x in args.startup_sweep.split(",")]  # constants only
         except ValueError:
             parser.error(
                 f"--startup-sweep {args.startup_sweep!r}: expected seconds, e.g. 30,120,300"
@@ -671,15 +761,15 @@ def main(argv: list[str] | None = None) -> int:
         section = (
             f"Command: `{command.strip()}` (wall {wall:.0f} s on the 2-core dev machine).\n"
             f"Engine `sim:llama-3.1-8b-fp8@h200_sxm:tp1` (bundled profile {PROFILE}), "
-            f"startup delay {args.startup_delay:g} s, ITL target 20 ms; every policy starts "
+            f"{startup_text(delays, scenarios)}, ITL target 20 ms; every policy starts "
             "with the replicas the first minutes need (what the oracle's searched plan has "
             "until a first decision could land, one start-up plus one interval: the same "
             "start for every policy; a `static:` row keeps its own), and is metered from "
             "t = 0 until its own last request finished. `x oracle` is GPU-hours over the "
-            "feasible oracle's run "
-            "(a clairvoyant per-minute plan found by simulation, ordered one startup delay "
-            "ahead, or the best static deployment where that is cheaper), `x best-static` "
-            "over the cheapest static deployment meeting the target, `x fluid` over the fluid "
+            "feasible oracle's run (a clairvoyant per-minute plan found by simulation, "
+            "ordered one start-up ahead, the constant or the phase model's p99, or the best "
+            "static deployment where that is cheaper), `x best-static` over the cheapest "
+            "static deployment meeting the target, `x fluid` over the fluid "
             "bound (every request's own work at the profile's best throughput per GPU). "
             "`reactive-oracle` runs the oracle's per-minute needs, each ordered only once its "
             "minute has begun (one 15 s fast check in), none ahead and with no term for the "

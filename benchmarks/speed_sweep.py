@@ -21,7 +21,10 @@ MISSED with its figures:
 No tuning to a trace passes this: the multiples move the engine away from every profile.
 
     python benchmarks/speed_sweep.py [--write] [--jobs N] [--only NAME] [--multiples 0.5,1]
-        [--quick] [--duration S] [--json]
+        [--quick] [--duration S] [--startup-delay S|none] [--json]
+
+Start-up as the scorecard's: by default each replica's drawn from its engine's phase model
+(:mod:`disagg_planner.simulator.startup`), ``--startup-delay S`` a constant S seconds.
 
 ``--quick`` cuts every workload to its first 900 s (a test's scale); ``--write`` replaces the
 speed-sweep block of benchmarks/RESULTS.md (through ``results_block``).
@@ -50,7 +53,11 @@ for folder in (BENCHMARKS, BENCHMARKS.parent):
 import scorecard  # noqa: E402
 from results_block import markers, write_block  # noqa: E402
 
-from disagg_planner.cli.arguments import positive_number, positive_seconds  # noqa: E402
+from disagg_planner.cli.arguments import (  # noqa: E402
+    positive_number,
+    positive_seconds,
+    seconds_or_none,
+)
 from disagg_planner.config import PlannerConfig  # noqa: E402
 from disagg_planner.errors import SpecError  # noqa: E402
 from disagg_planner.replay.bounds import (  # noqa: E402
@@ -152,7 +159,7 @@ def window_bar(summary: dict[str, Any]) -> float:
 
 
 def _run_planner(
-    args: tuple[scorecard.Scenario, float, float, tuple[str, References]],
+    args: tuple[scorecard.Scenario, float, float | None, tuple[str, References]],
 ) -> dict[str, Any]:
     """The planner on one workload at one multiple, with the references found for it."""
     scenario, multiple, startup, found = args
@@ -205,11 +212,12 @@ def sweep(
     multiples: Sequence[float],
     *,
     jobs: int,
-    startup: float,
+    startup: float | None,
     duration_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """One planner run per workload and multiple (workloads cut to ``duration_s``), with the
-    references of each found first; in ``jobs`` processes (1: in this one)."""
+    references of each found first; in ``jobs`` processes (1: in this one). ``startup``: the
+    constant start-up of every replica, or None (the phase model)."""
     runs = []
     for s in chosen:
         s = s.located()
@@ -341,7 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--duration", type=positive_seconds, help="Keep each workload's first S seconds only."
     )
-    parser.add_argument("--startup-delay", type=float, default=120.0)
+    parser.add_argument(
+        "--startup-delay",
+        type=seconds_or_none,
+        metavar="S|none",
+        help="Seconds from scale-up to ready, the same for every replica (e.g. 120). Default, "
+        "or 'none': each replica's start-up drawn from its engine's phase model, as the "
+        "scorecard's.",
+    )
     parser.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     args = parser.parse_args(argv)
     try:
@@ -364,11 +379,14 @@ def main(argv: list[str] | None = None) -> int:
         command = "python benchmarks/speed_sweep.py " + " ".join(
             sys.argv[1:] if argv is None else argv
         )
+        said = scorecard.startup_text([args.startup_delay], chosen)
         note = (
             f"Command: `{command.strip()}` ({len(rows)} runs, {wall:.0f} s wall). The engine "
             "of each workload runs at the multiple of its profile's speed (`--engine "
             "...:speed=X`) while the planner sizes from the unchanged profile; best-static is "
-            f"found on the engine at that multiple. Start-up delay {args.startup_delay:g} s"
+            "found on the engine at that multiple. "
+            + said[:1].upper()
+            + said[1:]
             + (f"; each workload's first {duration:g} s only" if duration else "")
             + ". The planner starts, as on the scorecard, with what the oracle's searched "
             "plan on the engine at that multiple has until a first decision could land. "

@@ -46,6 +46,19 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
+def seconds_or_none(text: str) -> float | None:
+    """argparse type: seconds >= 0, or ``none`` (no value: e.g. ``--startup-delay none``, the
+    start-up phase model)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return non_negative_seconds(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a number of seconds >= 0 or 'none'"
+        ) from None
+
+
 def add_skip_bad_rows(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--skip-bad-rows``: the trace reader counts and skips malformed rows (and warns with
     the first) instead of stopping at the first one."""

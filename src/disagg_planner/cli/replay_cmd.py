@@ -15,6 +15,7 @@ from disagg_planner.cli.arguments import (
     positive_number,
     positive_seconds,
     refuse_pool,
+    seconds_or_none,
 )
 from disagg_planner.cli.profile_cmd import bundled_profile_of, missing_engine_profile
 from disagg_planner.config import load_config
@@ -96,7 +97,7 @@ def register(sub: Any) -> None:
     )
     sim.add_argument(
         "--startup-delay",
-        type=_seconds_or_none,
+        type=seconds_or_none,
         help="Seconds from scale-up to ready, the same for every replica, GPUs charged "
         "throughout (default, or 'none': each replica's start-up drawn phase by phase for "
         "its model, scheduling, image pull, weight load, engine init, first request; see "
@@ -104,7 +105,7 @@ def register(sub: Any) -> None:
     )
     sim.add_argument(
         "--drain-grace",
-        type=_seconds_or_none,
+        type=seconds_or_none,
         default=DEFAULT_DRAIN_GRACE_S,
         help="Seconds a removed replica may drain before the requests left on it are "
         f"cancelled (default {DEFAULT_DRAIN_GRACE_S:g}, as Dynamo; 'none': no limit).",
@@ -305,21 +306,9 @@ def _replay_fleet(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     return 0
 
 
-def _seconds_or_none(text: str) -> float | None:
-    """argparse type: seconds >= 0, or ``none`` (no value)."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        return non_negative_seconds(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected a number of seconds >= 0 or 'none'"
-        ) from None
-
-
 def _budget_seconds(text: str) -> float:
     """argparse type: a total shutdown budget, seconds > 0 (Dynamo refuses 0 too)."""
-    value = _seconds_or_none(text) if text.strip().lower() != "none" else None
+    value = seconds_or_none(text) if text.strip().lower() != "none" else None
     if value is None or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds > 0")
     return value

@@ -70,8 +70,10 @@ class Cluster(ShutdownStages):
     ``engines`` maps each role of the mode (``prefill`` and ``decode``, or ``agg``) to an
     engine spec (object or ``sim:...`` string); ``replicas`` gives the replicas ready at
     time 0 (default one per role). ``startup_delay_s`` (one value or one per role) is the
-    constant start-up of a replica added later; ``None`` draws each replica's start-up from
-    the phase model of :mod:`disagg_planner.simulator.startup` (seeded by ``seed``).
+    constant start-up of a replica added later; ``None`` (the default, and a role a mapping
+    leaves out) draws each replica's start-up from the phase model of
+    :mod:`disagg_planner.simulator.startup` (seeded by ``seed``); ``120.0`` is the constant
+    the simulator defaulted to before.
     ``drain_grace_s`` bounds a removed replica's drain (``None``: no bound, every in-flight
     request finishes); after it, its requests fail, or with ``migrate_on_drain`` move to
     another replica. ``worker_shutdown`` (Dynamo's staged shutdown,

@@ -49,7 +49,7 @@ class ClusterCore:
         engines: Mapping[str, EngineSpec | str],
         mode: Mode = "disagg",
         replicas: Mapping[str, int] | None = None,
-        startup_delay_s: float | Mapping[str, float | None] | None = 120.0,
+        startup_delay_s: float | Mapping[str, float | None] | None = None,
         drain_grace_s: float | None = DEFAULT_DRAIN_GRACE_S,
         migrate_on_drain: bool = False,
         router: RouterPolicy = "round_robin",
@@ -89,7 +89,7 @@ class ClusterCore:
         self._shortest_context = min(m.max_model_len for m in self._models.values())
         delays: dict[str, float | None]
         if isinstance(startup_delay_s, Mapping):
-            delays = {r: startup_delay_s.get(r, 120.0) for r in roles}
+            delays = {r: startup_delay_s.get(r) for r in roles}
         else:
             delays = dict.fromkeys(roles, startup_delay_s)
         for r, d in delays.items():

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from disagg_planner.replay.session import WorkloadSpec
+from disagg_planner.simulator.engine_spec import coerce
+from disagg_planner.simulator.startup import phase_model
 from tests.unit.benchmarks.scripts import load_script
 
 
@@ -195,6 +197,56 @@ def test_a_bad_startup_sweep_is_refused(
             scorecard.main(["--startup-sweep", bad])
         assert exit_.value.code == 2
         assert f"--startup-sweep {bad!r}" in capsys.readouterr().err
+
+
+def _scenario(scorecard: ModuleType, prefix: str) -> Any:
+    return next(s for s in scorecard.SCENARIOS if s.name.startswith(prefix))
+
+
+def test_the_default_start_up_is_the_phase_model(scorecard: ModuleType) -> None:
+    args = scorecard.build_parser().parse_args([])
+    assert args.startup_delay is None
+    step = _scenario(scorecard, "step 8->40")
+    assert scorecard._plan(step, {}, args.startup_delay).setup.startup_delay_s is None
+    # the wide-EP row's followers start for the phase model's median of its own engine
+    wide = _scenario(scorecard, "wide-ep")
+    variant = scorecard._elastic_variant(wide, args.startup_delay)
+    median = phase_model(coerce(scorecard.WIDE_EP_ENGINE)).median_plan().total_s
+    assert variant["elastic_ep_follower_ready_seconds"] == median
+    assert 570.0 < median < 590.0  # issue 31's 578 s, not the 8B engine's 91 s
+    plan = scorecard._plan(wide, variant, args.startup_delay)
+    assert plan.setup.startup_delay_s is None
+    assert plan.config.elastic_ep_follower_ready_seconds == median
+    # the results' header says so, from the phase model's own figures
+    said = scorecard.startup_text([None], [step, wide])
+    assert said.startswith("start-up: each replica's drawn phase by phase from the phase model")
+    assert f"median {median:.0f} s" in said and "`sim:deepseek-v3@gb200:tp1:dp16:ep16`" in said
+    small = phase_model(coerce(scorecard.engine_of(step))).median_plan().total_s
+    assert f"median {small:.0f} s" in said
+
+
+def test_an_explicit_startup_delay_is_the_constant(scorecard: ModuleType) -> None:
+    args = scorecard.build_parser().parse_args(["--startup-delay", "120"])
+    assert args.startup_delay == 120.0
+    step, wide = _scenario(scorecard, "step 8->40"), _scenario(scorecard, "wide-ep")
+    assert scorecard._plan(step, {}, args.startup_delay).setup.startup_delay_s == 120.0
+    variant = scorecard._elastic_variant(wide, args.startup_delay)
+    assert variant["elastic_ep_follower_ready_seconds"] == 120.0
+    assert scorecard.startup_text([120.0], [step]) == (
+        "start-up delay 120 s (constant, GPUs charged throughout)"
+    )
+    assert scorecard.build_parser().parse_args(["--startup-delay", "none"]).startup_delay is None
+
+
+def test_a_bad_startup_delay_is_refused_naming_the_flag_and_value(
+    scorecard: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for bad in ("-5", "abc", "inf"):
+        with pytest.raises(SystemExit) as exit_:
+            scorecard.main(["--startup-delay", bad])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument --startup-delay: {bad!r}: expected a number of seconds >= 0" in err
 
 
 @pytest.mark.slow

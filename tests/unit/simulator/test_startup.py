@@ -134,6 +134,29 @@ def test_cluster_runs_a_new_replica_through_the_phases_and_meters_from_the_image
     assert c.gpu_seconds == pytest.approx(2 * 8 * c.now + 8 * held)
 
 
+def test_a_cluster_draws_phased_start_ups_by_default_and_takes_a_constant_when_given() -> None:
+    def ready_times(seed: int, **kw: float) -> list[float]:
+        c = Cluster(engines={"prefill": SMALL, "decode": SMALL}, seed=seed, **kw)
+        c.run_until(10.0)
+        c.set_replicas("decode", 3)  # two replicas added later
+        new = [x for x in c.replicas if x.state is ReplicaState.STARTING]
+        assert len(new) == 2
+        return [x.ready_s for x in new]
+
+    first = ready_times(seed=4)
+    # each replica draws its own start-up, seeded: the same seed gives the same times
+    assert first[0] != first[1]
+    assert ready_times(seed=4) == first
+    assert ready_times(seed=5) != first
+    # within the phase model's range: every phase between its p1 and p99 multiple
+    median = startup.phase_model(parse(SMALL)).median_plan().total_s
+    low, high = startup.spread(0.0), startup.spread(1.0)
+    for ready in first:
+        assert median * low - 1e-9 <= ready - 10.0 <= median * high + 1e-9
+    # the constant the simulator used to default to, given explicitly
+    assert ready_times(seed=4, startup_delay_s=120.0) == [130.0, 130.0]
+
+
 def test_a_replica_cancelled_while_pending_costs_no_gpu_time() -> None:
     c = Cluster(engines={"prefill": SMALL, "decode": SMALL}, startup_delay_s=None, seed=1)
     c.set_replicas("prefill", 2)
