@@ -267,13 +267,15 @@ def fast_check(
         # serve within the SLO), unless a rising trend asks for more when what is ordered
         # now serves and the observation agrees: the role's tail has used more than
         # STABILISATION_MARGIN of its SLO (under it, the rise has not reached what the
-        # replicas serve), and the role was not cut within one time-to-ready (a rise that
-        # breaches that cut brings it back at once)
+        # replicas serve; a decode role's ITL says nothing of that: it stays flat until the
+        # batch saturates, then leaps past the SLO within a minute, so decode goes by the
+        # model, itself corrected by the observed ITL ratio), and the role was not cut
+        # within one time-to-ready (a rise that breaches that cut brings it back at once)
         ratio = seen.ratio(role)
         ahead = (
             rising
             and ratio is not None
-            and ratio > STABILISATION_MARGIN
+            and (ratio > STABILISATION_MARGIN or ROLE_TAILS.get(role) == ("itl",))
             and not cut_within(tp, role, now_s, tp.time_to_ready(role).value)
         )
         if not (at_risk[role] or ahead or role in wanted) and proposed[role] > desired[role]:

@@ -204,12 +204,14 @@ ROWS = [
         (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
     ),
     Row(
-        "rising trend, the SLO met: nothing is ordered ahead while the tails are under half "
-        "their SLOs (the rise has not reached what the replicas serve)",
+        "rising trend, the SLO met: prefill is not ordered ahead while its TTFT tail is under "
+        "half its SLO (the rise has not reached what the replicas serve); decode, whose ITL "
+        "stays flat until its batch saturates, is ordered as the model sizes the rise",
         ramp(RISING, status(1, 1), ttft_p99_s=0.2, itl_ms=10.0),
-        None,
-        R.NO_CHANGE,
-        "within its SLO (TTFT p99 200 ms / 500 ms, ITL 10.0 ms / 30.0 ms): left to the tick",
+        {"prefill": 1, "decode": 2},
+        R.SCALE,
+        "prefill: within its SLO (TTFT p99 200 ms / 500 ms, ITL 10.0 ms / 30.0 ms): left to "
+        "the tick",
         (("throughput_adjustment_interval_seconds", 180.0), ("replica_startup_seconds", 120.0)),
     ),
     Row(
@@ -521,7 +523,7 @@ ROWS = [
             )
             for k in range(1, 13)
         ),
-        {"prefill": 4, "decode": 1},  # decode's ITL, a third of its SLO: left to the tick
+        {"prefill": 4, "decode": 4},  # decode ordered for the rise too (its ITL shows none)
         R.SCALE,
         "rate rising +8.00 req/s per minute over the last 12 short windows: sized for 42.00 req/s",
         (("throughput_adjustment_interval_seconds", 180.0),),
