@@ -25,7 +25,9 @@
    keeps them for a stabilisation window;
 6. per role, only what is at risk moves (:func:`roles_at_risk`): a role whose own tails are
    within their SLOs keeps its replicas, unless the rising trend asks for more and its tail
-   has used more than half its SLO (and it was not cut within one time-to-ready);
+   has used more than half its SLO, or it is decode, whose ITL shows no rise before its
+   batch saturates (and it was not cut within one time-to-ready), and even then not where
+   the observation says its replicas suffice (:func:`_ahead_held`);
 7. the guard chain (:func:`disagg_planner.core.guards.guard_chain`), up only: a fast check
    never removes what the tick planned.
 
