@@ -197,11 +197,12 @@ def with_searched_start(plan: ReplayPlan) -> ReplayPlan:
     lead (:func:`start_lead_s`), not the estimate :func:`prepare` starts from.
 
     The estimate is the search's starting point, sized from the profile's throughput alone;
-    where the search finds more (long prompts whose own prefill takes most of the TTFT
-    target, engines faster than their profile), the oracle and best-static start with
-    their own need while the others start short of it, and the first minutes measure the
-    start rather than the policies. A benchmark comparing policies starts them all with the
-    searched need (the references are found once per plan and kept)."""
+    where the search finds another need (more for long prompts whose own prefill takes most
+    of the TTFT target, fewer for engines faster than their profile, such as speculative
+    decoding's), the oracle and best-static start with their own need while the others
+    start elsewhere, and the first minutes measure the start rather than the policies. A
+    benchmark comparing policies starts them all with the searched need (the references are
+    found once per plan and kept)."""
     refs = compute_references(plan, window_s=ORACLE_WINDOW_S)
     setup = plan.setup
     lead = start_lead_s(plan.config, setup.startup_delay_s, setup.specs)
