@@ -161,10 +161,7 @@ def prepare(
         )
         for warning in filter(None, (oversized, over_budget)):
             log.warning("replay: %s", warning)
-    if config.elastic_ep is not None:
-        # one engine, resized in place (every policy starts with it; the baselines scale
-        # its replicas, which is what elastic resizing is compared with)
-        start = {**start, config.elastic_ep: 1}
+    start = _one_elastic_engine(config, start)
     setup = ClusterSetup(
         mode=config.mode,
         specs=specs,
@@ -211,9 +208,17 @@ def with_searched_start(plan: ReplayPlan) -> ReplayPlan:
     start, _ = bounds.within_budget(
         start, specs=setup.specs, floors=floors, max_gpus=plan.config.max_gpu_budget
     )
-    if plan.config.elastic_ep is not None:  # one engine, resized in place (as prepare's)
-        start = {**start, plan.config.elastic_ep: 1}
+    start = _one_elastic_engine(plan.config, start)
     return replace(plan, setup=replace(setup, initial_replicas=start))
+
+
+def _one_elastic_engine(config: PlannerConfig, start: dict[str, int]) -> dict[str, int]:
+    """``start`` with the elastic-EP role at one engine, resized in place (every policy
+    starts with it; the baselines scale its replicas, which is what elastic resizing is
+    compared with)."""
+    if config.elastic_ep is None:
+        return start
+    return {**start, config.elastic_ep: 1}
 
 
 DYNAMO_DEFAULTS: dict[str, Any] = {
