@@ -116,6 +116,7 @@ def test_prometheus_faults_hold_say_so_and_resume(stack: Stack, fault: Reply) ->
 def test_a_burst_of_429s_holds_says_so_and_resumes(stack: Stack) -> None:
     converged_scale_up(stack)
     writes = len(stack.replica_writes())
+    before = stack.desired()
     requests_mark = len(stack.kmock.requests())
     # Once its watch caches are synced the operator reads the DGD from them: the only DGD
     # call it still makes is the replica write. So the burst meets the write that more
@@ -154,6 +155,9 @@ def test_a_burst_of_429s_holds_says_so_and_resumes(stack: Stack) -> None:
         ),
         what="Degraded to clear",
     )
+    # A 429'd attempt is a write too: the workers are made ready for the target once it is
+    # in the DGD (read before the landing write, they would be ready for the old one).
+    stack.wait(lambda: stack.desired() != before or None, what="the scale-up in the DGD")
     # Its workers ready, the next ticks plan again (none waits on a change under way).
     mark = stack.operator.log_size()
     stack.set_ready(stack.desired())
