@@ -56,6 +56,11 @@ from typing import Any
 # Run as a script, this folder comes first on sys.path, and benchmarks/predictors.py would
 # shadow the predictors package: look in the repository root first.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# and this folder, last, for its own modules when loaded by path (the tests)
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
+
+from excess_gpu_hours import over_static
 
 from disagg_planner.cli.arguments import seconds_or_none
 from disagg_planner.config import PlannerConfig
@@ -429,7 +434,12 @@ def _run_one(
         peak = {r: max(n.replicas[r] for n in plan.needs) for r in plan.setup.specs}
         name = "static:" + ",".join(str(peak[r]) for r in plan.setup.specs)
         plan = replace(plan, setup=replace(plan.setup, initial_replicas=peak))
-    summary = run(plan, name, progress=False).summary.to_json()
+    result = run(plan, name, progress=False)
+    summary = result.summary.to_json()
+    static = (summary.get("best_static") or {}).get("replicas")
+    if static and policy in ("planner", *PLANNER_VARIANTS):
+        gpus = {role: spec.gpus for role, spec in plan.setup.specs.items()}
+        summary["over_best_static"] = over_static(result.timeline, static, gpus).text()
     renamed = ("fixed-dp16", *PLANNER_VARIANTS)
     summary["policy"] = policy if policy in renamed else summary["policy"]
     summary["scenario"] = scenario.name
@@ -584,9 +594,11 @@ def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> lis
                 "backlog term)"
             )
         static_h = float(me["best_static"]["gpu_hours"])
+        over = me.get("over_best_static")
         checks.append(
             f"{_met(me['gpu_hours'] <= static_h)} {me['gpu_hours']:.2f} <= best-static "
             f"{static_h:.2f} GPU-h"
+            + (f" (cause: {over})" if over and me["gpu_hours"] > static_h else "")
         )
         if me.get("real_traffic"):
             ratio = float(me["gpu_hours"]) / float(me["oracle_gpu_hours"])

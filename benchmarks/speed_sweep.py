@@ -51,6 +51,7 @@ for folder in (BENCHMARKS, BENCHMARKS.parent):
         sys.path.insert(0, str(folder))
 
 import scorecard  # noqa: E402
+from excess_gpu_hours import over_static  # noqa: E402
 from results_block import markers, write_block  # noqa: E402
 
 from disagg_planner.cli.arguments import (  # noqa: E402
@@ -204,6 +205,11 @@ def _run_planner(
         "recovered_s": back,
         "flaps": sum(s["flaps"].values()),
         "max_replicas": s["max_replicas"],
+        "over_best_static": over_static(
+            result.timeline,
+            s["best_static"]["replicas"],
+            {role: spec.gpus for role, spec in plan.setup.specs.items()},
+        ).text(),
     }
 
 
@@ -306,9 +312,11 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
                 f"window under it at {r['first_breach_s']:.0f} s (<= {RECOVERY_S:.0f} s)"
             )
         ratio = _static_ratio(r)
+        over = r.get("over_best_static") if ratio > STATIC_RATIO else None
         checks.append(
             f"{scorecard._met(ratio <= STATIC_RATIO)} {r['gpu_hours']:.2f} GPU-h = {ratio:.3f}x "
             f"best-static's {float(r['best_static']['gpu_hours']):.2f} (<= {STATIC_RATIO:.2f}x)"
+            + (f" (cause: {over})" if over else "")
         )
         lines.append(f"- **{r['scenario']} at {r['multiple']:g}x**: " + "; ".join(checks))
     return lines

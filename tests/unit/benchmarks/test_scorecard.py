@@ -145,6 +145,25 @@ def test_the_decision_targets_name_each_figure(
     )
 
 
+@pytest.mark.slow
+def test_a_missed_gpu_hour_target_names_its_cause(
+    scorecard: ModuleType, rows: list[dict[str, Any]]
+) -> None:
+    planner = next(s for s in rows if s["label"] == "planner")
+    # the run's own account of its GPU-hours above best-static's counts
+    cause = planner["over_best_static"]
+    static = "/".join(str(n) for n in planner["best_static"]["replicas"].values())
+    assert cause.startswith(f"above best-static's {static} for ")
+    best = float(planner["best_static"]["gpu_hours"])
+    over = _as(planner, gpu_hours=best + 0.5)
+    (line,) = scorecard.decision_targets([over])
+    assert f"MISSED {best + 0.5:.2f} <= best-static {best:.2f} GPU-h (cause: {cause})" in line
+    under = _as(planner, gpu_hours=best)
+    (line,) = scorecard.decision_targets([under])
+    assert f"MET {best:.2f} <= best-static {best:.2f} GPU-h;" in line
+    assert "cause:" not in line
+
+
 def test_attainment_is_judged_against_best_static_where_it_misses_99(
     scorecard: ModuleType,
 ) -> None:
