@@ -291,10 +291,20 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
             checks.append(f"attainment {att:.2%} (not tested: no 1.0x run)")
         else:
             points = (att - base["attainment"]) * 100  # above the 1.0x run's is fine
+            met = points >= -ATTAINMENT_POINTS * 100
+            # a miss says what the yardsticks reach on the same engine: the fixed deployment
+            # that knows the whole trace, and the controller sized to each minute once seen
+            beside = (
+                ""
+                if met
+                else f" (on this engine best-static reaches "
+                f"{float(r['best_static']['slo_attainment']):.2%}, reactive-oracle "
+                f"{r['reactive_attainment']:.2%})"
+            )
             checks.append(
-                f"{scorecard._met(points >= -ATTAINMENT_POINTS * 100)} attainment {att:.2%} within "
+                f"{scorecard._met(met)} attainment {att:.2%} within "
                 f"{ATTAINMENT_POINTS * 100:g} point of 1.0x's {base['attainment']:.2%} "
-                f"({points:+.2f} points)"
+                f"({points:+.2f} points){beside}"
             )
         recovery = _recovery(r)
         bar = f"{r['window_bar']:.2%}"

@@ -136,6 +136,10 @@ def test_changing_a_figure_changes_its_verdict(
     slow["first_breach_s"], slow["recovered_s"] = 600.0, 960.0
     attainment, reached, hours = verdicts(sweep, worse, 0.5)
     assert attainment.startswith("MISSED") and "(-2.00 points)" in attainment
+    assert attainment.endswith(
+        f"(on this engine best-static reaches {slow['best_static']['slo_attainment']:.2%}, "
+        f"reactive-oracle {slow['reactive_attainment']:.2%})"
+    )
     assert reached.startswith("MISSED back at ")
     assert "360 s after the first window under it at 600 s" in reached
     assert hours.startswith("MISSED") and "= 1.200x" in hours
@@ -146,7 +150,7 @@ def test_changing_a_figure_changes_its_verdict(
     slow["gpu_hours"] = 1.05 * slow["best_static"]["gpu_hours"]
     slow["recovered_s"] = 840.0
     attainment, reached, hours = verdicts(sweep, worse, 0.5)
-    assert attainment.startswith("MET")
+    assert attainment.startswith("MET") and "reactive-oracle" not in attainment
     assert reached.startswith("MET back at ") and " 240 s after" in reached
     assert hours.startswith("MET") and "cause:" not in hours
     slow["recovered_s"] = None
