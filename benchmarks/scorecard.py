@@ -125,13 +125,14 @@ SPEC_DECODE_PLANNERS: dict[str, dict[str, Any]] = {
 }
 # The KV prefix-hit workload (issue 35): Mooncake's conversation trace, whose prompts carry
 # the prefix hashes the simulated engines' prefix caches are keyed by (long prompts: prefill
-# dominates). Its policies: the planner not discounting prefill by the hit rate
-# (``kv_hit_rate: 0``), the planner reading the router's observed hit rate
-# (``dynamo_component_router_kv_hit_rate``; ``kv_hit_rate`` null, its default), and the
-# cheapest static deployment.
+# dominates). Its policies: the planner reading the router's observed hit rate
+# (``dynamo_component_router_kv_hit_rate``; ``kv_hit_rate`` null, its default), the planner
+# not discounting prefill by the hit rate (``kv_hit_rate: 0``), and the cheapest static
+# deployment. ``planner`` is the defaults, as on every workload: the row the
+# decision targets judge.
 KV_HIT_PLANNERS: dict[str, dict[str, Any]] = {
-    "planner": {"kv_hit_rate": 0.0},
-    "planner-kv-observed": {},
+    "planner": {},
+    "planner-kv-off": {"kv_hit_rate": 0.0},
 }
 # every planner policy of a workload that runs as the planner with settings of its own
 PLANNER_VARIANTS = ("elastic-ep", *SPEC_DECODE_PLANNERS, *KV_HIT_PLANNERS)
@@ -310,9 +311,9 @@ SCENARIOS = (
         "the mooncake-conv x4 workload (1 h, each request cloned 4x, mean ISL 12k: prefill "
         "dominates; TTFT target 5 s); the simulated prefill engines keep a prefix cache keyed "
         "by the trace's block hashes and the router exports the share of each prompt found in it "
-        "(`dynamo_component_router_kv_hit_rate`). `planner` is configured `kv_hit_rate` 0 "
-        "(sizing prefill for every prompt token), `planner-kv-observed` leaves it null (its "
-        "default) and discounts prefill by the router's observed hit rate",
+        "(`dynamo_component_router_kv_hit_rate`). `planner` leaves `kv_hit_rate` null (its "
+        "default) and discounts prefill by the router's observed hit rate; `planner-kv-off` "
+        "is configured `kv_hit_rate` 0 (sizing prefill for every prompt token)",
         trace=MOONCAKE_CONV,
         real=True,
         planners=KV_HIT_PLANNERS,
