@@ -18,7 +18,7 @@ from dataclasses import replace
 from disagg_planner.config.schema import PlannerConfig
 from disagg_planner.core.feedback import (
     LATENCY_WINDOWS,
-    STABILISATION_MARGIN,
+    SCALE_DOWN_MARGIN,
     FeedbackMemory,
     Tails,
     busy_capacity_estimate,
@@ -195,8 +195,9 @@ class LearnsFromObservation:
     ) -> tuple[dict[str, RoleSizing], list[str]]:
         """``sizing`` with each role's scale-up held where its current replicas were seen
         serving the load sized for (at its short-window peak, the burst factor's: the
-        windows served were short ones) with room to spare
-        (:func:`disagg_planner.core.served_load.served_holds`); the rule's sentences."""
+        windows served were short ones) with the tail under the margin a cut needs
+        (:data:`disagg_planner.core.feedback.SCALE_DOWN_MARGIN` of its SLO:
+        :func:`disagg_planner.core.served_load.served_holds`); the rule's sentences."""
         interval = self.config.throughput_adjustment_interval_seconds
         rate = sized_for.num_req / interval * max(1.0, burst)
         out, notes = dict(sizing), []
@@ -210,7 +211,8 @@ class LearnsFromObservation:
                 load_tokens_per_s=self.role_tokens(
                     role, rate=rate, isl=sized_for.isl, osl=sized_for.osl
                 ),
-                proven=self.feedback.proven(role, since_s=-math.inf, within=STABILISATION_MARGIN),
+                proven=self.feedback.proven(role, since_s=-math.inf, within=SCALE_DOWN_MARGIN),
+                margin=SCALE_DOWN_MARGIN,
             )
             if rule.reason:
                 out[role] = replace(sized, replicas=int(rule.value))
