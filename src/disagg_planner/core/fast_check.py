@@ -7,7 +7,7 @@
 2. the observed tails over their SLOs per role (TTFT tail at the attainment quantile for
    prefill, ITL for decode, both for an aggregated engine), counted towards a breach (a
    TTFT tail the long prompts' own prefill makes is none, nor one while the queue a
-   start-up left drains, except for a prefill role cut
+   start-up left drains, through prefill and on into decode, except for a prefill role cut
    within its stabilisation window, judged at the servable quantile:
    :func:`disagg_planner.core.feedback.servable_quantile`); the prefill capacity
    correction from the engines' busy fraction;
@@ -143,13 +143,19 @@ def fast_check(
     # tail holds the requests that queued before they served, and so it does while that
     # queue drains (one drain period after they became ready, for the roles that serve the
     # first token).
+    # That queue drains through decode too: the requests it held reach their first tokens
+    # together and decode them in one batch, whose ITL passes the SLO until they finish
+    # (on/off bursts at half the profile's speed: 45 s over it as 676 queued requests left
+    # prefill), sooner than a decode replica ordered then could start.
     ready_at = {r: tp.convergence.ready_at(r) for r in cfg.roles}
+    first_token = [r for r in cfg.roles if "ttft" in ROLE_TAILS.get(r, ())]
+    draining = [
+        r
+        for r in first_token
+        if (at := ready_at[r]) is not None and now_s - at <= cfg.backlog_drain_seconds
+    ]
     queue_left = {
-        r: excess
-        if "ttft" in ROLE_TAILS.get(r, ())
-        and (at := ready_at[r]) is not None
-        and now_s - at <= cfg.backlog_drain_seconds
-        else 0.0
+        r: excess if (r in draining or (draining and r not in first_token)) else 0.0
         for r in cfg.roles
     }
     streaks = {
@@ -182,6 +188,7 @@ def fast_check(
             tails=tails,
             starting=max(0, status.desired(r) - status.ready(r)),
             queue_left=queue_left[r],
+            queued_for=r if r in draining else (draining[0] if draining else None),
         )
         for r in cfg.roles
     }

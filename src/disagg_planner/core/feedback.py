@@ -233,13 +233,16 @@ def observed_breach(
     tails: Tails,
     starting: int = 0,
     queue_left: float = 0.0,
+    queued_for: str | None = None,
 ) -> RuleValue:
     """The tail ratio when ``role``'s observed tail has been over its SLO for
     :data:`BREACH_CONFIRMATIONS` fast checks in a row (one when the role was cut within the
     stabilisation window: that cut is the likely cause), counted from its convergence on
     (while ``starting`` ordered replicas start, the tail holds requests that queued before
     they served, and for a drain period after they became ready the ``queue_left`` waiting
-    beyond the arrival rate is that queue, which the backlog rule sizes); 0 otherwise."""
+    beyond the arrival rate is that queue, which the backlog rule sizes; ``queued_for``: the
+    role whose replicas it waited for, when not ``role`` itself: decode, which that queue
+    reaches all at once); 0 otherwise."""
     needed = 1 if recently_cut else BREACH_CONFIRMATIONS
     if ratio is None or ratio <= 1.0:
         return RuleValue(0.0, "")
@@ -250,10 +253,11 @@ def observed_breach(
             "not counted",
         )
     if queue_left >= 1:
+        whose = "its" if queued_for in (None, role) else f"{queued_for}'s"
         return RuleValue(
             0.0,
             f"{role}: over its SLO ({tails.text}) while the {queue_left:.0f} requests that "
-            "queued before its last replicas were ready drain: not counted",
+            f"queued before {whose} last replicas were ready drain: not counted",
         )
     if streak < needed:
         return RuleValue(0.0, f"{role}: over its SLO ({tails.text}), {streak} of {needed} checks")

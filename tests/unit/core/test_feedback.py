@@ -335,6 +335,31 @@ ROWS = [
         "requests that queued before its last replicas were ready drain: not counted",
     ),
     Row(
+        "observed breach: decode's ITL is not counted while the queue prefill's start-up left "
+        "drains through it (the queued requests decode in one batch; it is gone before a "
+        "replica ordered now could serve)",
+        (
+            fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),
+            fast(90, window(90, 10, ttft_p99_s=0.95), FIVE),
+            fast(105, replace(queued(105), itl_ms=45.0), status(10, 2)),
+            fast(120, replace(queued(120), itl_ms=45.0), status(10, 2)),
+        ),
+        None,
+        R.NO_CHANGE,
+        "decode: over its SLO (TTFT p99 950 ms / 500 ms, ITL 45.0 ms / 30.0 ms) while the 40 "
+        "requests that queued before prefill's last replicas were ready drain: not counted",
+    ),
+    Row(
+        "observed breach: decode's ITL over its SLO with no start-up queue draining is counted",
+        (
+            fast(105, window(105, 10, itl_ms=45.0), status(10, 2)),
+            fast(120, window(120, 10, itl_ms=45.0), status(10, 2)),
+        ),
+        {"prefill": 10, "decode": 3},
+        R.SCALE,
+        "decode: observed tail over its SLO for 2 fast checks",
+    ),
+    Row(
         "observed breach: counted again once the queue left had one drain period",
         (
             fast(75, window(75, 10, ttft_p99_s=0.95), FIVE),
