@@ -114,12 +114,18 @@ class Sizer:
         gpus: Mapping[str, int],
         length_mix: float,
         time_to_ready_s: float,
+        *,
+        current: Mapping[str, int] | None = None,
+        calm: Mapping[str, bool] | None = None,
     ) -> tuple[RuleValue, dict[str, RuleValue]]:
         """The burst memory rule (:func:`disagg_planner.core.rules.burst_memory`, over the
         windows after the opening) and the floor its remembered peak rate sets per role
         (sized as the forecast is, without the burst factor, which the short-window peak
         already is, and without a backlog); no floor when it remembers none or the profile
-        cannot size it."""
+        cannot size it. Given the ``current`` replicas and which roles are ``calm``, a
+        floor whose need is within the HPA's tolerance of those running is held at them, as
+        the tick's own sizing is (:meth:`within_tolerance`): the peak remembered is one
+        those replicas are sized to carry."""
         interval = self.config.throughput_adjustment_interval_seconds
         memory = burst_memory(
             self.traffic.after_opening(self.traffic.rate_samples, interval),
@@ -133,8 +139,16 @@ class Sizer:
         sizing = self.size(peak, gpus, length_mix=length_mix)
         if any(not s.feasible for s in sizing.values()):
             return memory, {}
+        tolerated: dict[str, str] = {}
+        if current is not None:
+            sizing, notes = self.within_tolerance(sizing, current=current, calm=calm or {})
+            tolerated = {n.split(":", 1)[0]: n for n in notes}
         return memory, {
-            r: RuleValue(float(s.replicas), f"{r}: kept at {s.replicas}: the burst memory's floor")
+            r: RuleValue(
+                float(s.replicas),
+                f"{r}: kept at {s.replicas}: the burst memory's floor"
+                + (f" ({tolerated[r]})" if r in tolerated else ""),
+            )
             for r, s in sizing.items()
         }
 

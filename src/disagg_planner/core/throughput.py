@@ -321,7 +321,13 @@ class ThroughputPlanner(LearnsFromObservation):
             held += tolerated + served
         diagnostics = replace(diagnostics, rules=(*diagnostics.rules, *held))
         memory, memory_floor = self.sizer.burst_floor(
-            now_s, sized_for, gpus, mix.value, self.deployment_time_to_ready().value
+            now_s,
+            sized_for,
+            gpus,
+            mix.value,
+            self.deployment_time_to_ready().value,
+            current=plan_from,
+            calm=calm,
         )
         memory_floor, served = self.served_floors(
             now_s, memory_floor, peak_rate=memory.value, sized_for=sized_for

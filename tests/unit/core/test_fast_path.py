@@ -10,6 +10,7 @@ import pytest
 
 from disagg_planner.config import PlannerConfig
 from disagg_planner.core.fast_check import fast_check
+from disagg_planner.core.sizing import LoadForecast, fractional_need
 from disagg_planner.core.throughput import ThroughputPlanner
 from disagg_planner.core.types import (
     Histogram,
@@ -347,3 +348,41 @@ def test_the_stabilisation_does_not_keep_replicas_ordered_for_a_backlog(
     # three minutes on (past time-to-ready), the backlog drained: down to the arrivals' need
     drained = tp.tick(300, traffic(300, 240, in_flight=10.0), status(p, d))
     assert drained.replicas is not None and drained.replicas["prefill"] == 1, drained.message
+
+
+@pytest.mark.parametrize(("calm", "floor"), [(True, 1), (False, 2)])
+def test_a_burst_floor_within_the_tolerance_of_the_replicas_running_holds_them(
+    h200_like_profile: Profile, calm: bool, floor: int
+) -> None:
+    """The burst memory's floor for a peak whose need is within the HPA's 10% tolerance of
+    the replicas running (1.05 decode engines' worth, one running) holds them while the
+    role's tail is calm, as the tick's own sizing does; with the tail past the scale-down
+    margin the floor rounds the need up."""
+    tp = planner(h200_like_profile, scale_down_stabilization_seconds=0)
+    interval = tp.config.throughput_adjustment_interval_seconds
+    gpus = {"prefill": 1, "decode": 1}
+
+    def need(rate: float) -> float:
+        forecast = LoadForecast(num_req=rate * interval, isl=3000, osl=300)
+        return fractional_need(tp.sizer.size(forecast, gpus)["decode"])
+
+    peak = 1.05 * 10.0 / need(10.0)  # the decode need is linear in the rate
+    rates = [1.0] * 16 + [peak] * 8 + [1.0] * 4
+    replay_rates(tp, rates)
+    now = 15.0 * len(rates)
+    quiet = LoadForecast(num_req=1.0 * interval, isl=3000, osl=300)
+    memory, floors = tp.sizer.burst_floor(now, quiet, gpus, 1.0, 120.0)
+    assert memory.value == pytest.approx(peak)
+    assert floors["decode"].value == 2  # ceil(1.05): the floor without the replicas running
+    _, floors = tp.sizer.burst_floor(
+        now,
+        quiet,
+        gpus,
+        1.0,
+        120.0,
+        current={"prefill": 4, "decode": 1},
+        calm={"prefill": True, "decode": calm},
+    )
+    assert floors["decode"].value == floor
+    held = "decode: a need of 1.05 replicas is within 10% of the 1 running"
+    assert (held in floors["decode"].reason) == calm, floors["decode"].reason
