@@ -143,6 +143,17 @@ def test_the_decision_targets_name_each_figure(
     assert (
         f"MISSED fewer GPU-h than hpa ({real['gpu_hours']:.2f} vs {hpa['gpu_hours']:.2f})" in line
     )
+    # a tie says so: none serves more than every request, none runs fewer than one replica
+    one = {role: 1 for role in planner["max_replicas"]}
+    tied = _as(real, max_replicas=one, gpu_hours=hpa["gpu_hours"])
+    (line,) = scorecard.decision_targets([tied, _as(hpa, max_replicas=one)])
+    assert "MISSED attainment above hpa's 100.00% (both serve every request)" in line
+    assert "fewer GPU-h than hpa" in line
+    assert (
+        line.split("fewer GPU-h than hpa")[1]
+        .split(";")[0]
+        .endswith("(both ran one replica per role throughout)")
+    )
 
 
 @pytest.mark.slow
