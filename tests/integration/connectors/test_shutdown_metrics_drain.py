@@ -136,7 +136,8 @@ class WorkerPage:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # polled every 0.05 s, not 0.5 s: close() waits for the loop to see its shutdown
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()

@@ -196,7 +196,8 @@ def fake_server() -> Iterator[tuple[str, FakeEngine]]:
     engine = FakeEngine()
     server = ThreadingHTTPServer(("127.0.0.1", 0), engine.handler())
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # polled every 0.05 s, not 0.5 s: shutdown() waits for the loop to see it
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}", engine
