@@ -457,10 +457,13 @@ def test_uncovered_window_at_constant_load_is_missing_not_low_traffic(
     """Issue 19: at a steady 8 req/s, the windows right after a target is first scraped,
     after Prometheus comes back from an outage longer than the window, and after the
     frontend restarts hold only part of the load; each is missing, never low traffic."""
-    window_s = 6
+    # Scrapes every 0.5 s over a 4 s window: eight scrapes a window, as many as 1 s scrapes
+    # give a 6 s window (half the wall time), and more than 3 s from the first scrape to the
+    # end of the first partial window, to see it in.
+    window_s = 4
     frontend = SteadyFrontend()
     try:
-        prometheus = prometheus_factory([frontend.exporter.target])
+        prometheus = prometheus_factory([frontend.exporter.target], scrape_interval_s=0.5)
         config = PlannerConfig(
             model_name=MODEL,
             namespace="dyn-a",
