@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -235,22 +236,39 @@ async def test_the_pool_never_holds_more_than_its_ceiling_through_a_scripted_day
             await cluster.add_policy(name, spec)
         held: list[tuple[str, int, dict[str, int]]] = []
 
-        async def phase(label: str, alpha: float, beta: float, seconds: float) -> None:
+        async def phase(
+            label: str,
+            alpha: float,
+            beta: float,
+            seconds: float,
+            done: Callable[[dict[str, int]], bool] | None = None,
+        ) -> None:
+            """``seconds`` of traffic; with ``done``, it ends ``settle_s`` after the DGDs'
+            GPUs first show the change the phase is for (the pods that change removed gone by
+            then), or after ``seconds`` where that comes first."""
             for name, rate in (("alpha", alpha), ("beta", beta)):
                 prometheus[name].reply = vector_reply(traffic_parts(rate, INTERVAL_S))
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 await dynamo.reconcile()
-                held.append(
-                    (label, dynamo.gpus_held(), {n: gpus(cluster, n) for n in ("alpha", "beta")})
-                )
+                desired = {n: gpus(cluster, n) for n in ("alpha", "beta")}
+                held.append((label, dynamo.gpus_held(), desired))
+                if done is not None and done(desired):
+                    deadline = min(deadline, time.monotonic() + settle_s)
+                    done = None
                 await asyncio.sleep(0.2)
 
+        # longer than the pods' grace (1.5 s) and the pool's stabilisation (2 s), each
+        settle_s = 3.0
         await phase("calm", LOW, LOW, 4)
-        await phase("low priority bursts", LOW, HIGH, 10)
-        await phase("high priority bursts", HIGH, HIGH, 12)
-        await phase("low priority alone again", LOW, HIGH, 10)
-        await phase("calm again", LOW, LOW, 6)
+        await phase("low priority bursts", LOW, HIGH, 10, lambda d: d["beta"] > 2)
+        await phase(
+            "high priority bursts", HIGH, HIGH, 12, lambda d: d["alpha"] > 2 >= d["beta"]
+        )
+        await phase(
+            "low priority alone again", LOW, HIGH, 10, lambda d: d["beta"] > 2 >= d["alpha"]
+        )
+        await phase("calm again", LOW, LOW, 6, lambda d: max(d.values()) <= 2)
     finally:
         for replies in prometheus.values():
             replies.close()
