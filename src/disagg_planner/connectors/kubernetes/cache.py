@@ -15,6 +15,7 @@ ends (the server's timeout, a dropped connection, a 410 Gone) it lists again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -69,6 +70,7 @@ class WatchedResource:
         self._subscribers: dict[str, list[Callable[[], None]]] = {}
         self._stop = threading.Event()
         self._watch: k8s_watch.Watch | None = None
+        self._response: Any = None  # the open watch's (urllib3), to end it from stop()
         self._thread = threading.Thread(
             target=self._follow, name=f"watch-{plural}-{namespace}", daemon=True
         )
@@ -78,9 +80,13 @@ class WatchedResource:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            response = self._response
         if self._watch is not None:
             self._watch.stop()
+        if response is not None:
+            _unblock(response)
 
     @property
     def synced(self) -> bool:
@@ -109,6 +115,20 @@ class WatchedResource:
     def _follow(self) -> None:
         args = (DGD_GROUP, self.version, self.namespace, self.plural)
         fn = self._custom.list_namespaced_custom_object
+
+        @functools.wraps(fn)
+        def watching(*a: Any, **kw: Any) -> Any:
+            # A watch opened as (or after) stop() ran would wait for an event or its timeout
+            # (minutes) before this thread saw the stop: whichever of the two comes second
+            # ends it (Watch.stop() alone misses a watch whose request is still in flight).
+            response = fn(*a, **kw)
+            with self._lock:
+                self._response = response
+                stopped = self._stop.is_set()
+            if stopped:
+                _unblock(response)
+            return response
+
         while not self._stop.is_set():
             try:
                 answer = fn(*args, _request_timeout=self._request_timeout_s)
@@ -119,7 +139,7 @@ class WatchedResource:
                 version = (listed.get("metadata") or {}).get("resourceVersion")
                 self._watch = k8s_watch.Watch()
                 for event in self._watch.stream(
-                    fn,
+                    watching,
                     *args,
                     resource_version=version,
                     timeout_seconds=WATCH_TIMEOUT_S,
@@ -181,6 +201,14 @@ class WatchedResource:
                     callback()
                 except Exception:  # a subscriber's failure must not end the watch
                     log.exception("watch of %s: a subscriber of %s failed", self.plural, name)
+
+
+def _unblock(response: Any) -> None:
+    """End a blocked read of ``response`` from another thread (its socket shut for reading)."""
+    try:
+        response.shutdown()
+    except Exception:  # already closed or released: nothing blocks on it
+        pass
 
 
 class WatchCaches:
