@@ -262,9 +262,7 @@ async def test_the_pool_never_holds_more_than_its_ceiling_through_a_scripted_day
         settle_s = 3.0
         await phase("calm", LOW, LOW, 4)
         await phase("low priority bursts", LOW, HIGH, 10, lambda d: d["beta"] > 2)
-        await phase(
-            "high priority bursts", HIGH, HIGH, 12, lambda d: d["alpha"] > 2 >= d["beta"]
-        )
+        await phase("high priority bursts", HIGH, HIGH, 12, lambda d: d["alpha"] > 2 >= d["beta"])
         await phase(
             "low priority alone again", LOW, HIGH, 10, lambda d: d["beta"] > 2 >= d["alpha"]
         )

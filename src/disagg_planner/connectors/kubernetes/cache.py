@@ -15,6 +15,7 @@ ends (the server's timeout, a dropped connection, a 410 Gone) it lists again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -205,10 +206,8 @@ class WatchedResource:
 
 def _unblock(response: Any) -> None:
     """End a blocked read of ``response`` from another thread (its socket shut for reading)."""
-    try:
+    with contextlib.suppress(Exception):  # already closed or released: nothing blocks on it
         response.shutdown()
-    except Exception:  # already closed or released: nothing blocks on it
-        pass
 
 
 class WatchCaches:
