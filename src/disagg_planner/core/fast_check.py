@@ -471,8 +471,8 @@ def _ahead_held(
     observed not to breach; a tail that rises to the SLO is at risk, which this does not
     hold."""
     _, tolerated = tp.sizer.within_tolerance({role: sized}, current={role: current}, calm=calm)
-    if tolerated:
-        return tolerated[0]
+    if role in tolerated:
+        return tolerated[role]
     proven = tp.feedback.proven(role, since_s=since_s, within=SCALE_DOWN_MARGIN)
     return served_holds(
         role,

@@ -141,8 +141,7 @@ class Sizer:
             return memory, {}
         tolerated: dict[str, str] = {}
         if current is not None:
-            sizing, notes = self.within_tolerance(sizing, current=current, calm=calm or {})
-            tolerated = {n.split(":", 1)[0]: n for n in notes}
+            sizing, tolerated = self.within_tolerance(sizing, current=current, calm=calm or {})
         return memory, {
             r: RuleValue(
                 float(s.replicas),
@@ -211,12 +210,13 @@ class Sizer:
         *,
         current: Mapping[str, int],
         calm: Mapping[str, bool],
-    ) -> tuple[dict[str, RoleSizing], list[str]]:
+    ) -> tuple[dict[str, RoleSizing], dict[str, str]]:
         """``sizing`` with each role's scale-up for a need within the HPA's tolerance of its
         running replicas held while its tail is calm
-        (:func:`disagg_planner.core.feedback.within_tolerance`); the rule's sentences."""
+        (:func:`disagg_planner.core.feedback.within_tolerance`); the rule's sentence per role
+        it held."""
         out = dict(sizing)
-        notes: list[str] = []
+        notes: dict[str, str] = {}
         if self.config.no_correction:
             return out, notes
         for role, sized in sizing.items():
@@ -231,7 +231,7 @@ class Sizer:
             )
             if rule.reason:
                 out[role] = replace(sized, replicas=int(rule.value))
-                notes.append(rule.reason)
+                notes[role] = rule.reason
         return out, notes
 
     def size(

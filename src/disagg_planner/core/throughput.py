@@ -318,7 +318,7 @@ class ThroughputPlanner(LearnsFromObservation):
             sizing, served = self.held_by_served(
                 sizing, current=plan_from, sized_for=sized_for, burst=burst.value
             )
-            held += tolerated + served
+            held += [*tolerated.values(), *served]
         diagnostics = replace(diagnostics, rules=(*diagnostics.rules, *held))
         memory, memory_floor = self.sizer.burst_floor(
             now_s,
