@@ -40,6 +40,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
+from disagg_planner.core.arrival import pooled_rate
 from disagg_planner.core.feedback import (
     ROLE_TAILS,
     SCALE_DOWN_MARGIN,
@@ -487,9 +488,7 @@ def _ahead_held(
 def _busy_window_rate(tp: ThroughputPlanner, now_s: float, span_s: float = 60.0) -> float:
     """The arrival rate over the last ``span_s`` of short windows (the busy fraction's own
     span), pooled."""
-    recent = [s for s in tp.traffic.rate_samples if s.end_s > now_s - span_s]
-    total = sum(s.duration_s for s in recent)
-    return sum(s.rate * s.duration_s for s in recent) / total if total > 0 else 0.0
+    return pooled_rate(tp.traffic.rate_samples, now_s=now_s, span_s=span_s)
 
 
 def _unfixable(tp: ThroughputPlanner, recent: TrafficObservation, *, quantile: float) -> RuleValue:
@@ -502,5 +501,5 @@ def _unfixable(tp: ThroughputPlanner, recent: TrafficObservation, *, quantile: f
     isl = histogram_quantile(histogram, quantile)
     if isl is None or isl <= 0:
         return RuleValue(0.0, "")
-    own = tp.profile.prefill.ttft_ms(isl)
+    own = tp.own_prefill_ms(isl)
     return unfixable_tail(own_ms=own, target_ms=tp.config.ttft_ms, isl=isl)

@@ -310,8 +310,9 @@ def servable_quantile(quantile: float, *, unservable_share: float, max_isl: floa
 
 def unfixable_tail(*, own_ms: float, target_ms: float, isl: float) -> RuleValue:
     """1 when the prompt at the attainment quantile alone takes the TTFT SLO or more of
-    prefill (``own_ms``, the profile's TTFT at its length): its tail is the prompt's, which
-    no replica count shortens, so it is no breach of capacity; 0 otherwise."""
+    prefill (``own_ms``: the profile's TTFT at its length, times the learned correction where
+    the engines are slower): its tail is the prompt's, which no replica count shortens, so
+    it is no breach of capacity; 0 otherwise."""
     if own_ms < target_ms:
         return RuleValue(0.0, "")
     return RuleValue(

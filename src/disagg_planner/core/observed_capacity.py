@@ -263,10 +263,11 @@ class LearnsFromObservation:
         )
 
     def servable_quantile(self, obs: TrafficObservation) -> RuleValue:
-        """The attainment quantile read among the prompts whose own prefill, at the
-        profile, fits in the TTFT SLO (:func:`disagg_planner.core.feedback.servable_quantile`;
-        the window's prompt-length histogram, else the last interval's); the configured
-        one where no histogram says how many do not."""
+        """The attainment quantile read among the prompts whose own prefill
+        (:meth:`own_prefill_ms`) fits in the TTFT SLO
+        (:func:`disagg_planner.core.feedback.servable_quantile`; the window's prompt-length
+        histogram, else the last interval's); the configured one where no histogram says
+        how many do not."""
         quantile = self.config.ttft_attainment_target or DEFAULT_FAST_TTFT_QUANTILE
         histogram = obs.isl_histogram or self.traffic.isl_histogram
         if histogram is None or ("prefill" not in self.config.roles and self.config.mode != "agg"):
@@ -278,12 +279,19 @@ class LearnsFromObservation:
             quantile, unservable_share=histogram_share_above(histogram, longest), max_isl=longest
         )
 
+    def own_prefill_ms(self, isl: float) -> float:
+        """A prompt of ``isl`` tokens' own prefill: the profile's TTFT at its length times
+        the learned prefill capacity correction where that is above 1 (engines slower than
+        profiled; below 1 it reads what batching gains under load, not one prompt's
+        speed)."""
+        return self.profile.prefill.ttft_ms(isl) * max(1.0, self.feedback.correction("prefill"))
+
     def longest_prompt_within_slo(self) -> float | None:
-        """The prompt length whose prefill alone takes the TTFT SLO at the profile (found by
-        bisection on its rising TTFT curve); None where every length up to
+        """The prompt length whose prefill alone takes the TTFT SLO (:meth:`own_prefill_ms`,
+        found by bisection on its rising TTFT curve); None where every length up to
         :data:`LONGEST_PROMPT` fits, or none does."""
         target = self.config.ttft_ms
-        ttft = self.profile.prefill.ttft_ms
+        ttft = self.own_prefill_ms
         lo, hi = 1.0, LONGEST_PROMPT
         if ttft(lo) >= target or ttft(hi) < target:
             return None

@@ -10,8 +10,9 @@ A tick (every ``throughput_adjustment_interval_seconds``) runs these stages, in 
    latency ratios (observed / the profile's at the observed load) unless
    ``no_correction``; the capacity corrections learned by the feedback rules
    (:mod:`disagg_planner.core.feedback`), decaying while the tail stays under its margin;
-3. ``_size_for_arrival``: the forecast raised to the arrival envelope (trend through the
-   last window and the forecast), with the burst factor, the backlog and the length mix;
+3. ``_size_for_arrival``: the forecast at :func:`disagg_planner.core.arrival.tick_rate`
+   (the envelope of the trend, or the level the short windows hold at), with the burst
+   factor, the backlog and the length mix;
 4. ``_size``: each role from the forecast (:mod:`disagg_planner.core.sizing`), with its
    capacity correction; a hold when the profile cannot serve it;
 5. :meth:`disagg_planner.core.memory.ConvergenceMemory.plan_from`: while the last change
@@ -46,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from disagg_planner.config.schema import PlannerConfig
+from disagg_planner.core.arrival import tick_rate
 from disagg_planner.core.demand import DemandSignals
 from disagg_planner.core.feedback import (
     FeedbackMemory,
@@ -68,7 +70,6 @@ from disagg_planner.core.rules import (
     LengthSample,
     RateSample,
     RuleValue,
-    arrival_envelope,
     backlog_tokens,
     burst_factor,
     burst_ratios,
@@ -475,18 +476,18 @@ class ThroughputPlanner(LearnsFromObservation):
     def _size_for_arrival(
         self, traffic: TrafficObservation, forecast: LoadForecast
     ) -> tuple[LoadForecast, list[str]]:
-        """The forecast raised to the upper envelope of the rate over the span in which the
-        capacity ordered now will serve (:func:`disagg_planner.core.rules.arrival_envelope`)."""
+        """The forecast at the rate :func:`disagg_planner.core.arrival.tick_rate` sizes for."""
         interval = self.config.throughput_adjustment_interval_seconds
         ttr = self.deployment_time_to_ready()
-        envelope = arrival_envelope(
+        rate = tick_rate(
+            self.traffic.rate_samples,
+            now_s=traffic.end_s,
             observed_rate=traffic.request_rate,
             forecast_rate=forecast.num_req / interval,
             interval_s=interval,
             time_to_ready_s=ttr.value,
         )
-        sized = replace(forecast, num_req=max(forecast.num_req, envelope.value * interval))
-        return sized, [ttr.reason, envelope.reason]
+        return replace(forecast, num_req=rate.value * interval), [ttr.reason, rate.reason]
 
     def _stabilise(
         self,

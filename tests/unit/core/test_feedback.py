@@ -863,3 +863,22 @@ def test_a_load_served_within_the_scale_down_margin_holds_the_model_s_call_for_m
     )
     held = "prefill: held at 2, not 3: 2 replica(s) served 78000 tok/s"
     assert (held in decision.message) == (prefill == 2), decision.message
+
+
+def test_the_prompts_own_prefill_is_read_at_the_learned_speed_of_slower_engines(
+    h200_like_profile: Profile,
+) -> None:
+    """The servable quantile and the unfixable-tail rule judge a prompt by its own prefill
+    at the engines' learned speed: on engines 1.5x slower than profiled, prompts the
+    profile says fit the TTFT SLO alone do not, and a tail made of them is no breach of
+    capacity; a correction under 1 (what batching gains under load) changes nothing."""
+    tp = planner(h200_like_profile, ttft_ms=5000)
+    at_profile = tp.longest_prompt_within_slo()
+    assert at_profile is not None
+    tp.feedback.capacity["prefill"] = 1.5
+    slower = tp.longest_prompt_within_slo()
+    assert slower is not None and slower < at_profile
+    assert 1.5 * h200_like_profile.prefill.ttft_ms(slower) == pytest.approx(5000, rel=1e-3)
+    assert tp.own_prefill_ms(slower) == pytest.approx(5000, rel=1e-3)
+    tp.feedback.capacity["prefill"] = 0.7
+    assert tp.longest_prompt_within_slo() == pytest.approx(at_profile)
