@@ -49,7 +49,7 @@ from disagg_planner.signals.fpm import (
     encode,
 )
 from disagg_planner.simulator.cluster import Cluster, ReplicaState
-from tests.integration.conftest import poll
+from tests.integration.conftest import free_port, poll
 from tests.kube_dynamo import DWM_PLURAL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,8 +86,11 @@ class KmockProcess:
         port: int = 0,
         objects: Sequence[tuple[str, Mapping[str, Any]]] = (),
     ) -> None:
-        """Serve on ``port`` (0: any free one; a restart passes the one it had), holding
-        ``objects`` (``(group/version/plural, object)``) from the first request on."""
+        """Serve on ``port`` (0: a free one, from this xdist worker's own ports; a restart
+        passes the one it had), holding ``objects`` (``(group/version/plural, object)``) from
+        the first request on."""
+        if port == 0:
+            port = free_port()
         held = self.workdir / "kmock-objects.json"
         held.write_text(
             json.dumps([{"resource": resource, "object": obj} for resource, obj in objects])

@@ -30,12 +30,54 @@ T = TypeVar("T")
 PROMETHEUS_BINARY = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+# Under pytest-xdist (the default run) each worker hands out ports from its own block below
+# the kernel's ephemeral range (Linux: 32768 and up), which the kernel never gives to a bind to
+# port 0 or to an outgoing connection. A port one worker took and closed, for a server to bind
+# a moment later, is then never handed to another worker (or to the kernel's own choice) in
+# between: parallel workers cannot collide on a port.
+_WORKER_PORTS_START = 10_000
+_WORKER_PORTS_END = 32_000
+_next_in_block = 0
+
+
+def _worker_block() -> range | None:
+    """This xdist worker's ports (``PYTEST_XDIST_WORKER`` is ``gw0``, ``gw1``, ...); None
+    outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return None
+    index = int(worker[2:])
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), index + 1)
+    size = (_WORKER_PORTS_END - _WORKER_PORTS_START) // count
+    start = _WORKER_PORTS_START + index * size
+    return range(start, start + size)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (under xdist, from this worker's
+    own block, taken in turn)."""
+    global _next_in_block
+    block = _worker_block()
+    if block is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+            return port
+    for _ in range(len(block)):
+        candidate = block[_next_in_block % len(block)]
+        _next_in_block += 1
+        if _bindable(candidate):
+            return candidate
+    raise RuntimeError(f"no free port in this worker's block {block.start}-{block.stop - 1}")
 
 
 def poll(
