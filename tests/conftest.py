@@ -107,6 +107,56 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.importorskip(AIC_MODULE, reason=AIC_REASON)
 
 
+# --- the parallel run (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml) ---------
+#
+# Each test file is one unit of work, run whole on one worker, so that a module's fixtures (a
+# sweep, a fitted curve) are computed once, as in a serial run. Files whose tests share one
+# process's memo of the replay references (``replay.bounds``: the oracle and best-static
+# searches of the same plans, ``test_oracle_plan.plan_for``) are one unit together.
+SHARED_UNITS = {
+    "tests/unit/replay/test_bounds.py": "replay-references",
+    "tests/unit/replay/test_oracle_plan.py": "replay-references",
+    "tests/unit/replay/test_best_static.py": "replay-references",
+}
+# Scheduling only: the longest units start first, so that none starts last and runs alone
+# (the live e2e waits on its ticks for over a minute; the reference searches are minutes of
+# CPU). The rest follow in collection order. A stale entry costs wall time, nothing else.
+LONGEST_UNITS = (
+    "tests/e2e/test_live_loop.py",
+    "replay-references",
+    "tests/e2e/test_chaos.py",
+    "tests/unit/replay/test_replay.py",
+    "tests/integration/prometheus/test_traffic_observer.py",
+    "tests/integration/operator/test_pool.py",
+    "tests/unit/replay/test_parallel.py",
+    "tests/unit/benchmarks/test_scorecard.py",
+    "tests/unit/benchmarks/test_scripts_start.py",
+    "tests/e2e/test_restart.py",
+)
+
+
+def _unit_of(item: pytest.Item) -> str:
+    path = item.nodeid.split("::", 1)[0]
+    return SHARED_UNITS.get(path, path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (on the workers, before xdist reads the marks), put every
+    test in its file's unit (``xdist_group``) and order the units longest first."""
+    if not config.getoption("loadgroup", default=False):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_unit_of(item)))
+
+    def rank(item: pytest.Item) -> int:
+        unit = _unit_of(item)
+        return LONGEST_UNITS.index(unit) if unit in LONGEST_UNITS else len(LONGEST_UNITS)
+
+    items.sort(key=rank)  # stable: collection order within a unit and among the rest
+
+
 @pytest.fixture
 async def api_client(kmock: Any) -> AsyncIterator[k8s_client.ApiClient]:
     """The real ``kubernetes`` client pointed at the test's kmock server, configured as the
