@@ -107,23 +107,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.importorskip(AIC_MODULE, reason=AIC_REASON)
 
 
-# --- the parallel run (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml) ---------
+# --- the parallel run (pytest-xdist, ``-n auto --dist loadfile`` in pyproject.toml) ----------
 #
-# Each test file is one unit of work, run whole on one worker, so that a module's fixtures (a
-# sweep, a fitted curve) are computed once, as in a serial run. Files whose tests share one
-# process's memo of the replay references (``replay.bounds``: the oracle and best-static
-# searches of the same plans, ``test_oracle_plan.plan_for``) are one unit together.
-SHARED_UNITS = {
-    "tests/unit/replay/test_bounds.py": "replay-references",
-    "tests/unit/replay/test_oracle_plan.py": "replay-references",
-    "tests/unit/replay/test_best_static.py": "replay-references",
-}
-# Scheduling only: the longest units start first, so that none starts last and runs alone
+# Each test file runs whole on one worker, so that a module's fixtures (a sweep, a fitted
+# curve) are computed once, as in a serial run. (``--dist loadgroup`` would let files that
+# share a process's memo run on one worker, but xdist 3.8 marks a group by rewriting the
+# item's ``_nodeid``, which pytest 9 no longer reads: every test was scheduled alone.)
+# Scheduling only: the longest files start first, so that none starts last and runs alone
 # (the live e2e waits on its ticks for over a minute; the reference searches are minutes of
 # CPU). The rest follow in collection order. A stale entry costs wall time, nothing else.
-LONGEST_UNITS = (
+LONGEST_FILES = (
     "tests/e2e/test_live_loop.py",
-    "replay-references",
+    "tests/unit/replay/test_bounds.py",
+    "tests/unit/replay/test_oracle_plan.py",
+    "tests/unit/replay/test_best_static.py",
     "tests/e2e/test_chaos.py",
     "tests/unit/replay/test_replay.py",
     "tests/integration/prometheus/test_traffic_observer.py",
@@ -135,26 +132,17 @@ LONGEST_UNITS = (
 )
 
 
-def _unit_of(item: pytest.Item) -> str:
-    path = item.nodeid.split("::", 1)[0]
-    return SHARED_UNITS.get(path, path)
-
-
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` (on the workers, before xdist reads the marks), put every
-    test in its file's unit (``xdist_group``) and order the units longest first."""
-    if not config.getoption("loadgroup", default=False):
+    """Under pytest-xdist (``--no-loadscope-reorder`` keeps this order of the files), the
+    longest files first."""
+    if config.getoption("dist", default="no") == "no":
         return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_unit_of(item)))
 
     def rank(item: pytest.Item) -> int:
-        unit = _unit_of(item)
-        return LONGEST_UNITS.index(unit) if unit in LONGEST_UNITS else len(LONGEST_UNITS)
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
 
-    items.sort(key=rank)  # stable: collection order within a unit and among the rest
+    items.sort(key=rank)  # stable: collection order within a file and among the rest
 
 
 @pytest.fixture
