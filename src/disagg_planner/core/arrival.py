@@ -37,6 +37,8 @@ def tick_rate(
         interval_s=interval_s,
         time_to_ready_s=time_to_ready_s,
     )
+    if envelope.value <= forecast_rate:  # no rise between the means: nothing to overrule
+        return envelope
     settled = level_when_settled(
         envelope,
         forecast_rate=forecast_rate,
