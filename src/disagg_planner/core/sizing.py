@@ -29,7 +29,7 @@ from disagg_planner.core.types import (
     TrafficObservation,
     histogram_points,
 )
-from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
+from disagg_planner.profiles.queueing import max_utilisation, pooled_need
 
 # Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
 MIN_UTILISATION = 0.2
@@ -115,11 +115,18 @@ class RoleSizing:
     feasible: bool = True
     note: str = ""
     utilisation: float = 1.0  # share of the profiled throughput planned for
+    # the replicas before rounding up where demand over planned throughput does not say it:
+    # a pooled queue's planned utilisation is its answer's, offered / replicas
+    need: float | None = None
 
 
 def fractional_need(sizing: RoleSizing) -> float:
-    """The replicas ``sizing``'s demand takes before rounding up: ``demand / (thpt x
-    utilisation x gpus)`` (its own replicas where that is not defined)."""
+    """The replicas ``sizing``'s demand takes before rounding up: its ``need`` where the
+    sizing states one (a pooled queue's, :func:`disagg_planner.profiles.queueing.pooled_need`),
+    else ``demand / (thpt x utilisation x gpus)`` (its own replicas where that is not
+    defined)."""
+    if sizing.need is not None and math.isfinite(sizing.need):
+        return sizing.need
     per_replica = sizing.thpt_per_gpu * sizing.utilisation * sizing.gpus_per_replica
     if per_replica <= 0 or not math.isfinite(per_replica):
         return float(sizing.replicas)
@@ -213,7 +220,7 @@ def size_prefill(
     and ``backlog_tokens_per_s`` is added to it (the work already waiting). With ``pooled``
     the engines are one GI/G/c queue (the router spreads requests over them): the replicas
     are the fewest whose pooled waiting-time tail meets the target
-    (:func:`disagg_planner.profiles.queueing.pooled_servers_needed`), not ``c`` separate
+    (:func:`disagg_planner.profiles.queueing.pooled_need`, rounded up), not ``c`` separate
     GI/G/1 queues.
 
     With ``rho = 1`` this is Dynamo's formula: engines sized to run at their profiled
@@ -255,14 +262,15 @@ def size_prefill(
         slack_s = (ttft_target_ms - own_ms) / 1000.0
         if slack_s > 0 and pooled:
             offered = demand / (thpt * gpus_per_replica)  # engines' worth of work
-            replicas = pooled_servers_needed(
+            need = pooled_need(
                 offered,
                 slack_s=slack_s,
                 service_s=service_s,
                 quantile=attainment,
                 service_scv=service_scv,
             )
-            replicas = min(replicas, math.ceil(offered / MIN_UTILISATION))
+            need = min(need, offered / MIN_UTILISATION)
+            replicas = math.ceil(need - 1e-9)
             rho = offered / replicas if replicas else 1.0
             return RoleSizing(
                 "prefill",
@@ -273,6 +281,7 @@ def size_prefill(
                 note=f"pooled GI/G/c over {replicas} engines at {rho:.0%} utilisation for "
                 f"{attainment:.0%} TTFT attainment",
                 utilisation=rho,
+                need=need,
             )
         if slack_s > 0:
             rho = max(

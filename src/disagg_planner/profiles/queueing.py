@@ -170,3 +170,92 @@ def pooled_servers_needed(
             return servers
         servers += 1
     return max_servers
+
+
+def pooled_offered_capacity(
+    servers: int,
+    *,
+    slack_s: float,
+    service_s: float,
+    quantile: float,
+    arrival_scv: float = DEFAULT_ARRIVAL_SCV,
+    service_scv: float = DEFAULT_SERVICE_SCV,
+) -> float:
+    """The most load (in engines' worth of work) ``servers`` engines sharing one queue carry
+    with at most ``1 - quantile`` of the requests waiting longer than ``slack_s``: the
+    inverse of :func:`pooled_servers_needed` (0 for no servers). The wait's tail grows with
+    the offered load, so a bisection finds it.
+
+    >>> c2 = pooled_offered_capacity(2, slack_s=0.4, service_s=0.05, quantile=0.99)
+    >>> pooled_servers_needed(c2 * 0.999, slack_s=0.4, service_s=0.05, quantile=0.99)
+    2
+    """
+    if servers <= 0:
+        return 0.0
+    allowed = 1.0 - quantile
+    low, high = 0.0, float(servers)
+    for _ in range(60):
+        mid = (low + high) / 2.0
+        tail = pooled_wait_tail_probability(
+            servers,
+            mid,
+            wait_s=max(slack_s, 0.0),
+            service_s=service_s,
+            arrival_scv=arrival_scv,
+            service_scv=service_scv,
+        )
+        if tail <= allowed:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def pooled_need(
+    offered: float,
+    *,
+    slack_s: float,
+    service_s: float,
+    quantile: float,
+    arrival_scv: float = DEFAULT_ARRIVAL_SCV,
+    service_scv: float = DEFAULT_SERVICE_SCV,
+) -> float:
+    """The engines ``offered`` takes before rounding up, for a queue shared by them: with
+    ``c`` the fewest engines that meet the tail (:func:`pooled_servers_needed`),
+    ``c - 1 + (offered - cap(c - 1)) / (cap(c) - cap(c - 1))``, where ``cap(n)`` is what
+    ``n`` engines carry (:func:`pooled_offered_capacity`). It rounds up to ``c`` and grows
+    continuously with the load, so a need just past a replica boundary reads as just past it
+    (a tolerance can hold it), not as the whole engine it rounds up to.
+
+    >>> round(pooled_need(0.0, slack_s=0.4, service_s=0.05, quantile=0.99), 2)
+    0.0
+    >>> need = pooled_need(6.0, slack_s=0.4, service_s=0.05, quantile=0.99)
+    >>> 6 < need <= 7
+    True
+    """
+    if offered <= 0:
+        return 0.0
+    servers = pooled_servers_needed(
+        offered,
+        slack_s=slack_s,
+        service_s=service_s,
+        quantile=quantile,
+        arrival_scv=arrival_scv,
+        service_scv=service_scv,
+    )
+
+    def capacity(n: int) -> float:
+        return pooled_offered_capacity(
+            n,
+            slack_s=slack_s,
+            service_s=service_s,
+            quantile=quantile,
+            arrival_scv=arrival_scv,
+            service_scv=service_scv,
+        )
+
+    below, at = capacity(servers - 1), capacity(servers)
+    if at <= below:
+        return float(servers)
+    share = (offered - below) / (at - below)
+    return servers - 1 + min(1.0, max(share, 1e-6))

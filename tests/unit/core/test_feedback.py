@@ -18,7 +18,7 @@ from disagg_planner.core.feedback import (
     within_tolerance,
 )
 from disagg_planner.core.latency_capacity import TtftReading, latency_capacity_estimate
-from disagg_planner.core.sizing import LoadForecast
+from disagg_planner.core.sizing import LoadForecast, RoleSizing, fractional_need
 from disagg_planner.core.throughput import ThroughputDecision, ThroughputPlanner
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -794,6 +794,34 @@ def test_a_tick_holds_a_need_within_the_tolerance_while_the_tail_is_calm(
     tp = planner(h200_like_profile)
     hot = traffic(60, num_req, itl_ms=28.0, ttft_histogram=ttft(0.1))
     assert tp.tick(60, hot, status(4, 1)).replicas["decode"] == 2
+
+
+def test_a_pooled_prefill_need_just_past_the_running_engines_is_held_like_any_other(
+    h200_like_profile: Profile,
+) -> None:
+    """The pooled queue's answer is a whole number of engines, but its need grows
+    continuously: a need a few percent past one engine is within the HPA's tolerance of it
+    while the TTFT tail is calm (before, the need read as the 2 it rounds up to and the
+    tolerance never held prefill); with the tail hot the second engine is ordered."""
+    tp = planner(h200_like_profile)
+
+    def prefill_at(num_req: float) -> RoleSizing:
+        forecast = LoadForecast(num_req=num_req, isl=3000, osl=300)
+        return tp.sizer.size(forecast, {"prefill": 1, "decode": 1})["prefill"]
+
+    low, high = 1.0, 10_000.0  # requests a minute: need 1.05 lies between
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if fractional_need(prefill_at(mid)) < 1.05 else (low, mid)
+    sized = prefill_at(low)
+    assert sized.replicas == 2
+    assert fractional_need(sized) == pytest.approx(1.05, abs=1e-3)
+    calm = traffic(60, low, itl_ms=5.0, ttft_histogram=ttft(0.1))
+    decision = tp.tick(60, calm, status(1, 4))
+    assert decision.replicas is not None and decision.replicas["prefill"] == 1
+    assert "prefill: a need of 1.05 replicas is within 10% of the 1 running" in decision.message
+    hot = traffic(60, low, itl_ms=5.0, ttft_histogram=ttft(0.45))
+    assert planner(h200_like_profile).tick(60, hot, status(1, 4)).replicas["prefill"] == 2
 
 
 def test_the_first_fast_checks_size_with_the_prompt_lengths_their_windows_saw(

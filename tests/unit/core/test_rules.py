@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -32,7 +33,13 @@ from disagg_planner.core.rules import (
 )
 from disagg_planner.core.sizing import histogram_scv
 from disagg_planner.core.types import Histogram, histogram_quantile, histogram_share_above
-from disagg_planner.profiles.queueing import max_utilisation, pooled_servers_needed
+from disagg_planner.profiles.queueing import (
+    max_utilisation,
+    pooled_need,
+    pooled_offered_capacity,
+    pooled_servers_needed,
+    pooled_wait_tail_probability,
+)
 
 
 def _quarter_sine(k: int) -> float:
@@ -530,6 +537,41 @@ def test_pooled_engines_run_busier_than_separate_ones_for_the_same_tail(offered:
     assert offered < pooled < separate
     # one engine is exactly the GI/G/1 case
     assert pooled_servers_needed(0.3, slack_s=slack, service_s=service, quantile=0.99) == 1
+
+
+@pytest.mark.parametrize("servers", [1, 2, 5, 12])
+def test_pooled_capacity_is_the_most_load_those_engines_carry_at_the_tail(servers: int) -> None:
+    slack, service = 0.4, 0.05
+    cap = pooled_offered_capacity(servers, slack_s=slack, service_s=service, quantile=0.99)
+    assert 0 < cap < servers
+    tail = {
+        load: pooled_wait_tail_probability(servers, load, wait_s=slack, service_s=service)
+        for load in (cap * 0.999, cap * 1.001)
+    }
+    assert tail[cap * 0.999] <= 0.01 < tail[cap * 1.001]
+    assert pooled_servers_needed(cap * 0.999, slack_s=slack, service_s=service, quantile=0.99) == (
+        servers
+    )
+    assert pooled_offered_capacity(0, slack_s=slack, service_s=service, quantile=0.99) == 0.0
+
+
+def test_the_pooled_need_grows_continuously_and_rounds_up_to_the_engines_needed() -> None:
+    """A need just past a replica boundary reads as just past it, not as the engine it rounds
+    up to: the HPA's tolerance can then hold a pooled prefill as it holds any other role."""
+    slack, service = 0.4, 0.05
+    loads = [0.05 * k for k in range(1, 200)]
+    needs = [pooled_need(a, slack_s=slack, service_s=service, quantile=0.99) for a in loads]
+    for load, need in zip(loads, needs, strict=True):
+        engines = pooled_servers_needed(load, slack_s=slack, service_s=service, quantile=0.99)
+        assert math.ceil(need - 1e-9) == engines
+    assert all(b > a for a, b in itertools.pairwise(needs))
+    assert max(b - a for a, b in itertools.pairwise(needs)) < 0.2  # no jump of an engine
+    # at what two engines carry the need is 2; a little more is a little over 2
+    two = pooled_offered_capacity(2, slack_s=slack, service_s=service, quantile=0.99)
+    assert pooled_need(two, slack_s=slack, service_s=service, quantile=0.99) == pytest.approx(2.0)
+    just_over = pooled_need(two * 1.01, slack_s=slack, service_s=service, quantile=0.99)
+    assert 2.0 < just_over < 2.1
+    assert pooled_need(0.0, slack_s=slack, service_s=service, quantile=0.99) == 0.0
 
 
 def test_pooled_lengths_weigh_each_window_by_its_requests() -> None:
