@@ -1,11 +1,14 @@
 """The request rate a throughput tick sizes for: the upper envelope of the rate when the
 capacity ordered now serves (:func:`disagg_planner.core.rules.arrival_envelope`, a line
 through the last interval's mean and the forecast), unless the interval's own short windows
-say the rise is over (:func:`level_when_settled`). No clock, no I/O.
+say the rise is over (:func:`level_when_settled`); and the bursts above it it sizes for
+(:func:`burst_factor`, from :func:`disagg_planner.core.rules.burst_ratios`;
+:func:`within_envelope`). No clock, no I/O.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from disagg_planner.core.rules import (
@@ -16,6 +19,9 @@ from disagg_planner.core.rules import (
     arrival_envelope,
     rising_trend,
 )
+
+# Fewer short windows than this say nothing about bursts: the factor stays 1.
+MIN_BURST_SAMPLES = 8
 
 
 def tick_rate(
@@ -83,4 +89,39 @@ def level_when_settled(
         level,
         f"sized for {level:.2f} req/s, the last short windows' level: the interval means "
         f"rise to a forecast {forecast_rate:.2f} req/s, but not the windows ({trend.reason})",
+    )
+
+
+def burst_factor(ratios: Sequence[float], quantile: float | None) -> RuleValue:
+    """The ``quantile`` of short-window arrival rates relative to their interval's level
+    (:func:`disagg_planner.core.rules.burst_ratios`; at least 1); 1 when off or with fewer than
+    :data:`MIN_BURST_SAMPLES` windows."""
+    if quantile is None:
+        return RuleValue(1.0, "burst sizing off")
+    finite = sorted(r for r in ratios if math.isfinite(r) and r >= 0)
+    if len(finite) < MIN_BURST_SAMPLES:
+        return RuleValue(1.0, f"burst factor 1 ({len(finite)} short windows seen)")
+    # the nearest-rank quantile: no interpolation between two observed bursts
+    rank = min(len(finite) - 1, max(0, math.ceil(quantile * len(finite)) - 1))
+    factor = max(1.0, finite[rank])
+    return RuleValue(
+        factor,
+        f"burst factor {factor:.2f} (p{quantile * 100:g} of {len(finite)} short-window rates "
+        "over their interval's level)",
+    )
+
+
+def within_envelope(burst: RuleValue, *, forecast_req: float, envelope_req: float) -> RuleValue:
+    """The burst factor left to apply on top of the arrival envelope: the short-window peak
+    is ``forecast x burst``, the envelope's rise already covers part of it (the ratios of a
+    rate that rises within its interval are its trend as much as its bursts), so the rate
+    sized for is the larger of the two, not their product: ``max(1, forecast x burst /
+    envelope)``."""
+    if envelope_req <= forecast_req or forecast_req <= 0 or burst.value <= 1.0:
+        return burst
+    factor = max(1.0, burst.value * forecast_req / envelope_req)
+    return RuleValue(
+        factor,
+        f"{burst.reason}; {factor:.2f} beyond the envelope (the larger of the envelope and "
+        f"the forecast's burst peak, not their product)",
     )

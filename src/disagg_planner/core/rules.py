@@ -44,8 +44,6 @@ from disagg_planner.core.types import Histogram, histogram_points
 # A trend is extrapolated at most to this multiple of the larger of the observed and the
 # forecast rate: a steep rise seen over one interval says little about three intervals on.
 MAX_TREND_GROWTH = 2.0
-# Fewer short windows than this say nothing about bursts: the factor stays 1.
-MIN_BURST_SAMPLES = 8
 # A rise counts as a burst only when its count of requests exceeds the quiet level's by
 # this many Poisson standard deviations: at low rates a short window's count is noisy
 # enough to double by chance.
@@ -103,41 +101,6 @@ def arrival_envelope(
     else:
         why = f"sized for the forecast {forecast_rate:.2f} req/s (no rising trend)"
     return RuleValue(envelope, why)
-
-
-def burst_factor(ratios: Sequence[float], quantile: float | None) -> RuleValue:
-    """The ``quantile`` of short-window arrival rates relative to their interval's level
-    (:func:`burst_ratios`; at least 1); 1 when off or with fewer than
-    :data:`MIN_BURST_SAMPLES` windows."""
-    if quantile is None:
-        return RuleValue(1.0, "burst sizing off")
-    finite = sorted(r for r in ratios if math.isfinite(r) and r >= 0)
-    if len(finite) < MIN_BURST_SAMPLES:
-        return RuleValue(1.0, f"burst factor 1 ({len(finite)} short windows seen)")
-    # the nearest-rank quantile: no interpolation between two observed bursts
-    rank = min(len(finite) - 1, max(0, math.ceil(quantile * len(finite)) - 1))
-    factor = max(1.0, finite[rank])
-    return RuleValue(
-        factor,
-        f"burst factor {factor:.2f} (p{quantile * 100:g} of {len(finite)} short-window rates "
-        "over their interval's level)",
-    )
-
-
-def within_envelope(burst: RuleValue, *, forecast_req: float, envelope_req: float) -> RuleValue:
-    """The burst factor left to apply on top of the arrival envelope: the short-window peak
-    is ``forecast x burst``, the envelope's rise already covers part of it (the ratios of a
-    rate that rises within its interval are its trend as much as its bursts), so the rate
-    sized for is the larger of the two, not their product: ``max(1, forecast x burst /
-    envelope)``."""
-    if envelope_req <= forecast_req or forecast_req <= 0 or burst.value <= 1.0:
-        return burst
-    factor = max(1.0, burst.value * forecast_req / envelope_req)
-    return RuleValue(
-        factor,
-        f"{burst.reason}; {factor:.2f} beyond the envelope (the larger of the envelope and "
-        f"the forecast's burst peak, not their product)",
-    )
 
 
 def length_mix(
@@ -472,10 +435,14 @@ def burst_ratios(windows: Sequence[RateSample], mean_rate: float) -> list[float]
     interval's ``mean_rate``, or the trend at the window where the rate rose or fell
     steadily through the interval (a least-squares line through the windows, scaled to
     ``mean_rate``, whose slope is significant against the windows' Poisson noise, as
-    :func:`rising_trend` tests it, and which fits them better than two levels do, so that
-    a step or a burst is not taken for a trend; at least :data:`MIN_TREND_WINDOWS`
-    windows). A steady rise or fall is the forecast's and the rising trend's to size; a
-    burst is what lies above it: a sinusoid's interval over its peak is no burst."""
+    :func:`rising_trend` tests it; at least :data:`MIN_TREND_WINDOWS` windows), or, where
+    two levels fit the windows better than that line, the level of the window's side of
+    the step (scaled alike). A steady rise or fall is the forecast's and the rising trend's
+    to size, and a step is a level the tick sizes for once the windows hold it
+    (:func:`disagg_planner.core.arrival.tick_rate`) and the burst memory keeps when it
+    recurs; a burst is what lies above them: a sinusoid's interval over its peak, or the
+    windows after a step to a new level, are no burst (over the mean, the windows on the
+    step's high side read as bursts on top of the level the tick already sizes for)."""
     if mean_rate <= 0:
         return []
     flat = [s.rate / mean_rate for s in windows]
@@ -488,8 +455,15 @@ def burst_ratios(windows: Sequence[RateSample], mean_rate: float) -> list[float]
         return flat
     if abs(line.slope) <= BURST_RISE_SIGMAS * _slope_noise(line, ts, windows):
         return flat
-    if _step_fits_better(line, ts, windows) is not None:
-        return flat
+    step = _step_fits_better(line, ts, windows)
+    if step is not None:
+        _, before, after, began = step
+        levels = [after if s.end_s - s.duration_s >= began else before for s in windows]
+        scale = mean_rate * len(windows) / sum(levels) if sum(levels) > 0 else 1.0
+        return [
+            s.rate / (level * scale) if level > 0 else s.rate / mean_rate
+            for s, level in zip(windows, levels, strict=True)
+        ]
     scale = mean_rate / line.mean_rate
     return [
         s.rate / (line.at(t) * scale) if line.at(t) > 0 else s.rate / mean_rate

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from disagg_planner.config.schema import PlannerConfig
-from disagg_planner.core.arrival import tick_rate
+from disagg_planner.core.arrival import burst_factor, tick_rate, within_envelope
 from disagg_planner.core.demand import DemandSignals
 from disagg_planner.core.feedback import (
     FeedbackMemory,
@@ -71,11 +71,9 @@ from disagg_planner.core.rules import (
     RateSample,
     RuleValue,
     backlog_tokens,
-    burst_factor,
     burst_ratios,
     slo_request_seconds,
     time_to_ready,
-    within_envelope,
 )
 from disagg_planner.core.sizer import Sizer
 from disagg_planner.core.sizing import (

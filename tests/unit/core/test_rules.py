@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from disagg_planner.core.arrival import burst_factor, within_envelope
 from disagg_planner.core.feedback import servable_quantile
 from disagg_planner.core.rules import (
     LengthSample,
@@ -19,7 +20,6 @@ from disagg_planner.core.rules import (
     arrival_envelope,
     backlog_replica_cap,
     backlog_tokens,
-    burst_factor,
     burst_memory,
     burst_ratios,
     length_mix,
@@ -29,7 +29,6 @@ from disagg_planner.core.rules import (
     slo_at_risk,
     time_to_ready,
     trend_within_peak,
-    within_envelope,
 )
 from disagg_planner.core.sizing import histogram_scv
 from disagg_planner.core.types import Histogram, histogram_quantile, histogram_share_above
@@ -632,6 +631,7 @@ def _mean(rates: list[RateSample]) -> float:
 RISE = windows(*((20.0 + 2.0 * k, 1) for k in range(12)))  # 20 -> 42 req/s, steadily
 SPIKE = windows((10.0, 6), (30.0, 1), (10.0, 5))  # flat, one window at 3x
 STEP = windows((10.0, 6), (30.0, 6))  # a level, then another
+STEP_BURST = windows((10.0, 6), (30.0, 3), (36.0, 1), (30.0, 2))  # a burst on the new level
 SHORT_RISE = windows(*((20.0 + 2.0 * k, 1) for k in range(5)))  # too few windows for a line
 
 
@@ -643,8 +643,10 @@ SHORT_RISE = windows(*((20.0 + 2.0 * k, 1) for k in range(5)))  # too few window
         ("a steady rise is no burst", RISE, 1.0),
         # a burst in a flat interval keeps its ratio over the mean (no significant trend)
         ("a burst over a flat rate", SPIKE, 30.0 / _mean(SPIKE)),
-        # a step is a level the rate holds: two levels fit it better than a line
-        ("a step is read over the mean", STEP, 30.0 / _mean(STEP)),
+        # a step is a level the rate holds (two levels fit it better than a line), which the
+        # tick sizes for once the windows hold it: read over its levels, not the mean
+        ("a step is no burst", STEP, 1.0),
+        ("a burst after a step is read over the new level", STEP_BURST, 36.0 / 31.0),
         # fewer windows than a trend is fitted over: over the mean
         ("too few windows for a trend", SHORT_RISE, 28.0 / _mean(SHORT_RISE)),
     ],
