@@ -24,6 +24,7 @@ request's own service latency. Capacity under the target is then ``rho x`` throu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 DEFAULT_ARRIVAL_SCV = 1.0
 DEFAULT_SERVICE_SCV = 1.0
@@ -133,6 +134,57 @@ def pooled_wait_tail_probability(
     return min(1.0, erlang_c(servers, offered) * math.exp(-decay))
 
 
+@dataclass(frozen=True)
+class _PooledTail:
+    """A pooled queue's target: at most ``1 - quantile`` of the requests wait longer than
+    ``slack_s``, each needing ``service_s`` of an engine."""
+
+    slack_s: float
+    service_s: float
+    quantile: float
+    arrival_scv: float
+    service_scv: float
+
+    def met(self, servers: int, offered: float) -> bool:
+        tail = pooled_wait_tail_probability(
+            servers,
+            offered,
+            wait_s=max(self.slack_s, 0.0),
+            service_s=self.service_s,
+            arrival_scv=self.arrival_scv,
+            service_scv=self.service_scv,
+        )
+        return tail <= 1.0 - self.quantile
+
+    def servers_needed(self, offered: float, max_servers: int = 10_000) -> int:
+        if offered <= 0:
+            return 0
+        servers = max(1, math.floor(offered) + 1)
+        while servers < max_servers and not self.met(servers, offered):
+            servers += 1
+        return servers
+
+    def capacity(self, servers: int) -> float:
+        # the wait's tail grows with the offered load: bisect for where it reaches the target
+        if servers <= 0:
+            return 0.0
+        low, high = 0.0, float(servers)
+        for _ in range(60):
+            mid = (low + high) / 2.0
+            low, high = (mid, high) if self.met(servers, mid) else (low, mid)
+        return low
+
+
+def _pooled_tail(
+    slack_s: float, service_s: float, quantile: float, arrival_scv: float, service_scv: float
+) -> _PooledTail:
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    if service_s <= 0:
+        raise ValueError(f"service_s must be > 0, got {service_s}")
+    return _PooledTail(slack_s, service_s, quantile, arrival_scv, service_scv)
+
+
 def pooled_servers_needed(
     offered: float,
     *,
@@ -149,27 +201,8 @@ def pooled_servers_needed(
     >>> pooled_servers_needed(6.0, slack_s=0.4, service_s=0.05, quantile=0.99)
     7
     """
-    if not 0 < quantile < 1:
-        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
-    if service_s <= 0:
-        raise ValueError(f"service_s must be > 0, got {service_s}")
-    if offered <= 0:
-        return 0
-    allowed = 1.0 - quantile
-    servers = max(1, math.floor(offered) + 1)
-    while servers < max_servers:
-        tail = pooled_wait_tail_probability(
-            servers,
-            offered,
-            wait_s=max(slack_s, 0.0),
-            service_s=service_s,
-            arrival_scv=arrival_scv,
-            service_scv=service_scv,
-        )
-        if tail <= allowed:
-            return servers
-        servers += 1
-    return max_servers
+    tail = _pooled_tail(slack_s, service_s, quantile, arrival_scv, service_scv)
+    return tail.servers_needed(offered, max_servers)
 
 
 def pooled_offered_capacity(
@@ -183,32 +216,13 @@ def pooled_offered_capacity(
 ) -> float:
     """The most load (in engines' worth of work) ``servers`` engines sharing one queue carry
     with at most ``1 - quantile`` of the requests waiting longer than ``slack_s``: the
-    inverse of :func:`pooled_servers_needed` (0 for no servers). The wait's tail grows with
-    the offered load, so a bisection finds it.
+    inverse of :func:`pooled_servers_needed` (0 for no servers).
 
     >>> c2 = pooled_offered_capacity(2, slack_s=0.4, service_s=0.05, quantile=0.99)
     >>> pooled_servers_needed(c2 * 0.999, slack_s=0.4, service_s=0.05, quantile=0.99)
     2
     """
-    if servers <= 0:
-        return 0.0
-    allowed = 1.0 - quantile
-    low, high = 0.0, float(servers)
-    for _ in range(60):
-        mid = (low + high) / 2.0
-        tail = pooled_wait_tail_probability(
-            servers,
-            mid,
-            wait_s=max(slack_s, 0.0),
-            service_s=service_s,
-            arrival_scv=arrival_scv,
-            service_scv=service_scv,
-        )
-        if tail <= allowed:
-            low = mid
-        else:
-            high = mid
-    return low
+    return _pooled_tail(slack_s, service_s, quantile, arrival_scv, service_scv).capacity(servers)
 
 
 def pooled_need(
@@ -233,28 +247,11 @@ def pooled_need(
     >>> 6 < need <= 7
     True
     """
+    tail = _pooled_tail(slack_s, service_s, quantile, arrival_scv, service_scv)
     if offered <= 0:
         return 0.0
-    servers = pooled_servers_needed(
-        offered,
-        slack_s=slack_s,
-        service_s=service_s,
-        quantile=quantile,
-        arrival_scv=arrival_scv,
-        service_scv=service_scv,
-    )
-
-    def capacity(n: int) -> float:
-        return pooled_offered_capacity(
-            n,
-            slack_s=slack_s,
-            service_s=service_s,
-            quantile=quantile,
-            arrival_scv=arrival_scv,
-            service_scv=service_scv,
-        )
-
-    below, at = capacity(servers - 1), capacity(servers)
+    servers = tail.servers_needed(offered)
+    below, at = tail.capacity(servers - 1), tail.capacity(servers)
     if at <= below:
         return float(servers)
     share = (offered - below) / (at - below)
