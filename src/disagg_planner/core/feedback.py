@@ -483,7 +483,8 @@ def served_calmly(
 ) -> RuleValue:
     """The burst memory's ``floor`` for ``role``, or fewer where fewer were seen serving its
     peak: ``proven`` is the highest load per replica the role's replicas served with their
-    tail within its SLO, and ``ceil(peak / proven per replica)`` replicas carry
+    tail under the scale-down margin of its SLO (the caller's choice), and
+    ``ceil(peak / proven per replica)`` replicas carry
     ``peak_tokens_per_s`` at that rate (the floor keeps capacity for a burst seen before:
     what served it within the SLO is that capacity).
     The profile's call for more is a model's, which the observation of that load

@@ -228,8 +228,9 @@ class LearnsFromObservation:
         sized_for: LoadForecast,
     ) -> tuple[dict[str, RuleValue], list[str]]:
         """The burst memory's floors, each lowered to the replicas seen serving its peak
-        calmly within the burst memory's span
-        (:func:`disagg_planner.core.feedback.served_calmly`), and the rule's sentences."""
+        calmly within the burst memory's span: their tail under the scale-down margin, as
+        any cut needs (:func:`disagg_planner.core.feedback.served_calmly`); a window served
+        just inside the SLO is often the one before a breach. The rule's sentences."""
         span = self.config.burst_memory_seconds
         if not floors or span is None or self.config.no_correction:
             return dict(floors), []
@@ -242,7 +243,7 @@ class LearnsFromObservation:
                 peak_tokens_per_s=self.role_tokens(
                     role, rate=peak_rate, isl=sized_for.isl, osl=sized_for.osl
                 ),
-                proven=self.feedback.proven(role, since_s=now_s - span),
+                proven=self.feedback.proven(role, since_s=now_s - span, within=SCALE_DOWN_MARGIN),
             )
             if rule.reason:
                 out[role] = rule
