@@ -164,12 +164,14 @@ class _PooledTail:
             servers += 1
         return servers
 
-    def capacity(self, servers: int) -> float:
-        # the wait's tail grows with the offered load: bisect for where it reaches the target
+    def capacity(self, servers: int, low: float = 0.0, high: float | None = None) -> float:
+        """The most load ``servers`` engines carry at the target, bisected (the wait's tail
+        grows with the load) within ``[low, high]``, a bracket the caller knows it lies in
+        (default ``[0, servers]``), to a millionth of an engine."""
         if servers <= 0:
             return 0.0
-        low, high = 0.0, float(servers)
-        for _ in range(60):
+        high = float(servers) if high is None else high
+        while high - low > 1e-6:
             mid = (low + high) / 2.0
             low, high = (mid, high) if self.met(servers, mid) else (low, mid)
         return low
@@ -251,7 +253,9 @@ def pooled_need(
     if offered <= 0:
         return 0.0
     servers = tail.servers_needed(offered)
-    below, at = tail.capacity(servers - 1), tail.capacity(servers)
+    # the fewest that meet the target carry ``offered``; one fewer do not
+    below = tail.capacity(servers - 1, high=min(offered, servers - 1))
+    at = tail.capacity(servers, low=min(offered, servers))
     if at <= below:
         return float(servers)
     share = (offered - below) / (at - below)
