@@ -169,10 +169,16 @@ def test_a_missed_gpu_hour_target_names_its_cause(
     over = _as(planner, gpu_hours=best + 0.5)
     (line,) = scorecard.decision_targets([over])
     assert f"MISSED {best + 0.5:.2f} <= best-static {best:.2f} GPU-h (cause: {cause})" in line
-    under = _as(planner, gpu_hours=best)
+    under = _as(planner, gpu_hours=best - 0.5)
     (line,) = scorecard.decision_targets([under])
-    assert f"MET {best:.2f} <= best-static {best:.2f} GPU-h;" in line
+    assert f"MET {best - 0.5:.2f} <= best-static {best:.2f} GPU-h;" in line
     assert "cause:" not in line
+    # equal to two decimals: told apart at three, so that a miss never reads "4.00 <= 4.00"
+    even = _as(planner, best_static=planner["best_static"] | {"gpu_hours": 4.0})
+    (line,) = scorecard.decision_targets([_as(even, gpu_hours=4.0)])
+    assert "MET 4.000 <= best-static 4.000 GPU-h;" in line
+    (line,) = scorecard.decision_targets([_as(even, gpu_hours=4.0014)])
+    assert "MISSED 4.001 <= best-static 4.000 GPU-h" in line
 
 
 def test_attainment_is_judged_against_best_static_where_it_misses_99(
