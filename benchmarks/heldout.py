@@ -62,9 +62,7 @@ ONOFF_RARE = "onoff:rate=3,duration=1h,isl=3000,osl=200,busy=1m-3m,factor=6-12,q
 def _servegen(model: str, day: int, rate: float) -> str:
     """Day ``day`` (counted from 1) of ServeGen ``model``'s clients, compressed to one hour at
     a mean of ``rate`` req/s, as the scorecard's m-large workload is built."""
-    return (
-        f"servegen:{servegen_folder(model)},start={day - 1}d,span=1d,speedup=24,rate={rate:g}"
-    )
+    return f"servegen:{servegen_folder(model)},start={day - 1}d,span=1d,speedup=24,rate={rate:g}"
 
 
 SCENARIOS = (
@@ -177,7 +175,9 @@ def chosen(only: Sequence[str] | None) -> list[scorecard.Scenario]:
     picked = [s for s in SCENARIOS if not only or any(s.name.startswith(o) for o in only)]
     if not picked:
         names = [s.name for s in SCENARIOS]
-        raise SpecError(f"--only {list(only or [])}: no held-out workload starts so; known: {names}")
+        raise SpecError(
+            f"--only {list(only or [])}: no held-out workload starts so; known: {names}"
+        )
     return picked
 
 
@@ -207,9 +207,7 @@ def runs(
     with ProcessPoolExecutor(jobs) as pool:
         found = list(pool.map(scorecard._references, work))
         tasks = [
-            (s, p, {}, startup, f)
-            for s, f in zip(located, found, strict=True)
-            for p in POLICIES
+            (s, p, {}, startup, f) for s, f in zip(located, found, strict=True) for p in POLICIES
         ]
         return list(pool.map(scorecard._run_one, tasks))
 
@@ -265,11 +263,11 @@ def summary(rows: Sequence[dict[str, Any]]) -> list[str]:
     def mean_att(rs: Sequence[dict[str, Any]]) -> float:
         return sum(r["slo_attainment"]["both"] for r in rs) / len(rs)
 
+    met = sum(scorecard.attainment_target(r).startswith("MET") for r in planner)
     lines = [
         f"- planner: mean attainment {mean_att(planner):.2%} over {n} workloads, "
         f"{sum(r['gpu_hours'] for r in planner):.2f} GPU-h in all; attainment target "
-        f"(issue 29) met on {sum(scorecard.attainment_target(r).startswith('MET') for r in planner)}"
-        f" of {n}"
+        f"(issue 29) met on {met} of {n}"
     ]
     statics = [float(r["best_static"]["gpu_hours"]) for r in planner]
     static_att = [float(r["best_static"]["slo_attainment"]) for r in planner]
@@ -334,9 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         print(body)
         print(f"\n{len(rows)} runs in {wall:.0f} s")
     if args.write:
-        command = "python benchmarks/heldout.py " + " ".join(
-            sys.argv[1:] if argv is None else argv
-        )
+        command = "python benchmarks/heldout.py " + " ".join(sys.argv[1:] if argv is None else argv)
         said = scorecard.startup_text([args.startup_delay], picked)
         notes = "\n".join(f"- **{s.name}**: {s.note}" for s in picked)
         note = (

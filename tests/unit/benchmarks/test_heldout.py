@@ -120,6 +120,5 @@ def test_the_comparison_over_the_set_counts_the_run_s_figures(
     assert "its GPU-hours at most its on 0 of 1" in line
     first = heldout.summary(worse)[0]
     assert first.startswith(
-        f"- planner: mean attainment {by['planner']['slo_attainment']['both']:.2%} over 1 "
-        "workloads"
+        f"- planner: mean attainment {by['planner']['slo_attainment']['both']:.2%} over 1 workloads"
     )
