@@ -118,6 +118,7 @@ class PlannerCore:
         predictor_factory: PredictorFactory | None = None,
         engine_limits: EngineLimits | None = None,
         decode_max_num_seqs: int | None = None,
+        prefill_chunk_tokens: int | None = None,
     ) -> None:
         self.config = config
         self.throughput: ThroughputPlanner | None = None
@@ -129,6 +130,7 @@ class PlannerCore:
                 profile=profile,
                 predictor_factory=predictor_factory,
                 decode_max_num_seqs=decode_max_num_seqs,
+                prefill_chunk_tokens=prefill_chunk_tokens,
             )
         # The KV hit rate and accept length both loops use (one record: the throughput
         # loop's, which observes the traffic windows; the load loop's settings alone without it).

@@ -25,6 +25,7 @@ from disagg_planner.core.sizing import (
     size_prefill,
 )
 from disagg_planner.core.types import DeploymentStatus
+from disagg_planner.profiles.prefill import LoadedPrefill
 
 
 class Sizer:
@@ -305,9 +306,8 @@ class Sizer:
             out["decode"] = decode
         return out
 
-    @staticmethod
     def explain(
-        forecast: LoadForecast, sizing: Mapping[str, RoleSizing], target: Mapping[str, int]
+        self, forecast: LoadForecast, sizing: Mapping[str, RoleSizing], target: Mapping[str, int]
     ) -> str:
         parts = [
             f"forecast {forecast.num_req:.1f} req, ISL {forecast.isl:.0f}, OSL {forecast.osl:.0f}"
@@ -318,4 +318,7 @@ class Sizer:
                 f"{role}: {s.demand_tokens_per_s:.0f} tok/s / {s.thpt_per_gpu:.0f} tok/s/GPU{at} "
                 f"/ {s.gpus_per_replica} GPU -> {s.replicas}, after guards {target[role]}"
             )
+        prefill = self.profile.prefill
+        if isinstance(prefill, LoadedPrefill) and forecast.isl > 0:
+            parts.append(prefill.describe(forecast.isl))
         return "; ".join(parts)

@@ -29,6 +29,7 @@ from disagg_planner.core.types import (
     TrafficObservation,
     histogram_points,
 )
+from disagg_planner.profiles.prefill import LoadedPrefill, PrefillInterpolator
 from disagg_planner.profiles.queueing import max_utilisation, pooled_need
 
 # Never plan prefill below this utilisation: past it, headroom buys little and costs a lot.
@@ -73,6 +74,26 @@ class CapacityProfile(Protocol):
     def decode(self) -> DecodeSurface: ...
     @property
     def max_kv_tokens(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class AtLoad:
+    """A profile whose prefill throughput is the engine's under load
+    (:class:`disagg_planner.profiles.prefill.LoadedPrefill`); decode and KV as profiled."""
+
+    prefill: PrefillCurve
+    decode: DecodeSurface
+    max_kv_tokens: int
+
+
+def at_load(profile: CapacityProfile, chunk_tokens: int | None) -> CapacityProfile:
+    """``profile`` sized at the prefill throughput a full chunk of ``chunk_tokens`` reaches
+    (the engine's ``max_num_batched_tokens``); ``profile`` itself without a chunk budget or
+    a fitted prefill curve to rebuild a chunk's cost from."""
+    if chunk_tokens is None or not isinstance(profile.prefill, PrefillInterpolator):
+        return profile
+    loaded = LoadedPrefill(profile.prefill, chunk_tokens=chunk_tokens)
+    return AtLoad(prefill=loaded, decode=profile.decode, max_kv_tokens=profile.max_kv_tokens)
 
 
 # --- records ---------------------------------------------------------------------------------

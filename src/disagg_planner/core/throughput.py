@@ -81,6 +81,7 @@ from disagg_planner.core.sizing import (
     CorrectionFactors,
     LoadForecast,
     RoleSizing,
+    at_load,
     histogram_scv,
 )
 from disagg_planner.core.types import (
@@ -132,9 +133,10 @@ class ThroughputPlanner(LearnsFromObservation):
         profile: CapacityProfile,
         predictor_factory: PredictorFactory,
         decode_max_num_seqs: int | None = None,
+        prefill_chunk_tokens: int | None = None,
     ) -> None:
         self.config = config
-        self.profile = profile
+        self.profile = at_load(profile, prefill_chunk_tokens if config.prefill_batching else None)
         self.decode_max_num_seqs = decode_max_num_seqs
         self.predictors: dict[str, LoadPredictor] = dict(predictor_factory(SERIES))
         self.latency = CorrectionFactors()  # Dynamo's latency ratios (diagnostics, ITL)
@@ -145,7 +147,7 @@ class ThroughputPlanner(LearnsFromObservation):
         self.demand = DemandSignals()  # KV hit rate and accept length (core/demand.py)
         self.sizer = Sizer(
             config=config,
-            profile=profile,
+            profile=self.profile,
             traffic=self.traffic,
             demand=self.demand,
             corrections=lambda: self.corrections,

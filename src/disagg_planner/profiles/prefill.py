@@ -28,7 +28,7 @@ from scipy.optimize import nnls
 
 from disagg_planner.profiles.storage import FloatArray, PrefillData, prefill_data
 
-__all__ = ["PrefillCostFit", "PrefillInterpolator", "PrefillPoint"]
+__all__ = ["LoadedPrefill", "PrefillCostFit", "PrefillInterpolator", "PrefillPoint"]
 
 CurveKind = Literal["cubic", "linear"]
 
@@ -220,3 +220,60 @@ def _finite_array(values: npt.ArrayLike, name: str) -> FloatArray:
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} must be a finite number, got {values!r}")
     return arr
+
+
+@dataclass(frozen=True)
+class LoadedPrefill:
+    """A prefill engine under load: each prompt's own TTFT as profiled (``lone``), and the
+    throughput per GPU it reaches when its chunk budget (``chunk_tokens``,
+    ``max_num_batched_tokens``) is full of prompts of one length.
+
+    A profile times one prompt at a time. Under load a vLLM-style scheduler fills each
+    iteration with up to ``chunk_tokens`` tokens of several prompts: the fixed cost and the
+    GEMMs are paid once for the whole chunk, while attention stays within each prompt. So a
+    chunk of ``k = chunk_tokens / isl`` prompts takes the profiled TTFT of one prompt of
+    ``chunk_tokens`` tokens, less that prompt's attention across the chunk and plus each
+    prompt's own (the cost fit's pair term, :class:`PrefillCostFit`):
+    ``T = TTFT(B) - a B^2 + k a isl^2``, and the engine carries ``B / T`` tokens/s, the
+    profiled throughput at ``B`` scaled by ``TTFT(B) / T``. Never under the lone prompt's
+    throughput (a prompt as long as the chunk or longer runs alone, chunk by chunk).
+
+    >>> lone = PrefillInterpolator.from_arrays(
+    ...     isl=[500, 1000, 2000, 4000], ttft_ms=[12.0, 19.0, 33.0, 61.0],
+    ...     thpt_per_gpu=[41667.0, 52632.0, 60606.0, 65574.0])
+    >>> loaded = LoadedPrefill(lone, chunk_tokens=4000)
+    >>> round(loaded.thpt_per_gpu(4000)) == round(lone.thpt_per_gpu(4000))
+    True
+    >>> loaded.thpt_per_gpu(500) > 1.5 * lone.thpt_per_gpu(500)
+    True
+    >>> loaded.ttft_ms(500) == lone.ttft_ms(500)
+    True
+    """
+
+    lone: PrefillInterpolator
+    chunk_tokens: int
+
+    def ttft_ms(self, isl: float) -> float:
+        """One prompt's own TTFT, as profiled."""
+        return self.lone.ttft_ms(isl)
+
+    def thpt_per_gpu(self, isl: float) -> float:
+        """Tokens/s/GPU of an engine whose chunks are full of ``isl``-token prompts."""
+        alone = self.lone.thpt_per_gpu(isl)
+        budget = float(self.chunk_tokens)
+        if not 0 < isl < budget:
+            return alone
+        pair = self.lone.fit.per_pair_ms
+        full = self.lone.ttft_ms(budget)
+        chunk_ms = full - pair * budget * budget + (budget / isl) * pair * isl * isl
+        if chunk_ms <= 0 or full <= 0:
+            return alone
+        return max(alone, self.lone.thpt_per_gpu(budget) * full / chunk_ms)
+
+    def describe(self, isl: float) -> str:
+        """The sentence a decision's reason gives for the throughput at ``isl``."""
+        return (
+            f"prefill at load: {self.thpt_per_gpu(isl):.0f} tok/s/GPU with a "
+            f"{self.chunk_tokens}-token chunk of {isl:.0f}-token prompts "
+            f"({self.lone.thpt_per_gpu(isl):.0f} alone)"
+        )

@@ -60,6 +60,7 @@ def build_core(
         predictor_factory=predictor_factory(config) if config.throughput_scaling_active else None,
         engine_limits=engine_limits,
         decode_max_num_seqs=decode_max_num_seqs(config, profile),
+        prefill_chunk_tokens=prefill_chunk_tokens(config, profile, engine_limits),
     )
     if core.throughput is not None and config.load_predictor_warmup_trace:
         warm_up_predictors(core.throughput.predictors, config)
@@ -104,6 +105,23 @@ def decode_max_num_seqs(config: PlannerConfig, profile: Profile | None) -> int |
     if manifest is None:
         return None
     return manifest.decode_engine.max_num_seqs or manifest.engine.max_num_seqs
+
+
+def prefill_chunk_tokens(
+    config: PlannerConfig, profile: Profile | None, engine_limits: EngineLimits | None
+) -> int:
+    """Token budget of one prefill (or aggregated) engine's iteration: the config's
+    ``max_num_batched_tokens``, else the profiled engine's (manifest), else what the engines
+    publish, else the load loop's default (:class:`EngineLimits`)."""
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    manifest = profile.manifest if profile is not None else None
+    if manifest is not None:
+        shape = manifest.prefill_engine if config.mode != "agg" else manifest.engine
+        profiled = shape.max_num_batched_tokens or manifest.engine.max_num_batched_tokens
+        if profiled is not None:
+            return profiled
+    return (engine_limits or EngineLimits()).max_num_batched_tokens
 
 
 def gpus_per_replica(config: PlannerConfig, profile: Profile | None, role: str) -> int:
