@@ -17,10 +17,11 @@ reactive-oracle's attainment; then the planner against each over the whole set, 
 target with its cause).
 
     python benchmarks/heldout.py [--write] [--jobs N] [--only NAME] [--duration S]
-        [--startup-delay S|none] [--json]
+        [--startup-delay S|none] [--variant K=V ...] [--json]
 
-``--duration S`` keeps each workload's first S seconds (a test's scale); ``--write`` replaces
-the held-out block of benchmarks/RESULTS.md.
+``--duration S`` keeps each workload's first S seconds (a test's scale); ``--variant`` runs
+the planner policy with extra settings, as the scorecard's (a candidate default is judged
+here before it becomes one); ``--write`` replaces the held-out block of benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -187,9 +188,12 @@ def runs(
     jobs: int,
     startup: float | None,
     duration_s: float | None = None,
+    variant: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every policy on every workload (cut to ``duration_s``), each workload's references
-    found once first; in ``jobs`` processes (1: in this one)."""
+    """Every policy on every workload (cut to ``duration_s``; the planner with ``variant``'s
+    settings), each workload's references found once first; in ``jobs`` processes (1: in
+    this one)."""
+    settings = variant or {}
     located = []
     for s in scenarios:
         s = s.located()
@@ -199,17 +203,22 @@ def runs(
     work = [(s, startup) for s in located]
     if jobs == 1:
         found = [scorecard._references(w) for w in work]
-        return [
-            scorecard._run_one((s, p, {}, startup, f))
-            for s, f in zip(located, found, strict=True)
-            for p in POLICIES
-        ]
-    with ProcessPoolExecutor(jobs) as pool:
-        found = list(pool.map(scorecard._references, work))
-        tasks = [
-            (s, p, {}, startup, f) for s, f in zip(located, found, strict=True) for p in POLICIES
-        ]
-        return list(pool.map(scorecard._run_one, tasks))
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            found = list(pool.map(scorecard._references, work))
+    tasks = [
+        (s, p, settings if p == "planner" else {}, startup, f)
+        for s, f in zip(located, found, strict=True)
+        for p in POLICIES
+    ]
+    if jobs == 1:
+        rows = [scorecard._run_one(t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            rows = list(pool.map(scorecard._run_one, tasks))
+    for (_s, _p, given, _startup, _f), row in zip(tasks, rows, strict=True):
+        row["settings"] = given  # what the policy ran with beyond its defaults
+    return rows
 
 
 def _by_workload(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -309,6 +318,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Seconds from scale-up to ready, the same for every replica. Default, or 'none': "
         "each replica's start-up drawn from its engine's phase model, as the scorecard's.",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="A setting of the planner policy (e.g. prefill_batching=true).",
+    )
     parser.add_argument("--json", action="store_true", help="Print the rows as JSON.")
     args = parser.parse_args(argv)
     try:
@@ -316,11 +332,19 @@ def main(argv: list[str] | None = None) -> int:
         picked = chosen(args.only)
     except SpecError as e:
         parser.error(str(e))
+    given = scorecard.variants(args.variant)
     t0 = time.perf_counter()
-    rows = runs(picked, jobs=jobs, startup=args.startup_delay, duration_s=args.duration)
+    rows = runs(
+        picked,
+        jobs=jobs,
+        startup=args.startup_delay,
+        duration_s=args.duration,
+        variant=given,
+    )
     wall = time.perf_counter() - t0
     body = (
-        table(rows)
+        (f"The planner with {given}.\n\n" if given else "")
+        + table(rows)
         + "\n\nOver the set:\n\n"
         + "\n".join(summary(rows))
         + "\n\nTargets (issue 29, as the scorecard's):\n\n"

@@ -729,6 +729,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def variants(items: list[str]) -> dict[str, Any]:
+    """``--variant KEY=VALUE`` settings as config values (``none``/``null``: None; the
+    config schema parses the rest)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key] = None if value.lower() in {"none", "null"} else value
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -736,10 +746,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs = resolve_jobs(args.jobs)
     except SpecError as e:
         parser.error(str(e))
-    variant: dict[str, Any] = {}
-    for item in args.variant:
-        key, _, value = item.partition("=")
-        variant[key] = None if value.lower() in {"none", "null"} else value
+    variant = variants(args.variant)
     delays: list[float | None] = [args.startup_delay]
     if args.startup_sweep:
         try:

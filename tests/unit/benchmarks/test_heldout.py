@@ -122,3 +122,20 @@ def test_the_comparison_over_the_set_counts_the_run_s_figures(
     assert first.startswith(
         f"- planner: mean attainment {by['planner']['slo_attainment']['both']:.2%} over 1 workloads"
     )
+
+
+@pytest.mark.slow
+def test_a_variant_reaches_the_planner_only(
+    heldout: ModuleType, rows: list[dict[str, Any]]
+) -> None:
+    # the module's own run: no variant, every policy with its defaults
+    assert all(r["settings"] == {} for r in rows)
+    scenario = heldout.chosen([WORKLOAD])
+    varied = heldout.runs(
+        scenario, jobs=1, startup=None, duration_s=300, variant={"prefill_batching": "true"}
+    )
+    given = {r["label"]: r["settings"] for r in varied}
+    assert given == {
+        "planner": {"prefill_batching": "true"},
+        **{p: {} for p in heldout.POLICIES if p != "planner"},
+    }
