@@ -596,9 +596,11 @@ def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> lis
             )
         static_h = float(me["best_static"]["gpu_hours"])
         over = me.get("over_best_static")
-        # two figures equal to two decimals are told apart at three (a run metered a few
+        # two figures equal to two decimals are told apart with more (a run metered a few
         # seconds longer than best-static's, with the same replicas throughout)
-        digits = 3 if f"{me['gpu_hours']:.2f}" == f"{static_h:.2f}" else 2
+        digits = 2
+        while digits < 6 and f"{me['gpu_hours']:.{digits}f}" == f"{static_h:.{digits}f}":
+            digits += 1
         checks.append(
             f"{_met(me['gpu_hours'] <= static_h)} {me['gpu_hours']:.{digits}f} <= best-static "
             f"{static_h:.{digits}f} GPU-h"

@@ -173,12 +173,14 @@ def test_a_missed_gpu_hour_target_names_its_cause(
     (line,) = scorecard.decision_targets([under])
     assert f"MET {best - 0.5:.2f} <= best-static {best:.2f} GPU-h;" in line
     assert "cause:" not in line
-    # equal to two decimals: told apart at three, so that a miss never reads "4.00 <= 4.00"
+    # equal to two decimals: told apart with more, so that a miss never reads "4.00 <= 4.00"
     even = _as(planner, best_static=planner["best_static"] | {"gpu_hours": 4.0})
     (line,) = scorecard.decision_targets([_as(even, gpu_hours=4.0)])
-    assert "MET 4.000 <= best-static 4.000 GPU-h;" in line
+    assert "MET 4.000000 <= best-static 4.000000 GPU-h;" in line
     (line,) = scorecard.decision_targets([_as(even, gpu_hours=4.0014)])
     assert "MISSED 4.001 <= best-static 4.000 GPU-h" in line
+    (line,) = scorecard.decision_targets([_as(even, gpu_hours=4.00003)])
+    assert "MISSED 4.00003 <= best-static 4.00000 GPU-h" in line
 
 
 def test_attainment_is_judged_against_best_static_where_it_misses_99(
