@@ -596,10 +596,14 @@ def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> lis
             )
         static_h = float(me["best_static"]["gpu_hours"])
         over = me.get("over_best_static")
-        # two figures equal to two decimals are told apart with more (a run metered a few
-        # seconds longer than best-static's, with the same replicas throughout)
+        # two figures equal to two decimals, but not equal, are told apart with more (a run
+        # metered a few seconds longer than best-static's, with the same replicas throughout)
         digits = 2
-        while digits < 6 and f"{me['gpu_hours']:.{digits}f}" == f"{static_h:.{digits}f}":
+        while (
+            digits < 6
+            and me["gpu_hours"] != static_h
+            and f"{me['gpu_hours']:.{digits}f}" == f"{static_h:.{digits}f}"
+        ):
             digits += 1
         checks.append(
             f"{_met(me['gpu_hours'] <= static_h)} {me['gpu_hours']:.{digits}f} <= best-static "

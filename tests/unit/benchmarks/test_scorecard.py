@@ -176,7 +176,7 @@ def test_a_missed_gpu_hour_target_names_its_cause(
     # equal to two decimals: told apart with more, so that a miss never reads "4.00 <= 4.00"
     even = _as(planner, best_static=planner["best_static"] | {"gpu_hours": 4.0})
     (line,) = scorecard.decision_targets([_as(even, gpu_hours=4.0)])
-    assert "MET 4.000000 <= best-static 4.000000 GPU-h;" in line
+    assert "MET 4.00 <= best-static 4.00 GPU-h;" in line  # the same figure
     (line,) = scorecard.decision_targets([_as(even, gpu_hours=4.0014)])
     assert "MISSED 4.001 <= best-static 4.000 GPU-h" in line
     (line,) = scorecard.decision_targets([_as(even, gpu_hours=4.00003)])
