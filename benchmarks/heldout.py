@@ -27,11 +27,12 @@ here before it becomes one); ``--write`` replaces the held-out block of benchmar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -200,25 +201,23 @@ def runs(
         if duration_s is not None:
             s = replace(s, workload=replace(s.workload, duration_s=duration_s))
         located.append(s)
-    work = [(s, startup) for s in located]
-    if jobs == 1:
-        found = [scorecard._references(w) for w in work]
-    else:
-        with ProcessPoolExecutor(jobs) as pool:
-            found = list(pool.map(scorecard._references, work))
-    tasks = [
-        (s, p, settings if p == "planner" else {}, startup, f)
-        for s, f in zip(located, found, strict=True)
-        for p in POLICIES
-    ]
-    if jobs == 1:
-        rows = [scorecard._run_one(t) for t in tasks]
-    else:
-        with ProcessPoolExecutor(jobs) as pool:
-            rows = list(pool.map(scorecard._run_one, tasks))
+    pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+    with pool if pool is not None else contextlib.nullcontext():
+        found = _map(scorecard._references, [(s, startup) for s in located], pool)
+        tasks = [
+            (s, p, settings if p == "planner" else {}, startup, f)
+            for s, f in zip(located, found, strict=True)
+            for p in POLICIES
+        ]
+        rows = _map(scorecard._run_one, tasks, pool)
     for (_s, _p, given, _startup, _f), row in zip(tasks, rows, strict=True):
         row["settings"] = given  # what the policy ran with beyond its defaults
     return rows
+
+
+def _map(fn: Callable[[Any], Any], items: Sequence[Any], pool: Executor | None) -> list[Any]:
+    """``fn`` over ``items`` in ``pool``'s processes, or in this one without a pool."""
+    return [fn(x) for x in items] if pool is None else list(pool.map(fn, items))
 
 
 def _by_workload(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:

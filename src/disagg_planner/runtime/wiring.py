@@ -117,10 +117,10 @@ def prefill_chunk_tokens(
         return config.max_num_batched_tokens
     manifest = profile.manifest if profile is not None else None
     if manifest is not None:
+        # the prefill engine's shape has the manifest's top-level keys under its overrides
         shape = manifest.prefill_engine if config.mode != "agg" else manifest.engine
-        profiled = shape.max_num_batched_tokens or manifest.engine.max_num_batched_tokens
-        if profiled is not None:
-            return profiled
+        if shape.max_num_batched_tokens is not None:
+            return shape.max_num_batched_tokens
     return (engine_limits or EngineLimits()).max_num_batched_tokens
 
 
