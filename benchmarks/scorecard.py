@@ -61,6 +61,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
 
 from excess_gpu_hours import over_static
+from flap_causes import flap_cause
 
 from disagg_planner.cli.arguments import seconds_or_none
 from disagg_planner.config import PlannerConfig
@@ -441,6 +442,8 @@ def _run_one(
     if static and policy in ("planner", *PLANNER_VARIANTS):
         gpus = {role: spec.gpus for role, spec in plan.setup.specs.items()}
         summary["over_best_static"] = over_static(result.timeline, static, gpus).text()
+    if policy in ("planner", *PLANNER_VARIANTS):
+        summary["flap_cause"] = flap_cause(result.timeline, result.reversals)
     renamed = ("fixed-dp16", *PLANNER_VARIANTS)
     summary["policy"] = policy if policy in renamed else summary["policy"]
     summary["scenario"] = scenario.name
@@ -612,8 +615,14 @@ def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> lis
         )
         if me.get("real_traffic"):
             ratio = float(me["gpu_hours"]) / float(me["oracle_gpu_hours"])
+            oracle = mine.get("oracle")
             checks.append(
                 f"{_met(ratio <= ORACLE_RATIO_REAL)} {ratio:.2f}x oracle <= {ORACLE_RATIO_REAL}x"
+                + (
+                    f" (cause: {over_oracle(me, oracle)})"
+                    if oracle is not None and ratio > ORACLE_RATIO_REAL
+                    else ""
+                )
             )
         hpa = mine.get("hpa")
         if hpa is not None:
@@ -638,12 +647,28 @@ def decision_targets(rows: list[dict[str, Any]], policy: str = "planner") -> lis
         # the count against what the rate allows over the metered span: a run a few seconds
         # short of an hour allows 1.99 flaps at 2/h, which a rounded rate would hide
         allowed = FLAPS_PER_HOUR * hours
+        cause = me.get("flap_cause")
         checks.append(
             f"{_met(flaps <= allowed)} {flaps} flaps in {hours * 60:.1f} min <= "
             f"{FLAPS_PER_HOUR:g}/h ({allowed:.2f} allowed)"
+            + (f" (cause: {cause})" if cause and flaps > allowed else "")
         )
         lines.append(f"- **{scenario}** ({policy}): " + "; ".join(checks))
     return lines
+
+
+def over_oracle(me: dict[str, Any], oracle: dict[str, Any]) -> str:
+    """Where a run's GPU-hours above the oracle's run went, role by role, and how many
+    changes the oracle made for its figure (it follows each minute's need, ordered one
+    start-up ahead, which a controller that sees no minute before it starts cannot)."""
+    mine, its = me["gpu_hours_by_role"], oracle["gpu_hours_by_role"]
+    roles = ", ".join(
+        f"{role} {mine[role]:.2f} against the oracle's {its.get(role, 0.0):.2f} GPU-h"
+        for role in mine
+    )
+    actions = sum(oracle["scale_actions"].values())
+    flaps = sum(oracle["flaps"].values())
+    return f"{roles}; the oracle changes replicas {actions} times ({flaps} flaps) for its figure"
 
 
 def _tie(att: float, other: float) -> str:

@@ -38,6 +38,7 @@ from disagg_planner.replay.replay_summary import (
 )
 from disagg_planner.replay.summary import (
     FLAP_WINDOW_S,
+    Reversal,
     ScaleLog,
     TimelineRow,
     score_requests,
@@ -115,6 +116,8 @@ class ReplayResult:
     records: list[Any]
     timeline: list[TimelineRow]
     snapshots: list[TickSnapshot] = field(default_factory=list)
+    # the flaps the summary counts, each with its two changes (what a cause quotes)
+    reversals: list[Reversal] = field(default_factory=list)
 
 
 def run_policy(
@@ -289,7 +292,14 @@ class PolicyRun:
             duration_s=end_s,
             wall_s=time.perf_counter() - self.wall0,
         )
-        return ReplayResult(self.policy.name, summary, records, timeline, self.snapshots)
+        return ReplayResult(
+            self.policy.name,
+            summary,
+            records,
+            timeline,
+            self.snapshots,
+            reversals=scale_log.reversals(flap_window_s),
+        )
 
 
 def shutdown_ends(cluster: Cluster) -> dict[str, int]:

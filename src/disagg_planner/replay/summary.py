@@ -63,6 +63,19 @@ class TimelineRow:
     paused: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Reversal:
+    """One flap: a change of ``role``'s desired replicas by ``first_by`` at ``first_s``,
+    reversed by the next change (``second_by``, the other sign) at ``second_s``, within the
+    flap window."""
+
+    role: str
+    first_s: float
+    first_by: int
+    second_s: float
+    second_by: int
+
+
 @dataclass
 class ScaleLog:
     """Every change of a role's desired replicas, to count actions and flaps."""
@@ -76,16 +89,22 @@ class ScaleLog:
     def actions(self) -> dict[str, int]:
         return {role: len(c) for role, c in self.changes.items()}
 
-    def flaps(self, window_s: float = FLAP_WINDOW_S) -> dict[str, int]:
+    def reversals(self, window_s: float = FLAP_WINDOW_S) -> list[Reversal]:
         """Direction reversals of a role's desired replicas at most ``window_s`` seconds after
-        the change they reverse."""
-        out: dict[str, int] = {}
-        for role, changes in self.changes.items():
-            n = 0
-            for (t0, d0), (t1, d1) in itertools.pairwise(changes):
-                if (d0 > 0) != (d1 > 0) and t1 - t0 <= window_s:
-                    n += 1
-            out[role] = n
+        the change they reverse, in time order: the flaps, each with its two changes."""
+        out = [
+            Reversal(role, t0, d0, t1, d1)
+            for role, changes in self.changes.items()
+            for (t0, d0), (t1, d1) in itertools.pairwise(changes)
+            if (d0 > 0) != (d1 > 0) and t1 - t0 <= window_s
+        ]
+        return sorted(out, key=lambda r: (r.first_s, r.role))
+
+    def flaps(self, window_s: float = FLAP_WINDOW_S) -> dict[str, int]:
+        """How many :meth:`reversals` each role that changed made."""
+        out = dict.fromkeys(self.changes, 0)
+        for reversal in self.reversals(window_s):
+            out[reversal.role] += 1
         return out
 
 

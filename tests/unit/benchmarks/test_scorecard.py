@@ -324,3 +324,34 @@ def test_the_wide_ep_rows_compare_elastic_resizing_with_replicas_and_a_fixed_siz
         assert cells[1] == s["policy"] and cells[4] == f"{s['gpu_hours']:.2f}"
         assert cells[6] == str(s["rejected"]) and cells[7] == str(s["failed"])
     assert table[4].split("|")[-3].strip().startswith("8-")  # the elastic row's DP range
+
+
+@pytest.mark.slow
+def test_missed_flap_and_oracle_targets_name_their_causes(
+    scorecard: ModuleType, rows: list[dict[str, Any]]
+) -> None:
+    planner = next(s for s in rows if s["label"] == "planner")
+    oracle = next(s for s in rows if s["label"] == "oracle")
+    # the planner's run carries the account of its own flaps (empty when it made none)
+    assert isinstance(planner["flap_cause"], str)
+    assert (planner["flap_cause"] == "") == (sum(planner["flaps"].values()) == 0)
+    told = "decode 2 -> 1 at 600 s (...), then -> 2 at 900 s (...)"
+    flapping = _as(planner, flaps={"prefill": 0, "decode": 3}, flap_cause=told)
+    (line,) = scorecard.decision_targets([flapping])
+    assert line.split("MISSED 3 flaps in ")[1].split(";")[0].endswith(f"allowed) (cause: {told})")
+    calm = _as(flapping, flaps={"prefill": 0, "decode": 0})
+    (line,) = scorecard.decision_targets([calm])
+    assert "MET 0 flaps" in line and "cause: decode 2 -> 1" not in line
+    # over 1.25x the oracle on real traffic: each role's GPU-hours against the oracle's run,
+    # and how many changes the oracle made for its figure
+    costly = _as(planner, real_traffic=True, gpu_hours=2.0 * planner["oracle_gpu_hours"], flaps={})
+    (line,) = scorecard.decision_targets([costly, oracle])
+    ratio_check = line.split("MISSED 2.00x oracle <= 1.25x")[1].split("; MET")[0]
+    for role, hours in planner["gpu_hours_by_role"].items():
+        theirs = oracle["gpu_hours_by_role"][role]
+        assert f"{role} {hours:.2f} against the oracle's {theirs:.2f} GPU-h" in ratio_check
+    actions = sum(oracle["scale_actions"].values())
+    assert f"the oracle changes replicas {actions} times" in ratio_check
+    cheap = _as(costly, gpu_hours=planner["oracle_gpu_hours"])
+    (line,) = scorecard.decision_targets([cheap, oracle])
+    assert "MET 1.00x oracle <= 1.25x;" in line
