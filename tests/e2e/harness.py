@@ -541,14 +541,16 @@ class DynamoOperatorSim:
         then the lowest pod-deletion-cost, then the most recently ready."""
         ranked = []
         for pod in self._core.list_namespaced_pod(self.namespace).items:
-            name = pod.metadata.name
-            labels = pod.metadata.labels or {}
+            metadata = pod.metadata
+            assert metadata is not None and metadata.name is not None
+            name = metadata.name
+            labels = metadata.labels or {}
             if (
                 labels.get("nvidia.com/dynamo-graph-deployment-name") != self.name
                 or labels.get("nvidia.com/dynamo-component") != self.services[role]
             ):
                 continue
-            annotations = pod.metadata.annotations or {}
+            annotations = metadata.annotations or {}
             cost = annotations.get(POD_DELETION_COST)
             ready = self._pods.get(name, False)
             ranked.append(((ready, int(cost or 0), -self._ready_since.get(name, 0.0)), name, cost))
@@ -566,8 +568,11 @@ class DynamoOperatorSim:
         for worker, (role, ready, endpoint) in workers.items():
             name = self._pod_name(worker)
             if name not in self._pods:
+                # The client's pydantic validate_call turns the dict into a V1Pod; its
+                # annotation admits only the model.
                 self._core.create_namespaced_pod(
-                    self.namespace, worker_pod(name, self.name, self.services[role], self.namespace)
+                    self.namespace,
+                    worker_pod(name, self.name, self.services[role], self.namespace),  # type: ignore[arg-type]
                 )
                 self._api.create_namespaced_custom_object(
                     DGD_GROUP,

@@ -63,7 +63,9 @@ class Workers:
         body["metadata"].update(namespace=NS)
         body["metadata"]["labels"]["nvidia.com/dynamo-graph-deployment-name"] = DGD_NAME
         body.update(apiVersion="v1", kind="Pod", spec={"containers": [{"name": "main"}]})
-        await asyncio.to_thread(self.core.create_namespaced_pod, NS, body)
+        # The client's pydantic validate_call turns the dict into a V1Pod; its annotation
+        # admits only the model.
+        await asyncio.to_thread(self.core.create_namespaced_pod, NS, body)  # type: ignore[arg-type]
         metadata = worker_metadata(name, relay.endpoint)
         metadata["metadata"].update(namespace=NS)
         await asyncio.to_thread(

@@ -89,7 +89,8 @@ class OperatorCluster(Cluster):
             name=name,
         )
 
-    def replicas(self, name: str) -> dict[str, int]:
+    def graph_replicas(self, name: str) -> dict[str, int]:
+        """The replicas of the prefill and decode services of the DGD ``name``."""
         services = self.dgd(name)["spec"]["services"]
         return {r: services[r]["replicas"] for r in ("prefill", "decode")}
 

@@ -15,7 +15,7 @@ from tests.kube_dynamo import VERSION as DGD_VERSION
 
 
 def scaled(cluster: OperatorCluster, dgd: str) -> dict[str, int] | None:
-    replicas = cluster.replicas(dgd)
+    replicas = cluster.graph_replicas(dgd)
     return replicas if replicas != {"prefill": 1, "decode": 1} else None
 
 
@@ -115,8 +115,11 @@ async def test_a_deleted_dgd_is_not_reported_stable(
         what="Ready=False",
     )
     scaling = cluster.condition("graph-policy", "Scaling")
+    assert scaling is not None
     assert (scaling["status"], scaling["reason"]) == ("False", "NotPlanning"), scaling
-    assert cluster.condition("graph-policy", "Degraded")["reason"] == "DeploymentInvalid"
+    degraded = cluster.condition("graph-policy", "Degraded")
+    assert degraded is not None
+    assert degraded["reason"] == "DeploymentInvalid"
 
 
 async def test_one_process_plans_two_dgds(
@@ -137,7 +140,7 @@ async def test_one_process_plans_two_dgds(
     # beta is advisory: recommended, reported, never written
     assert beta_status["advisory"] is True and beta_status["reason"] == "advisory"
     assert beta_status["scaleTo"] == alpha  # same traffic, same recommendation
-    assert cluster.replicas("beta") == {"prefill": 1, "decode": 1}
+    assert cluster.graph_replicas("beta") == {"prefill": 1, "decode": 1}
     assert sorted(str(k) for k in operator.runner.loops) == [f"{NS}/alpha", f"{NS}/beta"]
     registry = operator.runner.metrics.registry
     for dgd in ("alpha", "beta"):
@@ -166,7 +169,9 @@ async def test_an_invalid_spec_is_a_condition_until_the_spec_is_fixed(
     )
     assert degraded["status"] == "True" and degraded["reason"] == "InvalidSpec"
     assert "ttft_ms" in degraded["message"] and "-5" in degraded["message"]
-    assert cluster.condition("graph-policy", "Ready")["status"] == "False"
+    ready = cluster.condition("graph-policy", "Ready")
+    assert ready is not None
+    assert ready["status"] == "False"
     assert cluster.dgd_requests("graph") == []  # nothing is touched
     # ... and an Event says so (issue 19, problem 7), once per invalid spec
     (event,) = await eventually(
@@ -177,10 +182,13 @@ async def test_an_invalid_spec_is_a_condition_until_the_spec_is_fixed(
 
     await cluster.patch_policy("graph-policy", {"spec": {"ttft_ms": 500}})
     await eventually(lambda: scaled(cluster, "graph"), what="the fixed policy to scale")
-    await eventually(
-        lambda: cluster.condition("graph-policy", "Degraded")["status"] == "False" or None,
-        what="Degraded=False",
-    )
+
+    def not_degraded() -> bool | None:
+        degraded = cluster.condition("graph-policy", "Degraded")
+        assert degraded is not None
+        return degraded["status"] == "False" or None
+
+    await eventually(not_degraded, what="Degraded=False")
 
 
 async def test_a_second_policy_for_the_same_dgd_is_refused(

@@ -45,7 +45,7 @@ def pool_status(cluster: OperatorCluster, name: str) -> dict[str, Any]:
 
 
 def gpus(cluster: OperatorCluster, dgd: str) -> int:
-    return sum(cluster.replicas(dgd).values())  # one GPU per replica in these graphs
+    return sum(cluster.graph_replicas(dgd).values())  # one GPU per replica in these graphs
 
 
 async def test_a_pool_grants_by_priority_and_keeps_its_memory_across_a_restart(
@@ -130,10 +130,10 @@ async def test_a_sharded_operator_serves_only_the_policies_and_pools_of_its_shar
             cluster.api.create_namespaced_custom_object, GROUP, VERSION, NS, "plannerpolicies", body
         )
     operator = await start_operator(shard_labels={SHARD: "a"})
-    await eventually(lambda: sum(cluster.replicas("mine").values()) > 2, what="mine scaled")
+    await eventually(lambda: sum(cluster.graph_replicas("mine").values()) > 2, what="mine scaled")
     await asyncio.sleep(2.0)
     assert [str(k) for k in operator.runner.loops] == [f"{NS}/mine"]
-    assert cluster.replicas("theirs") == {"prefill": 1, "decode": 1}
+    assert cluster.graph_replicas("theirs") == {"prefill": 1, "decode": 1}
 
 
 SHARD = "planner.autoscaling.dev/shard"

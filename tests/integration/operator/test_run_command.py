@@ -79,17 +79,17 @@ async def test_planner_run_scales_serves_metrics_and_stops_on_sigterm(
     )
     try:
         await eventually(
-            lambda: cluster.replicas("graph") != {"prefill": 1, "decode": 1} or None,
+            lambda: cluster.graph_replicas("graph") != {"prefill": 1, "decode": 1} or None,
             what="the DGD to be scaled",
             timeout_s=30,
         )
         ready = await eventually(
-            lambda: (r := http_get(f"http://127.0.0.1:{port}/readyz"))[0] == 200 and r,
+            lambda: r if (r := http_get(f"http://127.0.0.1:{port}/readyz"))[0] == 200 else None,
             what="/readyz",
         )
         assert ready[1].strip() == "ok"
         _, metrics = http_get(f"http://127.0.0.1:{port}/metrics")
-        prefill = cluster.replicas("graph")["prefill"]
+        prefill = cluster.graph_replicas("graph")["prefill"]
         assert (
             f'dynamo_planner_predicted_num_prefill_replicas{{dgd="graph",namespace="{NS}"}} '
             f"{float(prefill)}" in metrics

@@ -481,7 +481,11 @@ def test_uncovered_window_at_constant_load_is_missing_not_low_traffic(
             prometheus.start(wait_for_targets=False)
             seen = until_observed(observer)
             assert_held_then_steady(seen)
-            partial = next(o for o in seen if o.reason == MissingReason.PARTIAL_WINDOW)
+            partial = next(
+                o
+                for o in seen
+                if isinstance(o, MissingObservation) and o.reason == MissingReason.PARTIAL_WINDOW
+            )
             assert isinstance(partial, MissingObservation)
             assert f"of the {window_s} s window" in partial.detail
 

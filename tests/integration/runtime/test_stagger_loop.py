@@ -11,6 +11,7 @@ import pytest
 
 from disagg_planner.core.schedule import staggered_start
 from tests.integration.connectors.conftest import DGD_NAME, NS
+from tests.integration.runtime.conftest import JumpClock
 from tests.unit.runtime.conftest import loop_config
 
 FAST_S = 15.0
@@ -45,7 +46,7 @@ async def test_a_loop_whose_set_up_waited_its_turn_first_ticks_after_it_is_ready
     schedule starts when the loop is ready, so its first tick is ahead of it, never already
     due (and late) when the set-up ends."""
     config = loop_config(fast_check_interval_seconds=FAST_S)
-    clocks = []
+    clocks: list[JumpClock] = []
 
     async def queued(fn, *args, **kwargs):  # each offloaded call waits 40 s for a thread
         clocks[0].now_s += 40.0

@@ -45,8 +45,10 @@ async def test_decisions_go_to_etcd_and_the_acknowledgement_is_the_ready_count(
     )
     external = ExternalScalerClient(etcd_url, namespace)
     assert await loop.start(asyncio.Event())
+    assert loop.core is not None
     clock.now_s = loop.core.next_tick_at_s
     first = await loop.tick()
+    assert first is not None and first.scale_to is not None
     decision = await external.get()
     assert decision is not None and decision.decision_id == 0
     assert first.applied == {r: n for r, n in first.scale_to.items() if n != 0}
@@ -58,6 +60,7 @@ async def test_decisions_go_to_etcd_and_the_acknowledgement_is_the_ready_count(
     await external.complete(decision)
     clock.now_s = loop.core.next_tick_at_s
     second = await loop.tick()
+    assert second is not None and second.status is not None
     assert second.status.converged
     assert second.status.ready("prefill") == decision.num_prefill
     assert second.throughput_reason == "no_change" and second.applied == {}

@@ -133,7 +133,7 @@ def beta_component(name: str, kind: str, replicas: int, gpus: str | None = "2") 
     }
 
 
-BETA = {
+BETA: dict[str, Any] = {
     "apiVersion": "nvidia.com/v1beta1",
     "metadata": {"annotations": {"a": "b"}},
     "spec": {

@@ -275,7 +275,7 @@ def load_tick(
         ),
         start_s=0.0,
     )
-    load = {
+    load: dict[str, LoadDecision] = {
         role: LoadDecision(role, n, LoadReason.SCALE_UP if n > now else LoadReason.NO_CHANGE)
         for role, n, now in zip(ORDER, proposed, current, strict=True)
     }
@@ -325,8 +325,8 @@ def test_loops_share_the_cap(h200_like_profile: Profile, row: LoopRow) -> None:
     want, want_reason = row.throughput
     assert (replicas, reason) == (pair(want) if want else None, want_reason), message
     scale_to, load_reason = load_tick(row.current, (row.current[0], row.current[1] + 1), **cfg)
-    want, want_reason = row.load
-    assert (scale_to, load_reason) == (pair(want) if want else None, want_reason)
+    want_load, want_load_reason = row.load
+    assert (scale_to, load_reason) == (pair(want_load) if want_load else None, want_load_reason)
 
 
 def test_min_budget_stops_a_load_scale_down() -> None:

@@ -130,6 +130,7 @@ def test_a_late_tick_keeps_its_phase(
     sched = TickSchedule(start_s=start_s, throughput_interval_s=None, load_interval_s=interval_s)
     tick = sched.pop_due(woke_s)
     assert tick is not None and tick.run_load
+    assert sched.next_load_s is not None
     assert sched.next_load_s == pytest.approx(next_s, abs=1e-6)
     assert sched.next_load_s > woke_s + MERGE_TOLERANCE_S
 

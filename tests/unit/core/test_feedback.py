@@ -793,7 +793,8 @@ def test_a_tick_holds_a_need_within_the_tolerance_while_the_tail_is_calm(
     # the same need with the ITL tail at its SLO's margin orders the second engine
     tp = planner(h200_like_profile)
     hot = traffic(60, num_req, itl_ms=28.0, ttft_histogram=ttft(0.1))
-    assert tp.tick(60, hot, status(4, 1)).replicas["decode"] == 2
+    hot_decision = tp.tick(60, hot, status(4, 1))
+    assert hot_decision.replicas is not None and hot_decision.replicas["decode"] == 2
 
 
 def test_a_pooled_prefill_need_just_past_the_running_engines_is_held_like_any_other(
@@ -821,7 +822,8 @@ def test_a_pooled_prefill_need_just_past_the_running_engines_is_held_like_any_ot
     assert decision.replicas is not None and decision.replicas["prefill"] == 1
     assert "prefill: a need of 1.05 replicas is within 10% of the 1 running" in decision.message
     hot = traffic(60, low, itl_ms=5.0, ttft_histogram=ttft(0.45))
-    assert planner(h200_like_profile).tick(60, hot, status(1, 4)).replicas["prefill"] == 2
+    hot_decision = planner(h200_like_profile).tick(60, hot, status(1, 4))
+    assert hot_decision.replicas is not None and hot_decision.replicas["prefill"] == 2
 
 
 def test_the_first_fast_checks_size_with_the_prompt_lengths_their_windows_saw(

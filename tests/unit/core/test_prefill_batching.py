@@ -49,6 +49,7 @@ def _one_engine(rate: float, isl: int) -> tuple[float, float]:
     spec = WorkloadSpec(workload=f"poisson:rate={rate:g},duration=300,isl={isl},osl=20")
     plan = prepare(cfg, spec, startup_delay_s=120, initial={"prefill": 1, "decode": 2})
     summary = run(plan, "static:1,2", progress=False, write_report=False).summary
+    assert summary.ttft_ms.p99 is not None
     return summary.slo_attainment.ttft, summary.ttft_ms.p99
 
 

@@ -326,7 +326,7 @@ def test_arima_failure_answers_the_last_value_and_says_why() -> None:
 
 @pytest.mark.filterwarnings("ignore:The inplace keyword")  # prophet's own pandas usage
 def test_prophet_trend_shortcut_equals_its_predict() -> None:
-    import pandas as pd
+    import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type information
     from prophet import Prophet
 
     from disagg_planner.predictors.prophet import next_yhat
@@ -403,7 +403,7 @@ def test_auto_blend_moves_its_weight_to_the_better_candidate() -> None:
         )
         # the absolute error is convex: the blend is never worse than its weighted candidates
         assert abs(value - forecasts[0]) <= blend_bound + 1e-9
-        errors.append(tuple(abs(value - f) for f in forecasts))  # type: ignore[arg-type]
+        errors.append(tuple(abs(value - f) for f in forecasts))
         auto.observe(float(value))
     weights = auto.weights()
     assert weights["kalman"] > 0.9  # the constant lags the ramp by 10 every interval
@@ -485,7 +485,9 @@ def test_make_predictors_shares_one_pool_for_auto_only() -> None:
     assert sorted(autos) == ["isl", "num_req", "osl"]
     pools = {id(a.pool) for a in autos.values() if isinstance(a, AutoPredictor)}
     assert len(pools) == 1
-    assert next(iter(autos.values())).pool.members == list(autos.values())  # type: ignore[union-attr]
+    first = next(iter(autos.values()))
+    assert isinstance(first, AutoPredictor)
+    assert first.pool.members == list(autos.values())
     kalmans = make_predictors("kalman", ["num_req", "isl"])
     assert kalmans["num_req"] is not kalmans["isl"]
     assert all(isinstance(k, KalmanPredictor) for k in kalmans.values())

@@ -95,6 +95,9 @@ def write_dynamo_layout(directory: Path, arrays: dict[str, np.ndarray]) -> Path:
     decode = directory / "selected_decode_interpolation"
     prefill.mkdir(parents=True, exist_ok=True)
     decode.mkdir(parents=True, exist_ok=True)
-    np.savez(prefill / "raw_data.npz", **{k: arrays[k] for k in PREFILL_NPZ_KEYS if k in arrays})
-    np.savez(decode / "raw_data.npz", **{k: arrays[k] for k in DECODE_NPZ_KEYS if k in arrays})
+    # numpy's stubs: a ** dict of arrays could fill savez's ``allow_pickle: bool`` as well.
+    prefill_arrays = {k: arrays[k] for k in PREFILL_NPZ_KEYS if k in arrays}
+    decode_arrays = {k: arrays[k] for k in DECODE_NPZ_KEYS if k in arrays}
+    np.savez(prefill / "raw_data.npz", **prefill_arrays)  # type: ignore[arg-type]
+    np.savez(decode / "raw_data.npz", **decode_arrays)  # type: ignore[arg-type]
     return directory

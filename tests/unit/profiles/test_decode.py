@@ -63,8 +63,8 @@ def test_exact_on_a_linear_surface_without_grid_snapping() -> None:
     # ITL = 5 + 20 x and thpt = 1000 + 4000 x - 0.01 c are reproduced by the interpolant (to
     # its gradient estimate's tolerance), so the answer at ITL 15 is x = 0.5. Dynamo's
     # 100-node grid would answer at node x = 0.495 and context 3144 instead.
-    kv, ctx = np.meshgrid(np.linspace(0.05, 1.0, 6), [1000.0, 4000.0, 9000.0])
-    kv, ctx = kv.ravel(), ctx.ravel()
+    kv_grid, ctx_grid = np.meshgrid(np.linspace(0.05, 1.0, 6), [1000.0, 4000.0, 9000.0])
+    kv, ctx = kv_grid.ravel(), ctx_grid.ravel()
     dec = DecodeInterpolator.from_arrays(
         kv_usage=kv,
         context_length=ctx,

@@ -50,7 +50,9 @@ def test_short_prompts_are_costed_as_batched_where_the_ttft_target_allows(
     tight = fluid_bound_gpu_hours(short, profile, ttft_ms=1, itl_ms=20)
     assert loose < tight
     # a prompt as long as the batch budget has nothing longer to be batched into
-    budget = profile.manifest.prefill_engine.max_num_batched_tokens  # type: ignore[union-attr]
+    assert profile.manifest is not None
+    budget = profile.manifest.prefill_engine.max_num_batched_tokens
+    assert budget is not None
     full = one(budget, 1)
     assert fluid_bound_gpu_hours(full, profile, ttft_ms=5000, itl_ms=20) == pytest.approx(
         fluid_bound_gpu_hours(full, profile, ttft_ms=1, itl_ms=20), rel=1e-12
@@ -104,6 +106,7 @@ def test_requests_refused_on_arrival_cost_no_gpu_time_in_the_bound() -> None:
     assert refs.fluid_bound_gpu_hours < fluid_bound_gpu_hours(plan.requests, plan.profile)
     for policy in ("static:1,1", "dynamo-default"):
         s = run(plan, policy, progress=False).summary
+        assert s.references is not None and s.references.fluid_bound_gpu_hours is not None
         assert s.gpu_hours >= s.references.fluid_bound_gpu_hours, policy
 
 
@@ -121,6 +124,7 @@ def test_every_policy_uses_at_least_the_fluid_bound(
     assert refs.best_static_run.gpu_hours >= fluid
     for policy in ("planner", "dynamo-default", "hpa"):
         s = run(plan, policy, progress=False).summary
+        assert s.references is not None
         assert s.gpu_hours >= fluid, policy
         assert s.references.fluid_bound_gpu_hours == fluid
         assert s.references.gpu_hours_ratio_to_fluid_bound == pytest.approx(s.gpu_hours / fluid)
@@ -184,6 +188,7 @@ def test_where_the_window_plan_costs_more_the_oracle_is_the_best_static(
     # run as a policy, that plan is the static deployment's run
     monkeypatch.setattr(bounds, "_run", honest)
     s = run(plan, "oracle", progress=False).summary
+    assert s.references is not None
     assert s.gpu_hours == refs.best_static_run.gpu_hours
     assert (
         s.references.oracle_plan == "best-static" and s.references.gpu_hours_ratio_to_oracle == 1.0

@@ -109,7 +109,7 @@ def test_replay_runs_the_live_loop() -> None:
     policy.start(c, SimulatedConnector(c))
     assert isinstance(policy.loop, DeploymentLoop)
     # the fast path checks every 15 s between the throughput ticks (one interval apart)
-    wakeups = []
+    wakeups: list[float] = []
     while not wakeups or wakeups[-1] < 60.0:
         wakeups.append(policy.next_wakeup_s())
         c.run_until(wakeups[-1])

@@ -138,6 +138,7 @@ def test_followers_start_and_join_for_the_time_the_policy_plans_with(tmp_path: P
     config = _config(elastic_ep_follower_service="agg-flw", elastic_ep_follower_ready_seconds=45.0)
     plan = prepare(config, WorkloadSpec(workload=WORKLOAD, seed=3), engine=ENGINE)
     result = session.run(plan, "planner", out_dir=tmp_path, progress=False, references=False)
+    assert result.summary.elastic_ep is not None
     [grow, *_] = result.summary.elastic_ep.resizes
     assert grow.followers_ready_s == pytest.approx(45.0)
     assert grow.start_s == pytest.approx(grow.requested_s + 45.0)
@@ -173,6 +174,7 @@ def test_the_simulated_resize_takes_the_timing_the_policy_plans_with(tmp_path: P
     config = _config(elastic_ep_mode="blocking", elastic_ep_timing="40,6,20,4")
     plan = prepare(config, WorkloadSpec(workload=WORKLOAD, seed=3), engine=ENGINE)
     result = session.run(plan, "planner", progress=False, references=False, write_report=False)
+    assert result.summary.elastic_ep is not None
     [grow, *_] = result.summary.elastic_ep.resizes
     assert grow.mode == "blocking"
     assert grow.end_s - grow.start_s == pytest.approx(40.0)

@@ -92,6 +92,7 @@ def test_the_oracle_meets_the_target_wherever_best_static_does_and_costs_no_more
 def test_the_oracle_is_metered_like_a_policy(case: Case) -> None:
     refs = case.refs
     s = run(case.plan, "oracle", progress=False).summary
+    assert s.references is not None and s.setup is not None
     assert s.gpu_hours == refs.oracle.gpu_hours == s.references.oracle_gpu_hours
     assert s.slo_attainment.both == refs.oracle.slo_attainment
     assert s.references.gpu_hours_ratio_to_oracle == 1.0
@@ -150,6 +151,7 @@ def test_a_benchmark_starts_every_policy_with_the_searched_need() -> None:
     assert searched.requests is plan.requests and searched.config == plan.config
     assert replace(searched.setup, initial_replicas=plan.setup.initial_replicas) == plan.setup
     hpa = run(searched, "hpa", progress=False, write_report=False).summary
+    assert hpa.setup is not None
     assert hpa.setup.initial_replicas == need
 
 
@@ -203,5 +205,6 @@ def test_requests_no_deployment_serves_are_not_chased(caplog: pytest.LogCaptureF
     assert refs.oracle.gpu_hours <= refs.best_static_run.gpu_hours
     assert all(w.met for w in refs.oracle_plan.windows)
     s = run(plan, "planner", progress=False).summary
+    assert s.references is not None
     assert s.references.unservable_requests == refs.unservable
     assert s.references.best_static.qualifies and not s.references.best_static.meets_target

@@ -93,9 +93,11 @@ def test_the_planner_scales_up_for_the_step() -> None:
 def test_oracle_bound_is_below_every_policy_that_meets_the_slo(step_plan) -> None:
     generous = run(step_plan, "static:6,3", progress=False)
     assert generous.summary.slo_attainment.both >= 0.99
+    assert generous.summary.references is not None
     assert generous.summary.references.oracle_gpu_hours <= generous.summary.gpu_hours
     for name in ("planner", "oracle", "hpa"):
         s = run(step_plan, name, progress=False).summary
+        assert s.references is not None
         assert s.references.oracle_gpu_hours == generous.summary.references.oracle_gpu_hours
         if s.slo_attainment.both >= 0.99:
             assert s.references.oracle_gpu_hours <= s.gpu_hours, name

@@ -7,6 +7,7 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,7 +18,7 @@ from disagg_planner.runtime.metrics import HealthState, MetricsServer, PlannerMe
 
 
 def snap(t: float, *, engines: tuple[EngineQueues, ...] = (), **kw) -> TickSnapshot:
-    base = dict(
+    base: dict[str, Any] = dict(
         t_s=t,
         desired={"prefill": 2, "decode": 3},
         ready={"prefill": 2, "decode": 2},

@@ -136,6 +136,7 @@ def test_every_replica_change_is_a_row_with_from_to_and_reason() -> None:
     ]
     # labelled on the plot too, not only on hover
     figure = replicas_figure(snaps, decisions)
+    assert figure is not None
     labels = [t for trace in figure.data if trace.mode == "markers+text" for t in trace.text]
     assert labels == ["2->3 throughput scale", "3->2 load scale_down", "1->2 load scale_down"]
 

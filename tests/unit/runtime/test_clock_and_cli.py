@@ -34,9 +34,9 @@ async def test_sleep_until_wakes_at_the_time_or_at_once_when_stopped() -> None:
 
 def help_of(module) -> str:
     parser = argparse.ArgumentParser(prog="planner")
-    module.register(parser.add_subparsers())
-    sub = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-    return next(iter(sub.values())).format_help()
+    subparsers = parser.add_subparsers()
+    module.register(subparsers)
+    return next(iter(subparsers.choices.values())).format_help()
 
 
 @pytest.mark.parametrize("module", [run_cmd, operator_cmd])

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from disagg_planner.connectors.base import Hold, ScaleOutcome
+from disagg_planner.connectors.base import ConnectorDefaults, Hold, ScaleOutcome
 from disagg_planner.core.load_scaling import EngineKey
 from disagg_planner.core.types import (
     DeploymentStatus,
@@ -145,8 +145,8 @@ class ScriptedDeployment:
             self.frontend.on_first_token(0.08, 3000)
             self.frontend.itl.observe(0.02, 149)
             self.frontend.on_finished(3.0, 150)
-        for listener in self.on_second:
-            listener(t)
+        for second_listener in self.on_second:
+            second_listener(t)
 
     @staticmethod
     def _report(role: str, engine: Engine, t: float, pool: int, i: int) -> ForwardPassMetrics:
@@ -175,7 +175,7 @@ class ScriptedDeployment:
 # --- the live side's stand-ins for Kubernetes, Prometheus and the ZMQ subscriber -----------
 
 
-class MemoryConnector:
+class MemoryConnector(ConnectorDefaults):
     def __init__(self, world: ScriptedDeployment) -> None:
         self.world = world
 
@@ -193,7 +193,7 @@ class MemoryConnector:
         )
 
     async def set_replicas(
-        self, replicas: dict[str, int], *, blocking: bool = False
+        self, replicas: Mapping[str, int], *, blocking: bool = False
     ) -> ScaleOutcome:
         applied = {r: n for r, n in replicas.items() if n != self.world.desired[r]}
         for role, n in applied.items():

@@ -11,6 +11,7 @@ from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.simulator import elastic_ep
 from disagg_planner.simulator.cluster import Cluster, ReplicaState
 from disagg_planner.simulator.errors import SimulatorInputError, WorkloadError
+from disagg_planner.simulator.request import RequestRecord
 from disagg_planner.simulator.workloads import parse_workload
 
 SPEC = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
@@ -38,6 +39,12 @@ def workload(
     )
 
 
+def first_token_s(record: RequestRecord) -> float:
+    """The time of the first token of a request that got one."""
+    assert record.first_token_s is not None, record
+    return record.first_token_s
+
+
 def run_stepped(cluster: Cluster, step: float = 1.0) -> None:
     t = cluster.now
     while not cluster.idle:
@@ -58,6 +65,7 @@ def test_every_request_served_exactly_once_and_tokens_conserved():
         rec = by_id[i]
         assert (rec.isl, rec.osl) == (src.input_length, max(1, src.output_length))
         assert rec.arrival_s == pytest.approx(src.arrival_s)
+        assert rec.first_token_s is not None
         assert rec.arrival_s < rec.first_token_s <= rec.finish_s
     decode = c.engines("decode")
     prefill = c.engines("prefill")
@@ -70,7 +78,7 @@ def test_every_request_served_exactly_once_and_tokens_conserved():
     itl = snap.histogram("dynamo_frontend_inter_token_latency_seconds")
     assert itl is not None and itl.count == sum(r.osl - 1 for r in c.records)
     # Sum of per-token gaps equals the sum of (finish - first token) over requests.
-    assert itl.sum == pytest.approx(sum(r.finish_s - r.first_token_s for r in c.records), rel=1e-9)
+    assert itl.sum == pytest.approx(sum(r.finish_s - first_token_s(r) for r in c.records), rel=1e-9)
     assert snap.counter("dynamo_frontend_requests_total") == len(reqs)
     assert c.in_flight == 0
     assert all(e.used_blocks == 0 for e in c.engines())
@@ -78,7 +86,7 @@ def test_every_request_served_exactly_once_and_tokens_conserved():
 
 @pytest.mark.parametrize("mode", ["disagg", "agg"])
 def test_kv_never_above_capacity_and_preemption_conserves_tokens(mode):
-    checks = []
+    checks: list[int] = []
 
     def check(_fpm):
         for e in cluster.engines():
@@ -120,6 +128,7 @@ def test_bulk_decode_equals_stepping_every_iteration(spec):
         assert x.preemptions == y.preemptions
     ha = ca.frontend.snapshot().histogram("dynamo_frontend_inter_token_latency_seconds")
     hb = cb.frontend.snapshot().histogram("dynamo_frontend_inter_token_latency_seconds")
+    assert ha is not None and hb is not None
     assert ha.buckets == hb.buckets
     assert [e.counter_id for e in ca.engines()] == [e.counter_id for e in cb.engines()]
 
@@ -163,7 +172,7 @@ def test_new_replica_gets_requests_only_once_ready():
     run_stepped(c, 5.0)
     assert late.requests_received > 0
     served_late = [r for r in c.records if r.decode_worker == "decode-1"]
-    assert served_late and min(r.first_token_s for r in served_late) >= 40.0
+    assert served_late and min(first_token_s(r) for r in served_late) >= 40.0
 
 
 def test_drain_finishes_in_flight_requests_and_takes_no_new_ones():
@@ -203,7 +212,9 @@ def test_elastic_ep_blocking_downtime_and_gpu_meter():
     c.run_until(plan.end_s - 0.01)
     during = c.frontend.snapshot()
     tokens = "dynamo_frontend_inter_token_latency_seconds"
-    assert during.histogram(tokens).count == before.histogram(tokens).count  # no progress
+    during_itl, before_itl = during.histogram(tokens), before.histogram(tokens)
+    assert during_itl is not None and before_itl is not None
+    assert during_itl.count == before_itl.count  # no progress
     assert during.counter("dynamo_frontend_requests_total") == before.counter(
         "dynamo_frontend_requests_total"
     )
@@ -211,7 +222,9 @@ def test_elastic_ep_blocking_downtime_and_gpu_meter():
         "dynamo_frontend_requests_started_total"
     )  # arrivals keep coming and wait
     c.run_until(plan.end_s + 5.0)
-    assert c.frontend.snapshot().histogram(tokens).count > during.histogram(tokens).count
+    after_itl = c.frontend.snapshot().histogram(tokens)
+    assert after_itl is not None
+    assert after_itl.count > during_itl.count
     assert len(c.engines("agg")) == 12 and c.gpus_in_use() == 12
     t = c.now
     assert c.gpu_seconds == pytest.approx(8 * 20.0 + 12 * (t - 20.0))  # added GPUs from 20 s
@@ -279,8 +292,9 @@ def test_frontend_queues_without_replicas_and_times_out():
     c.set_replicas("prefill", 1)  # ready at 35: the first request times out at 21
     run_stepped(c, 5.0)
     first, second = sorted(c.records, key=lambda r: r.request_id)
-    assert not first.ok and first.finish_s == pytest.approx(21.0) and "within 20.0 s" in first.error
-    assert second.ok and second.first_token_s > 35.0
+    assert not first.ok and first.finish_s == pytest.approx(21.0)
+    assert first.error is not None and "within 20.0 s" in first.error
+    assert second.ok and second.first_token_s is not None and second.first_token_s > 35.0
 
 
 def test_requests_that_cannot_fit_are_rejected():
@@ -288,7 +302,8 @@ def test_requests_that_cannot_fit_are_rejected():
     c.submit([TraceRequest(0.0, 100_000, 10), TraceRequest(0.5, 100, 5)])
     run_stepped(c)
     bad, good = sorted(c.records, key=lambda r: r.request_id)
-    assert not bad.ok and "max_model_len" in bad.error and bad.ttft_ms is None
+    assert not bad.ok and bad.error is not None and "max_model_len" in bad.error
+    assert bad.ttft_ms is None
     assert good.ok
 
 

@@ -27,10 +27,13 @@ def simulate(rate: float, *, p: int, d: int) -> tuple[float, float]:
     c = Cluster(engines={"prefill": SPEC, "decode": SPEC}, replicas={"prefill": p, "decode": d})
     c.submit(parse_workload(f"poisson:rate={rate},isl=3000,osl=150,duration=120", seed=1))
     c.run_until(math.inf)
-    return (
-        statistics.fmean(r.ttft_ms for r in c.records),
-        statistics.fmean(r.itl_ms for r in c.records),
-    )
+    ttft_ms: list[float] = []
+    itl_ms: list[float] = []
+    for r in c.records:
+        assert r.ttft_ms is not None and r.itl_ms is not None, r
+        ttft_ms.append(r.ttft_ms)
+        itl_ms.append(r.itl_ms)
+    return statistics.fmean(ttft_ms), statistics.fmean(itl_ms)
 
 
 def test_prefill_capacity_matches_simulation(cap):

@@ -4,6 +4,7 @@ the original would, without touching it; a watched run stops when its judge says
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from disagg_planner.simulator.cluster import Cluster
 from disagg_planner.simulator.oracle import fork, meets_slo, rejected_on_arrival, run_watched
@@ -54,7 +55,7 @@ def test_a_fork_leaves_the_original_alone() -> None:
 def test_a_watched_run_stops_when_the_judge_says_so() -> None:
     seen: list[RequestRecord] = []
 
-    def judge(records: list[RequestRecord]) -> bool:
+    def judge(records: Sequence[RequestRecord]) -> bool:
         seen.extend(records)
         return len(seen) >= 100
 
@@ -65,7 +66,12 @@ def test_a_watched_run_stops_when_the_judge_says_so() -> None:
     # never stopped: it runs to the end, every finished request seen once
     seen.clear()
     other = cluster()
-    assert not run_watched(other, math.inf, lambda r: seen.extend(r) or False, step_s=2.0)
+
+    def never(records: Sequence[RequestRecord]) -> bool:
+        seen.extend(records)
+        return False
+
+    assert not run_watched(other, math.inf, never, step_s=2.0)
     assert other.idle and len(seen) == other.submitted
     assert [r.request_id for r in seen] == [r.request_id for r in other.records]
 

@@ -14,6 +14,8 @@ from disagg_planner.predictors.traces import TraceRequest
 from disagg_planner.signals import fpm as fpm_wire
 from disagg_planner.signals import frontend as names
 from disagg_planner.simulator.cluster import Cluster
+from disagg_planner.simulator.metrics import HistogramSample, MetricsSnapshot
+from disagg_planner.simulator.request import RequestRecord
 from disagg_planner.simulator.workloads import parse_workload
 
 SPEC = "sim:llama-3.1-8b-fp8@h200_sxm:tp1"
@@ -27,6 +29,25 @@ def make_cluster(**kw) -> Cluster:
         namespace="prod-ns",
         **kw,
     )
+
+
+def histogram(snap: MetricsSnapshot, name: str) -> HistogramSample:
+    """The histogram ``name`` of ``snap``, which the frontend exports."""
+    sample = snap.histogram(name)
+    assert sample is not None, name
+    return sample
+
+
+def ttft_ms(record: RequestRecord) -> float:
+    """The TTFT of a request that got its first token."""
+    assert record.ttft_ms is not None, record
+    return record.ttft_ms
+
+
+def first_token_s(record: RequestRecord) -> float:
+    """The time of the first token of a request that got one."""
+    assert record.first_token_s is not None, record
+    return record.first_token_s
 
 
 def test_metric_names_labels_and_prometheus_text():
@@ -62,12 +83,12 @@ def test_metric_names_labels_and_prometheus_text():
     n = len(c.records)
     assert started.samples[0].value == finished.samples[0].value == n
     snap = c.frontend.snapshot()
-    assert snap.histogram(f.ttft_seconds).count == n
-    assert snap.histogram(f.input_tokens).sum == 1000 * n
-    assert snap.histogram(f.output_tokens).sum == sum(r.osl for r in c.records)
-    ttft_sum = sum(r.ttft_ms for r in c.records) / 1000
-    assert snap.histogram(f.ttft_seconds).sum == pytest.approx(ttft_sum)
-    bounds = [b for b, _ in snap.histogram(f.ttft_seconds).buckets[:-1]]
+    assert histogram(snap, f.ttft_seconds).count == n
+    assert histogram(snap, f.input_tokens).sum == 1000 * n
+    assert histogram(snap, f.output_tokens).sum == sum(r.osl for r in c.records)
+    ttft_sum = sum(ttft_ms(r) for r in c.records) / 1000
+    assert histogram(snap, f.ttft_seconds).sum == pytest.approx(ttft_sum)
+    bounds = [b for b, _ in histogram(snap, f.ttft_seconds).buckets[:-1]]
     assert tuple(bounds) == names.TTFT_BUCKETS_S
     plain = json.loads(json.dumps(snap.to_dict()))
     ttft = plain["metrics"][f.ttft_seconds]["series"][0]
@@ -89,18 +110,18 @@ def test_metrics_are_cumulative_and_exact_at_each_scrape_time():
         done = [r for r in c.records if r.finish_s <= t]
         assert snap.counter(f.requests_started) == arrived
         assert snap.counter(f.requests_finished) == len(done) == len(c.records)
-        first_tokens = sum(1 for r in c.records if r.first_token_s <= t)
-        assert snap.histogram(f.ttft_seconds).count >= first_tokens
+        first_tokens = sum(1 for r in c.records if first_token_s(r) <= t)
+        assert histogram(snap, f.ttft_seconds).count >= first_tokens
         # ITL: one observation per token streamed after the first, including unfinished
         # requests, so never fewer than the finished requests account for.
-        assert snap.histogram(f.itl_seconds).count >= sum(r.osl - 1 for r in done)
+        assert histogram(snap, f.itl_seconds).count >= sum(r.osl - 1 for r in done)
         if previous is not None:
             for name in (f.ttft_seconds, f.itl_seconds, f.request_duration_seconds):
-                now_b = snap.histogram(name).buckets
-                old_b = previous.histogram(name).buckets
+                now_b = histogram(snap, name).buckets
+                old_b = histogram(previous, name).buckets
                 assert all(a[1] >= b[1] for a, b in zip(now_b, old_b, strict=True))
         previous = snap
-    assert snap.histogram(f.itl_seconds).count == sum(r.osl - 1 for r in c.records)
+    assert histogram(snap, f.itl_seconds).count == sum(r.osl - 1 for r in c.records)
 
 
 def test_every_fpm_field_is_emitted_with_meaning():

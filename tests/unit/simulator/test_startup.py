@@ -135,8 +135,12 @@ def test_cluster_runs_a_new_replica_through_the_phases_and_meters_from_the_image
 
 
 def test_a_cluster_draws_phased_start_ups_by_default_and_takes_a_constant_when_given() -> None:
-    def ready_times(seed: int, **kw: float) -> list[float]:
-        c = Cluster(engines={"prefill": SMALL, "decode": SMALL}, seed=seed, **kw)
+    def ready_times(seed: int, startup_delay_s: float | None = None) -> list[float]:
+        c = Cluster(
+            engines={"prefill": SMALL, "decode": SMALL},
+            seed=seed,
+            startup_delay_s=startup_delay_s,
+        )
         c.run_until(10.0)
         c.set_replicas("decode", 3)  # two replicas added later
         new = [x for x in c.replicas if x.state is ReplicaState.STARTING]

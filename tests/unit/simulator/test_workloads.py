@@ -129,7 +129,11 @@ def test_scale_load_keeps_shape_and_order():
 def test_scale_load_remaps_prefix_hashes_per_copy():
     reqs = [TraceRequest(0.0, 1024, 10, (0, 1)), TraceRequest(1.0, 1024, 10, (0, 2))]
     out = list(scale_load(reqs, 2, seed=0, jitter_s=0.5))
-    hashes = sorted(r.hash_ids for r in out)
+    hashes: list[tuple[int, ...]] = []
+    for r in out:
+        assert r.hash_ids is not None
+        hashes.append(r.hash_ids)
+    hashes.sort()
     # Copies keep sharing the common first block among themselves, never across copies.
     assert hashes == [(0, 2), (0, 4), (1, 3), (1, 5)]
 
