@@ -23,12 +23,21 @@ CLAUSE_CHARS = 200
 class Row(Protocol):
     """The fields of :class:`disagg_planner.replay.summary.TimelineRow` read here."""
 
-    t_s: float
-    desired: dict[str, int]
-    replicas: dict[str, int]
-    decision: str
-    message: str
-    event: str
+    # read-only members: the timeline's rows are frozen
+    @property
+    def t_s(self) -> float: ...
+    @property
+    def desired(self) -> dict[str, int]: ...
+    @property
+    def ready(self) -> dict[str, int]: ...
+    @property
+    def replicas(self) -> dict[str, int]: ...
+    @property
+    def decision(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def event(self) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ for folder in (BENCHMARKS, BENCHMARKS.parent):
 
 import scorecard  # noqa: E402
 from excess_gpu_hours import over_static  # noqa: E402
+from missed_windows import WINDOW_S, breach_and_recovery, window_scores  # noqa: E402
 from results_block import markers, write_block  # noqa: E402
 
 from disagg_planner.cli.arguments import (  # noqa: E402
@@ -70,7 +71,6 @@ from disagg_planner.replay.bounds import (  # noqa: E402
 from disagg_planner.replay.parallel import resolve_jobs  # noqa: E402
 from disagg_planner.replay.runner import engine_spec_for_profile  # noqa: E402
 from disagg_planner.replay.session import run, with_searched_start  # noqa: E402
-from disagg_planner.replay.summary import score_requests  # noqa: E402
 from disagg_planner.runtime.wiring import profile_for  # noqa: E402
 
 MULTIPLES = (0.5, 0.7, 1.0, 1.4, 2.0)
@@ -82,7 +82,6 @@ WORKLOADS = ("on/off bursts", "heavy-tailed prompts")
 ATTAINMENT_POINTS = 0.01
 RECOVERY_S = 300.0
 STATIC_RATIO = 1.10
-WINDOW_S = 60.0
 
 
 def scenarios(only: Sequence[str] | None) -> list[scorecard.Scenario]:
@@ -104,43 +103,6 @@ def at_speed(scenario: scorecard.Scenario, multiple: float) -> scorecard.Scenari
     cfg = PlannerConfig(profile=scenario.profile, mode=scenario.mode)
     engine = scenario.engine or engine_spec_for_profile(profile_for(cfg))
     return replace(scenario, engine=f"{engine}:speed={multiple:g}")
-
-
-def breach_and_recovery(
-    arrivals: Sequence[float],
-    records: Sequence[Any],
-    *,
-    ttft_ms: float,
-    itl_ms: float,
-    target: float,
-    window_s: float = WINDOW_S,
-) -> tuple[float | None, float | None]:
-    """(start of the first ``window_s`` window whose requests, by arrival, meet the SLO less
-    often than ``target``; start of the first later window that meets it again), None where
-    there is none. A request that failed or never finished misses, as in the summary (the
-    windows are scored by the summary's own :func:`score_requests`)."""
-    if not arrivals:
-        return None, None
-    n = int(max(arrivals) // window_s) + 1
-    offered = [0] * n
-    for t in arrivals:
-        offered[int(t // window_s)] += 1
-    done: list[list[Any]] = [[] for _ in range(n)]
-    for r in records:
-        done[min(int(r.arrival_s // window_s), n - 1)].append(r)
-    breach = None
-    for i in range(n):
-        if not offered[i]:
-            continue  # a window with no arrivals says nothing
-        score = score_requests(
-            done[i], submitted=offered[i], ttft_slo_ms=ttft_ms, itl_slo_ms=itl_ms
-        )
-        ok = score.slo_attainment.both >= target
-        if breach is None and not ok:
-            breach = i * window_s
-        elif breach is not None and ok:
-            return breach, i * window_s
-    return breach, None
 
 
 def window_bar(summary: dict[str, Any]) -> float:
@@ -181,13 +143,14 @@ def _run_planner(
         if fits_context(r, limits) and lone.servable(r.input_length, r.output_length)
     }
     bar = window_bar(s)
-    breach, back = breach_and_recovery(
+    scores = window_scores(
         [r.arrival_s for i, r in enumerate(plan.requests) if i in servable],
         [r for r in result.records if r.request_id in servable],
         ttft_ms=scenario.ttft_ms,
         itl_ms=scenario.itl_ms,
-        target=bar,
+        window_s=WINDOW_S,
     )
+    breach, back = breach_and_recovery(scores, target=bar)
     # what a controller sized exactly to the load it observes reaches on this engine
     reactive = run(plan, "reactive-oracle", progress=False, write_report=False)
     print(f"  {scenario.name} x{multiple:g}: done", file=sys.stderr, flush=True)

@@ -355,3 +355,20 @@ def test_missed_flap_and_oracle_targets_name_their_causes(
     cheap = _as(costly, gpu_hours=planner["oracle_gpu_hours"])
     (line,) = scorecard.decision_targets([cheap, oracle])
     assert "MET 1.00x oracle <= 1.25x;" in line
+
+
+@pytest.mark.slow
+def test_a_missed_attainment_target_names_where_its_requests_arrived(
+    scorecard: ModuleType, rows: list[dict[str, Any]]
+) -> None:
+    planner = next(s for s in rows if s["label"] == "planner")
+    # the run's own account: empty only where every request met both SLOs
+    assert isinstance(planner["missed_where"], str)
+    assert (planner["missed_where"] == "") == (planner["slo_attainment"]["both"] >= 1.0)
+    told = "80% of the 100 missed requests arrived in 200-320 s (...)"
+    low = _as(planner, slo_attainment={**planner["slo_attainment"], "both": 0.5}, missed_where=told)
+    (line,) = scorecard.decision_targets([low])
+    assert line.split("MISSED attainment 50.00% >= ")[1].split(";")[0].endswith(f"(cause: {told})")
+    high = _as(low, slo_attainment={**planner["slo_attainment"], "both": 1.0})
+    (line,) = scorecard.decision_targets([high])
+    assert "MET attainment 100.00%" in line and told not in line

@@ -196,9 +196,13 @@ def test_breach_and_recovery_windows(sweep: ModuleType) -> None:
         Record(r.request_id, r.arrival_s, 900.0, 10.0, True) if r.request_id in (20, 35) else r
         for r in good
     ]
-    kw: dict[str, Any] = {"ttft_ms": 500, "itl_ms": 20, "target": 0.99}
-    assert sweep.breach_and_recovery(arrivals, good, **kw) == (None, None)
-    assert sweep.breach_and_recovery(arrivals, late, **kw) == (120.0, 240.0)
+
+    def found(records: list[Record]) -> tuple[float | None, float | None]:
+        scores = sweep.window_scores(arrivals, records, ttft_ms=500, itl_ms=20)
+        return sweep.breach_and_recovery(scores, target=0.99)
+
+    assert found(good) == (None, None)
+    assert found(late) == (120.0, 240.0)
     # a request that never finished misses too; never back: no recovery
     lost = [r for r in good if r.request_id != 45]
-    assert sweep.breach_and_recovery(arrivals, lost, **kw) == (240.0, None)
+    assert found(lost) == (240.0, None)
