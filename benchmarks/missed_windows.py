@@ -155,7 +155,7 @@ def where_missed(
         f"{target:.2%}), at {rate:.1f} req/s"
         + (f" after {before[0].offered / window_s:.1f} in the window before" if before else "")
     )
-    return f"{head}; {_first_scale_up(timeline, start, end)}"
+    return f"{head}: {_first_scale_up(timeline, start, end)}"
 
 
 def _first_scale_up(timeline: Sequence[Row], start_s: float, end_s: float) -> str:

@@ -52,7 +52,12 @@ for folder in (BENCHMARKS, BENCHMARKS.parent):
 
 import scorecard  # noqa: E402
 from excess_gpu_hours import over_static  # noqa: E402
-from missed_windows import WINDOW_S, breach_and_recovery, window_scores  # noqa: E402
+from missed_windows import (  # noqa: E402
+    WINDOW_S,
+    breach_and_recovery,
+    where_missed,
+    window_scores,
+)
 from results_block import markers, write_block  # noqa: E402
 
 from disagg_planner.cli.arguments import (  # noqa: E402
@@ -151,6 +156,7 @@ def _run_planner(
         window_s=WINDOW_S,
     )
     breach, back = breach_and_recovery(scores, target=bar)
+    missed_where = where_missed(scores, result.timeline, target=bar)
     # what a controller sized exactly to the load it observes reaches on this engine
     reactive = run(plan, "reactive-oracle", progress=False, write_report=False)
     print(f"  {scenario.name} x{multiple:g}: done", file=sys.stderr, flush=True)
@@ -165,6 +171,7 @@ def _run_planner(
         "gpu_hours": s["gpu_hours"],
         "best_static": s["best_static"],
         "first_breach_s": breach,
+        "missed_where": missed_where,
         "recovered_s": back,
         "flaps": sum(s["flaps"].values()),
         "max_replicas": s["max_replicas"],
@@ -263,6 +270,7 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[str]:
                 else f" (on this engine best-static reaches "
                 f"{float(r['best_static']['slo_attainment']):.2%}, reactive-oracle "
                 f"{r['reactive_attainment']:.2%})"
+                + (f" (cause: {r['missed_where']})" if r.get("missed_where") else "")
             )
             checks.append(
                 f"{scorecard._met(met)} attainment {att:.2%} within "

@@ -75,7 +75,7 @@ def test_windows_score_by_arrival_and_an_unfinished_request_misses() -> None:
     # 10 of the 11 misses are minutes 1-2; minute 4's one is a span of its own
     assert told == (
         "91% of the 11 missed requests arrived in 60-180 s (2 span(s) of 60 s windows under "
-        "99.00%), at 0.2 req/s after 0.2 in the window before; the first scale-up in it, at "
+        "99.00%), at 0.2 req/s after 0.2 in the window before: the first scale-up in it, at "
         "75 s, took prefill 1 -> 2 (ready at 170 s)"
     )
     assert windows.where_missed(scores, timeline[:1], target=0.99).endswith(

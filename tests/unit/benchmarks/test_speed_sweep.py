@@ -134,11 +134,19 @@ def test_changing_a_figure_changes_its_verdict(
     slow["attainment"] = base["attainment"] - 0.02
     slow["gpu_hours"] = 1.2 * slow["best_static"]["gpu_hours"]
     slow["first_breach_s"], slow["recovered_s"] = 600.0, 960.0
+    # the run's own account of where its missed requests arrived
+    assert isinstance(slow["missed_where"], str)
+    slow["missed_where"] = ""
     attainment, reached, hours = verdicts(sweep, worse, 0.5)
     assert attainment.startswith("MISSED") and "(-2.00 points)" in attainment
     assert attainment.endswith(
         f"(on this engine best-static reaches {slow['best_static']['slo_attainment']:.2%}, "
         f"reactive-oracle {slow['reactive_attainment']:.2%})"
+    )
+    slow["missed_where"] = "90% of the 10 missed requests arrived in 600-720 s (...)"
+    attainment = verdicts(sweep, worse, 0.5)[0]
+    assert attainment.endswith(
+        f"reactive-oracle {slow['reactive_attainment']:.2%}) (cause: {slow['missed_where']})"
     )
     assert reached.startswith("MISSED back at ")
     assert "360 s after the first window under it at 600 s" in reached
