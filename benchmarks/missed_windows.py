@@ -163,8 +163,8 @@ def _first_scale_up(timeline: Sequence[Row], start_s: float, end_s: float) -> st
     first ready at the raised count."""
     desired: dict[str, int] = {}
     for i, row in enumerate(timeline):
-        raised = [r for r, n in row.desired.items() if row.decision and n > desired.get(r, n)]
-        if row.event == "tick" and raised and start_s <= row.t_s < end_s:
+        raised = [r for r, n in row.desired.items() if n > desired.get(r, n)]
+        if row.event == "tick" and row.decision and raised and start_s <= row.t_s < end_s:
             role = raised[0]
             to = row.desired[role]
             ready = next(
